@@ -1,0 +1,48 @@
+# sluice — developer entry points. `make test` and `make demo` set up everything they need.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv lint test test-fast crds check-crds demo plan-examples bench-core clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check operator tests benchmarks
+	$(VENV)/bin/ruff format --check operator tests benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: lint
+	$(PY) -m pytest -q
+
+# Tests without the lint step, for quick iteration.
+test-fast: venv
+	$(PY) -m pytest -q -x
+
+# Regenerate crds/ from the pydantic models (the models are the source; the CRD is the contract).
+crds: venv
+	$(PY) -m sluice crd > crds/inference.sluice.dev_inferencepools.yaml
+
+check-crds: venv
+	$(PY) -m sluice crd | diff -u crds/inference.sluice.dev_inferencepools.yaml -
+
+# The offline planner on every example: Istio objects to out/, explanations to the terminal.
+plan-examples: venv
+	$(PY) examples/run_examples.py
+
+demo: plan-examples
+
+bench-core: venv
+	$(PY) benchmarks/bench_core.py --out out/bench-core
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,164 @@
+"""Command line: `sluice plan` (the offline planner) and `sluice crd` (print the CRD).
+
+`sluice plan -f POOL.yaml --observed OBSERVED.yaml [--state STATE.json] [--now ISO] [--state-out FILE]` runs one
+reconcile pass offline: the Istio objects go to stdout as a YAML stream, the explanation table to stderr. The
+state is the pool's status (exactly what the operator keeps in the cluster), so runs can be chained.
+Exit codes: 0 planned, 2 invalid input (the message names the field and the rule), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sluice.api.crd import build_crd
+from sluice.api.v1alpha1 import InferencePool, InferencePoolStatus
+from sluice.core.events import Event
+from sluice.core.observed import Observed
+from sluice.core.presets import build_queries
+from sluice.core.reconcile import plan_pass
+from sluice.explain import endpoint_table, summary
+from sluice.istio.render import PoolRef, render
+
+
+class InputError(Exception):
+    """Bad input: exit 2 with this message."""
+
+
+def format_validation_error(kind: str, name: str, error: ValidationError) -> str:
+    """API-server style: `InferencePool "x" is invalid: spec.canary.steps: Invalid value: ...`."""
+    details = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(root)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "missing":
+            details.append(f"{path}: Required value")
+        elif item["type"] == "extra_forbidden":
+            details.append(f'unknown field "{path}"')
+        else:
+            shown = item.get("input")
+            value = json.dumps(shown) if isinstance(shown, str | int | float | bool) else '"object"'
+            details.append(f"{path}: Invalid value: {value}: {message}")
+    return f'{kind} "{name}" is invalid: ' + "; ".join(details)
+
+
+def load_yaml(path: str) -> Any:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        return yaml.safe_load(text)
+    except OSError as failure:
+        raise InputError(f"cannot read {path}: {failure.strerror}") from failure
+    except yaml.YAMLError as failure:
+        raise InputError(f"{path} is not valid YAML: {failure}") from failure
+
+
+def parse_pool(document: Any) -> InferencePool:
+    if not isinstance(document, dict):
+        raise InputError("the pool file must hold one InferencePool object")
+    name = str((document.get("metadata") or {}).get("name", ""))
+    try:
+        return InferencePool.model_validate(document)
+    except ValidationError as failure:
+        raise InputError(format_validation_error("InferencePool", name, failure)) from failure
+
+
+def parse_observed(document: Any) -> Observed:
+    try:
+        return Observed.model_validate(document or {})
+    except ValidationError as failure:
+        raise InputError(format_validation_error("Observed", "observed", failure)) from failure
+
+
+def parse_state(path: str | None, pool: InferencePool) -> InferencePoolStatus | None:
+    if path is None:
+        return pool.status
+    try:
+        data = json.loads(Path(path).read_text())
+        return InferencePoolStatus.model_validate(data)
+    except (OSError, json.JSONDecodeError, ValidationError) as failure:
+        raise InputError(f"cannot use state {path}: {failure}") from failure
+
+
+def parse_now(text: str | None) -> datetime:
+    if text is None:
+        return datetime.now(UTC)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as failure:
+        raise InputError(f"--now {text!r} is not an ISO 8601 time") from failure
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _event_line(event: Event) -> str:
+    return f"  {event.type:<7} {event.reason:<18} {event.message}"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    pool = parse_pool(load_yaml(args.file))
+    observed = parse_observed(load_yaml(args.observed))
+    previous = parse_state(args.state, pool)
+    now = parse_now(args.now)
+    meta = pool.metadata
+    plan = plan_pass(pool.spec, meta.generation, observed, previous, now)
+    ref = PoolRef(meta.name, meta.namespace, meta.uid)
+    objects = render(ref, pool.spec, plan)
+    if plan.publish:
+        sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    else:
+        sys.stdout.write("# no routable pod: sluice leaves the mesh's objects as they are\n")
+    err = sys.stderr
+    err.write(f"InferencePool {meta.namespace}/{meta.name} at {now.isoformat()}\n")
+    err.write(endpoint_table(plan.status.endpoints) + "\n\n")
+    err.write(summary(plan.status) + "\n")
+    if plan.events:
+        err.write("events:\n" + "\n".join(_event_line(e) for e in plan.events) + "\n")
+    if args.show_queries:
+        queries = build_queries(pool.spec, meta.namespace, [p.name for p in observed.pods])
+        err.write("queries:\n")
+        for signal, query in queries.queries.items():
+            err.write(f"  {signal}: {query}\n")
+        if queries.unsupported:
+            err.write(f"  not provided by {pool.spec.engine}: {', '.join(queries.unsupported)}\n")
+    if args.state_out:
+        Path(args.state_out).write_text(
+            json.dumps(plan.status.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2) + "\n"
+        )
+    return 0
+
+
+def cmd_crd(_: argparse.Namespace) -> int:
+    sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False, width=100))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("plan", help="run one reconcile pass offline")
+    plan.add_argument("-f", "--file", required=True, help="InferencePool YAML ('-' for stdin)")
+    plan.add_argument("--observed", required=True, help="OBSERVED YAML: pods and their signals")
+    plan.add_argument("--state", help="previous status as JSON (default: the pool's own .status)")
+    plan.add_argument("--state-out", help="write the new status (JSON) here")
+    plan.add_argument("--now", help="time of the pass, ISO 8601 (default: now)")
+    plan.add_argument("--show-queries", action="store_true", help="also print the PromQL the pool would run")
+    plan.set_defaults(handler=cmd_plan)
+    crd = commands.add_parser("crd", help="print the InferencePool CRD generated from the API models")
+    crd.set_defaults(handler=cmd_crd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except InputError as failure:
+        sys.stderr.write(f"error: {failure}\n")
+        return 2
+    return code

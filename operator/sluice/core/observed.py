@@ -1,0 +1,82 @@
+"""What one reconcile pass observed: the pool's pods (from the Kubernetes API) and their signals (from Prometheus).
+
+Built by the I/O shell (or read from an OBSERVED file by `sluice plan`) and handed to the pure core. A signal that
+was not observed is `None`; a query that failed is listed in `SignalSnapshot.failed`. Nothing here defaults a
+missing value to 0.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from sluice.api.v1alpha1 import ApiModel, EndpointSignals
+
+SignalName = Literal[
+    "ttft",
+    "ttftP95",
+    "kvCacheUsage",
+    "queueLength",
+    "runningRequests",
+    "requestRate",
+    "errorRate",
+    "loraFailureRate",
+]
+ALL_SIGNALS: tuple[SignalName, ...] = (
+    "ttft",
+    "ttftP95",
+    "kvCacheUsage",
+    "queueLength",
+    "runningRequests",
+    "requestRate",
+    "errorRate",
+    "loraFailureRate",
+)
+# Gauges a live engine always exports: a pod absent from all of them was not scraped.
+GAUGE_SIGNALS: tuple[SignalName, ...] = ("kvCacheUsage", "queueLength", "runningRequests")
+SIGNAL_FIELD: dict[SignalName, str] = {
+    "ttft": "ttft_seconds",
+    "ttftP95": "ttft_p95_seconds",
+    "kvCacheUsage": "kv_cache_usage",
+    "queueLength": "queue_length",
+    "runningRequests": "running_requests",
+    "requestRate": "request_rate",
+    "errorRate": "error_rate",
+    "loraFailureRate": "lora_failure_rate",
+}
+
+PodSignals = EndpointSignals
+
+
+class ObservedPod(ApiModel):
+    """A pod as the Kubernetes API reports it."""
+
+    name: str = Field(description="Pod name.")
+    ip: str | None = Field(default=None, description="Pod IP; a pod without one cannot be routed to.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Pod labels.")
+    ready: bool = Field(default=True, description="The Ready condition.")
+    deleting: bool = Field(default=False, description="deletionTimestamp is set.")
+    restarts: int = Field(default=0, ge=0, description="Sum of container restart counts.")
+    last_termination_reason: str | None = Field(
+        default=None, description="lastState.terminated.reason of the most recently restarted container."
+    )
+
+
+class SignalSnapshot(ApiModel):
+    """The pool's signals from one round of Prometheus queries."""
+
+    collected_at: datetime | None = Field(default=None, description="When the queries were answered.")
+    failed: dict[str, str] = Field(default_factory=dict, description="Signal name -> why its query failed.")
+    unsupported: list[str] = Field(
+        default_factory=list, description="Signals the engine cannot provide (and no override supplies)."
+    )
+    pods: dict[str, PodSignals] = Field(default_factory=dict, description="Pod name -> its signals.")
+
+
+class Observed(ApiModel):
+    """Input of one pass; also the format of `sluice plan --observed`."""
+
+    pods: list[ObservedPod] = Field(default_factory=list, description="Pods matching the pool's selector.")
+    signals: SignalSnapshot = Field(default_factory=SignalSnapshot, description="Signals per pod.")

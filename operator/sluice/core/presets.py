@@ -1,0 +1,173 @@
+"""Engine presets: the PromQL that reads each signal from vLLM, SGLang, TRT-LLM, Triton and TGI.
+
+Pure string building. Every query is a *vector* query over the whole pool (`sum by (<pod label>)`), one per
+signal per pool, never one per pod. Names substituted into PromQL are escaped, so a pod or namespace name cannot
+change the query. Called by the Prometheus I/O module and by `sluice plan --show-queries`.
+
+Template placeholders (presets and user overrides alike): `$selector` (namespace, pods and extra label matchers),
+`$namespace`, `$pods` (an escaped regex alternation of the pool's pod names), `$window`, `$podLabel`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from string import Template
+
+from sluice.api.durations import format_duration
+from sluice.api.v1alpha1 import Engine, InferencePoolSpec
+from sluice.core.observed import ALL_SIGNALS, SignalName
+
+# Above this many pods the query selects by namespace only and the caller keeps the pool's pods: a regex of
+# thousands of names makes a request line Prometheus may refuse.
+POD_REGEX_LIMIT = 200
+
+
+def _ratio(numerator: str, denominator: str) -> str:
+    """failed/total per pod: traffic but no failure series yet reads 0; no traffic at all reads nothing."""
+    return f"(({numerator}) or (0 * ({denominator}))) / ({denominator})"
+
+
+def _mean_of_histogram(name: str, scale: str = "") -> str:
+    return (
+        f"sum by ($podLabel) (rate({name}_sum{{$selector}}[$window])) / "
+        f"sum by ($podLabel) (rate({name}_count{{$selector}}[$window])){scale}"
+    )
+
+
+def _p95_of_histogram(name: str, scale: str = "") -> str:
+    return f"histogram_quantile(0.95, sum by ($podLabel, le) (rate({name}_bucket{{$selector}}[$window]))){scale}"
+
+
+def _rate(name: str, extra: str = "") -> str:
+    return f"sum by ($podLabel) (rate({name}{{$selector{extra}}}[$window]))"
+
+
+_MESH_ERRORS = _ratio(
+    _rate("istio_requests_total", ',reporter="destination",response_code=~"5.."'),
+    _rate("istio_requests_total", ',reporter="destination"'),
+)
+
+PRESETS: dict[Engine, dict[SignalName, str]] = {
+    "vllm": {
+        "ttft": _mean_of_histogram("vllm:time_to_first_token_seconds"),
+        "ttftP95": _p95_of_histogram("vllm:time_to_first_token_seconds"),
+        # vLLM renamed the gauge in 0.9 and stopped emitting the old name by default; accept either.
+        "kvCacheUsage": "max by ($podLabel) (vllm:kv_cache_usage_perc{$selector}) "
+        "or max by ($podLabel) (vllm:gpu_cache_usage_perc{$selector})",
+        "queueLength": "sum by ($podLabel) (vllm:num_requests_waiting{$selector})",
+        "runningRequests": "sum by ($podLabel) (vllm:num_requests_running{$selector})",
+        "requestRate": _rate("vllm:request_success_total"),
+        "errorRate": _ratio(
+            _rate("vllm:request_success_total", ',finished_reason="error"'),
+            _rate("vllm:request_success_total"),
+        ),
+    },
+    "sglang": {
+        "ttft": _mean_of_histogram("sglang:time_to_first_token_seconds"),
+        "ttftP95": _p95_of_histogram("sglang:time_to_first_token_seconds"),
+        "kvCacheUsage": "max by ($podLabel) (sglang:token_usage{$selector})",
+        "queueLength": "sum by ($podLabel) (sglang:num_queue_reqs{$selector})",
+        "runningRequests": "sum by ($podLabel) (sglang:num_running_reqs{$selector})",
+        "requestRate": _rate("sglang:num_requests_total"),
+        # SGLang counts aborts (client cancels included), not errors: use the mesh's 5xx count instead.
+        "errorRate": _MESH_ERRORS,
+    },
+    "trtllm": {
+        "ttft": _mean_of_histogram("trtllm_time_to_first_token_seconds"),
+        "ttftP95": _p95_of_histogram("trtllm_time_to_first_token_seconds"),
+        "kvCacheUsage": "max by ($podLabel) (trtllm_kv_cache_utilization{$selector})",
+        "queueLength": "sum by ($podLabel) (trtllm_num_requests_waiting{$selector})",
+        "runningRequests": "sum by ($podLabel) (trtllm_num_requests_running{$selector})",
+        "requestRate": _rate("trtllm_request_success_total"),
+        "errorRate": _ratio(
+            _rate("trtllm_request_error_total"),
+            f"{_rate('trtllm_request_success_total')} + {_rate('trtllm_request_error_total')}",
+        ),
+    },
+    "triton": {
+        # Only with `--metrics-config histogram_latencies=true`; otherwise the series is absent and the pool
+        # reports TTFT as missing rather than reading it as 0.
+        "ttft": _mean_of_histogram("nv_inference_first_response_histogram_ms", " / 1000"),
+        "ttftP95": _p95_of_histogram("nv_inference_first_response_histogram_ms", " / 1000"),
+        "kvCacheUsage": "max by ($podLabel) "
+        '(nv_trt_llm_kv_cache_block_metrics{$selector,kv_cache_block_type="fraction"})',
+        "queueLength": 'sum by ($podLabel) (nv_trt_llm_request_metrics{$selector,request_type="waiting"})',
+        "runningRequests": 'sum by ($podLabel) (nv_trt_llm_request_metrics{$selector,request_type="active"})',
+        "requestRate": _rate("nv_inference_request_success"),
+        "errorRate": _ratio(
+            _rate("nv_inference_request_failure"),
+            f"{_rate('nv_inference_request_success')} + {_rate('nv_inference_request_failure')}",
+        ),
+    },
+    "tgi": {
+        # TGI exports no TTFT histogram and no KV-cache gauge.
+        "queueLength": "sum by ($podLabel) (tgi_queue_size{$selector})",
+        "runningRequests": "sum by ($podLabel) (tgi_batch_current_size{$selector})",
+        "requestRate": _rate("tgi_request_success"),
+        "errorRate": _ratio(
+            _rate("tgi_request_failure"), f"{_rate('tgi_request_success')} + {_rate('tgi_request_failure')}"
+        ),
+    },
+    "custom": {},
+}
+
+
+def escape_string(value: str) -> str:
+    """A PromQL double-quoted string literal's content."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_regex(value: str) -> str:
+    """RE2-escape, so the value matches itself literally inside `=~`."""
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", value)
+
+
+# Field names of QueryOverrides per signal (snake_case of the signal name).
+SIGNAL_FIELD_OVERRIDE: dict[SignalName, str] = {
+    "ttft": "ttft",
+    "ttftP95": "ttft_p95",
+    "kvCacheUsage": "kv_cache_usage",
+    "queueLength": "queue_length",
+    "runningRequests": "running_requests",
+    "requestRate": "request_rate",
+    "errorRate": "error_rate",
+    "loraFailureRate": "lora_failure_rate",
+}
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """The queries of one pass, and which signals the pool cannot have."""
+
+    queries: dict[SignalName, str]
+    unsupported: tuple[SignalName, ...]
+    filters_pods_client_side: bool
+
+
+def build_queries(spec: InferencePoolSpec, namespace: str, pod_names: list[str]) -> QueryPlan:
+    """One PromQL query per supported signal for the whole pool, overrides first, names escaped."""
+    metrics = spec.metrics
+    pods_regex = "|".join(escape_regex(name) for name in sorted(pod_names)) or "$^"
+    matchers = [f'{metrics.namespace_label}="{escape_string(namespace)}"']
+    by_pod = len(pod_names) <= POD_REGEX_LIMIT
+    if by_pod:
+        matchers.append(f'{metrics.pod_label}=~"{escape_string(pods_regex)}"')
+    matchers += [f'{key}="{escape_string(value)}"' for key, value in sorted(metrics.extra_labels.items())]
+    values = {
+        "selector": ",".join(matchers),
+        "namespace": escape_string(namespace),
+        "pods": escape_string(pods_regex),
+        "window": format_duration(metrics.window),
+        "podLabel": metrics.pod_label,
+    }
+    preset = PRESETS[spec.engine]
+    queries: dict[SignalName, str] = {}
+    unsupported: list[SignalName] = []
+    for signal in ALL_SIGNALS:
+        template = getattr(metrics.queries, SIGNAL_FIELD_OVERRIDE[signal]) or preset.get(signal)
+        if template is None:
+            unsupported.append(signal)
+            continue
+        queries[signal] = Template(template).substitute(values)
+    return QueryPlan(queries=queries, unsupported=tuple(unsupported), filters_pods_client_side=not by_pod)

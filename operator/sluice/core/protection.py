@@ -1,0 +1,131 @@
+"""Protection: fast-zeroing, consecutive-failure breaking, gradual recovery and the routable floor. Pure.
+
+A pod's protection phase is a function of its last incident time and `now` alone (zeroed during the quiet
+period, then a geometric ramp, then normal scoring), so it survives an operator restart: the incident time
+lives in the pool's status.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from sluice.api.v1alpha1 import EndpointStatus, ProtectionSpec, RecoverySpec
+from sluice.core.observed import ObservedPod, PodSignals
+
+IncidentKind = Literal["OOMKilled", "Restarted", "LoraFailures", "ErrorRate", "ConsecutiveFailures"]
+SEVERITY: dict[str, int] = {
+    "OOMKilled": 5,
+    "Restarted": 4,
+    "LoraFailures": 3,
+    "ErrorRate": 2,
+    "ConsecutiveFailures": 1,
+}
+
+
+@dataclass(frozen=True)
+class Incident:
+    kind: IncidentKind
+    message: str
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """This pass's verdict on one pod's health evidence."""
+
+    incident: Incident | None
+    consecutive_failures: int
+
+
+def assess(
+    protection: ProtectionSpec,
+    window: float,
+    pod: ObservedPod,
+    previous: EndpointStatus | None,
+    signals: PodSignals,
+    metrics_usable: bool,
+    below_bands: bool,
+    now: datetime,
+) -> Assessment:
+    """Look for an incident: restarts from the pod's status (always), metric thresholds (only with fresh metrics).
+
+    Metric evidence is ignored until a full rate window has passed since the last incident, so the errors that
+    caused a zeroing are not counted again when the pod comes back.
+    """
+    streak = previous.consecutive_failures if previous else 0
+    if previous is not None and pod.restarts > previous.restarts:
+        reason = pod.last_termination_reason or "unknown"
+        if reason == "OOMKilled" and protection.zero_on_oom:
+            return Assessment(Incident("OOMKilled", f"container OOMKilled (restart #{pod.restarts})"), 0)
+        if protection.zero_on_restart:
+            return Assessment(Incident("Restarted", f"container restarted, reason {reason} (#{pod.restarts})"), 0)
+    if not metrics_usable:
+        return Assessment(None, streak)
+    last = previous.last_incident_at if previous else None
+    if last is not None and (now - last).total_seconds() < window:
+        return Assessment(None, streak)
+    lora = signals.lora_failure_rate
+    if lora is not None and lora >= protection.lora_failure_rate:
+        return Assessment(
+            Incident("LoraFailures", f"LoRA load failures {lora:.1%} >= {protection.lora_failure_rate:.1%}"),
+            0,
+        )
+    errors = signals.error_rate
+    if errors is not None and errors >= protection.fast_zero_error_rate:
+        return Assessment(Incident("ErrorRate", f"error rate {errors:.1%} >= {protection.fast_zero_error_rate:.1%}"), 0)
+    if not below_bands:
+        return Assessment(None, 0)
+    streak += 1
+    if streak >= protection.consecutive_failures:
+        return Assessment(
+            Incident(
+                "ConsecutiveFailures",
+                f"below every health band {streak} passes in a row (errors {errors:.1%})",
+            ),
+            0,
+        )
+    return Assessment(None, streak)
+
+
+PhaseName = Literal["normal", "quiet", "ramp"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Where a pod stands after its last incident: zeroed (quiet), ramping at `percent`, or normal."""
+
+    name: PhaseName
+    percent: float = 100.0
+    remaining_quiet: float = 0.0
+
+
+def recovery_phase(recovery: RecoverySpec, last_incident_at: datetime | None, now: datetime) -> Phase:
+    """Seed 003's ramp: quiet period, then initial% x growth^k every step interval, until past the cap."""
+    if last_incident_at is None:
+        return Phase("normal")
+    elapsed = (now - last_incident_at).total_seconds()
+    if elapsed < recovery.quiet_period:
+        return Phase("quiet", 0.0, recovery.quiet_period - elapsed)
+    steps = math.floor((elapsed - recovery.quiet_period) / recovery.step_interval)
+    # Past ~60 steps the ramp is over whatever the factors; this also keeps the power finite.
+    percent = recovery.initial_percent * recovery.growth_factor ** min(steps, 60)
+    if percent > recovery.cap_percent:
+        return Phase("normal")
+    return Phase("ramp", percent)
+
+
+def floor_keep(ready_pods: int, min_routable_percent: int) -> int:
+    """How many ready pods must stay routable: the floor, and never zero (one pod at least)."""
+    if ready_pods == 0:
+        return 0
+    return max(1, math.ceil(ready_pods * min_routable_percent / 100.0))
+
+
+def spare_order(
+    kind: str | None, error_rate: float | None, last_incident_at: datetime | None
+) -> tuple[int, float, float]:
+    """Sort key among pods sluice wants zeroed when the floor spares some: the mildest, oldest incident first."""
+    stamp = last_incident_at.timestamp() if last_incident_at else 0.0
+    return (SEVERITY.get(kind or "", 0), error_rate or 0.0, stamp)

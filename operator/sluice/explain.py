@@ -1,0 +1,74 @@
+"""Human-readable views of a pool's status: the per-pod table and the summary lines. Pure.
+
+Used by `sluice plan` (stderr) and by the live views of the demo.
+"""
+
+from __future__ import annotations
+
+from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus
+
+
+def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, fmt)
+
+
+def endpoint_table(rows: list[EndpointStatus]) -> str:
+    header = (
+        "POD",
+        "REV",
+        "CLASS",
+        "K",
+        "TTFT",
+        "P95",
+        "KV",
+        "QUEUE",
+        "ERR",
+        "RPS",
+        "SCORE",
+        "WEIGHT",
+        "STATE",
+        "REASON",
+    )
+    lines = [header]
+    for row in rows:
+        s = row.signals
+        lines.append(
+            (
+                row.pod,
+                row.revision or "-",
+                row.hardware_class or "-",
+                f"{row.capacity:g}",
+                _num(s.ttft_seconds, ".0f", 1000) + ("ms" if s.ttft_seconds is not None else ""),
+                _num(s.ttft_p95_seconds, ".0f", 1000) + ("ms" if s.ttft_p95_seconds is not None else ""),
+                _num(s.kv_cache_usage, ".0%"),
+                _num(s.queue_length, ".0f"),
+                _num(s.error_rate, ".1%"),
+                _num(s.request_rate, ".1f"),
+                f"{row.score:.2f}",
+                str(row.weight),
+                row.state,
+                row.reason,
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
+        for line in lines
+    )
+
+
+def summary(status: InferencePoolStatus) -> str:
+    lines = [f"routable pods: {status.routable}"]
+    for condition in status.conditions:
+        lines.append(f"{condition.type}={condition.status} ({condition.reason}): {condition.message}")
+    if status.revision_weights:
+        split = ", ".join(f"{rev} {weight}%" for rev, weight in sorted(status.revision_weights.items()))
+        lines.append(f"revision split: {split}")
+    if status.canary is not None:
+        c = status.canary
+        step = "-" if c.step_index is None else str(c.step_index + 1)
+        lines.append(
+            f"canary: {c.phase} stable={c.stable_revision or '-'} candidate={c.candidate_revision or '-'} "
+            f"step={step} weight={c.weight}% failedChecks={c.failed_checks} - {c.message}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Istio rendering: pure builders of the DestinationRule, VirtualService, ServiceEntry and EnvoyFilter objects."""

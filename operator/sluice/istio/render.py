@@ -1,0 +1,284 @@
+"""Istio rendering: a Plan becomes DestinationRule, VirtualService, ServiceEntry and EnvoyFilter objects. Pure.
+
+Design (see docs/istio.md): per-pod weights exist only in EDS, and for Kubernetes pods Istio always sends weight 1,
+so per-pod weights travel in a STATIC, MESH_INTERNAL ServiceEntry whose endpoints carry `weight` (an EDS-only,
+incremental push). Istio turns weight 0 into 1, so a zeroed pod is *removed* from the endpoints. Clients keep
+calling the Kubernetes Service: a VirtualService on the Service's host sends them to the ServiceEntry host, split
+across one DestinationRule subset per revision. Where the VirtualService belongs to someone else, the split goes
+into an EnvoyFilter HTTP_ROUTE patch instead. Envoy least-request tuning is an EnvoyFilter CLUSTER patch, rendered
+only when asked for (an EnvoyFilter change pushes to every proxy of its namespace).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.api.durations import format_duration
+from sluice.api.v1alpha1 import API_VERSION, KIND, InferencePoolSpec
+from sluice.core.reconcile import Plan
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "sluice"}
+POOL_LABEL = "sluice.dev/pool"
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+ROUTE_NAME = "sluice-weights"
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """The pool the objects belong to: names derive from it, ownerReferences point at it."""
+
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+def object_name(pool: PoolRef) -> str:
+    return f"sluice-{pool.name}"[:253]
+
+
+def service_host(pool: PoolRef, spec: InferencePoolSpec) -> str:
+    return f"{spec.service}.{pool.namespace}.svc.{spec.routing.cluster_domain}"
+
+
+def endpoints_host(pool: PoolRef, spec: InferencePoolSpec) -> str:
+    """The ServiceEntry's host: internal to the mesh, reached only through sluice's routing."""
+    return f"{pool.name}.{pool.namespace}.sluice.internal"
+
+
+def destination_host(pool: PoolRef, spec: InferencePoolSpec) -> str:
+    return endpoints_host(pool, spec) if spec.routing.endpoint_weights else service_host(pool, spec)
+
+
+def destination_port(spec: InferencePoolSpec) -> int:
+    if spec.routing.endpoint_weights:
+        return spec.target_port
+    return spec.service_port or spec.target_port
+
+
+def subset_name(revision: str) -> str:
+    """A DNS label for a revision's subset; a short hash keeps distinct revisions distinct after cleaning."""
+    cleaned = re.sub(r"[^a-z0-9-]", "-", revision.lower()).strip("-") or "x"
+    if cleaned == revision and len(cleaned) <= 59:
+        return f"rev-{cleaned}"
+    digest = hashlib.sha256(revision.encode()).hexdigest()[:6]
+    return f"rev-{cleaned[:50].strip('-')}-{digest}"
+
+
+def _metadata(pool: PoolRef, kind_suffix: str = "") -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": object_name(pool) + kind_suffix,
+        "namespace": pool.namespace,
+        "labels": {**MANAGED_BY, POOL_LABEL: pool.name},
+    }
+    if pool.uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": pool.name,
+                "uid": pool.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta
+
+
+def render_service_entry(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
+    revision_label = spec.canary.revision_label if spec.canary else None
+    endpoints = []
+    for endpoint in sorted(plan.endpoints, key=lambda e: e.pod):
+        labels = {TLS_MODE_LABEL: "istio", POOL_LABEL: pool.name}
+        if revision_label and endpoint.revision is not None:
+            labels[revision_label] = endpoint.revision
+        endpoints.append(
+            {"address": endpoint.ip, "ports": {"http": spec.target_port}, "labels": labels, "weight": endpoint.weight}
+        )
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "ServiceEntry",
+        "metadata": _metadata(pool),
+        "spec": {
+            "hosts": [endpoints_host(pool, spec)],
+            "location": "MESH_INTERNAL",
+            "resolution": "STATIC",
+            "ports": [{"number": spec.target_port, "name": "http", "protocol": "HTTP"}],
+            "endpoints": endpoints,
+        },
+    }
+
+
+def _load_balancer(spec: InferencePoolSpec) -> dict[str, Any]:
+    affinity = spec.routing.session_affinity
+    if affinity is not None:
+        return {"consistentHash": {"httpHeaderName": affinity.header}, "localityLbSetting": {"enabled": False}}
+    return {"simple": "LEAST_REQUEST", "localityLbSetting": {"enabled": False}}
+
+
+def render_destination_rule(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
+    policy: dict[str, Any] = {"loadBalancer": _load_balancer(spec)}
+    outlier = spec.protection.outlier_detection
+    if outlier.enabled:
+        policy["outlierDetection"] = {
+            "consecutive5xxErrors": outlier.consecutive_5xx_errors,
+            "interval": format_duration(outlier.interval),
+            "baseEjectionTime": format_duration(outlier.base_ejection_time),
+            "maxEjectionPercent": outlier.max_ejection_percent,
+        }
+    body: dict[str, Any] = {"host": destination_host(pool, spec), "trafficPolicy": policy}
+    if spec.canary is not None and plan.revisions:
+        body["subsets"] = [
+            {"name": subset_name(revision), "labels": {spec.canary.revision_label: revision}}
+            for revision in plan.revisions
+        ]
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "DestinationRule",
+        "metadata": _metadata(pool),
+        "spec": body,
+    }
+
+
+def _route_targets(spec: InferencePoolSpec, plan: Plan) -> list[tuple[str | None, int]]:
+    """(subset or None for the whole pool, weight) pairs, zero weights dropped."""
+    if not plan.revision_weights:
+        return [(None, 100)]
+    return [(subset_name(rev), weight) for rev, weight in sorted(plan.revision_weights.items()) if weight > 0]
+
+
+def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
+    host = destination_host(pool, spec)
+    route = []
+    for subset, weight in _route_targets(spec, plan):
+        destination: dict[str, Any] = {"host": host, "port": {"number": destination_port(spec)}}
+        if subset:
+            destination["subset"] = subset
+        route.append({"destination": destination, "weight": weight})
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": _metadata(pool),
+        "spec": {
+            "hosts": [service_host(pool, spec)],
+            "gateways": list(spec.routing.gateways),
+            "http": [{"name": ROUTE_NAME, "route": route}],
+        },
+    }
+
+
+def cluster_name(port: int, subset: str | None, host: str) -> str:
+    """Istio's outbound cluster name."""
+    return f"outbound|{port}|{subset or ''}|{host}"
+
+
+def _contexts(spec: InferencePoolSpec) -> list[str]:
+    gateways = spec.routing.gateways
+    contexts = ["SIDECAR_OUTBOUND"] if "mesh" in gateways else []
+    if any(gateway != "mesh" for gateway in gateways):
+        contexts.append("GATEWAY")
+    return contexts
+
+
+def route_patch_value(spec: InferencePoolSpec, plan: Plan, host: str) -> dict[str, Any]:
+    """The Envoy RouteAction fragment merged into the route: one cluster, or weighted clusters for a split."""
+    port = destination_port(spec)
+    targets = _route_targets(spec, plan)
+    if len(targets) == 1:
+        return {"route": {"cluster": cluster_name(port, targets[0][0], host)}}
+    return {
+        "route": {
+            "weighted_clusters": {
+                "clusters": [{"name": cluster_name(port, subset, host), "weight": weight} for subset, weight in targets]
+            }
+        }
+    }
+
+
+def render_route_envoy_filter(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
+    vhost = f"{service_host(pool, spec)}:{spec.service_port or spec.target_port}"
+    value = route_patch_value(spec, plan, destination_host(pool, spec))
+    patches = [
+        {
+            "applyTo": "HTTP_ROUTE",
+            "match": {
+                "context": context,
+                "routeConfiguration": {"vhost": {"name": vhost, "route": {"name": spec.routing.route_name}}},
+            },
+            "patch": {"operation": "MERGE", "value": value},
+        }
+        for context in _contexts(spec)
+    ]
+    return {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": _metadata(pool, "-routes"),
+        "spec": {"configPatches": patches},
+    }
+
+
+def cluster_patch_value(spec: InferencePoolSpec) -> dict[str, Any]:
+    """The Envoy Cluster fragment for least-request tuning, or bounded-load hashing with session affinity."""
+    least = spec.routing.least_request
+    affinity = spec.routing.session_affinity
+    if least is not None:
+        return {
+            "lb_policy": "LEAST_REQUEST",
+            "least_request_lb_config": {
+                "choice_count": least.choice_count,
+                "active_request_bias": {
+                    "default_value": least.active_request_bias,
+                    "runtime_key": "sluice.least_request.active_request_bias",
+                },
+            },
+        }
+    if affinity is not None and affinity.hash_balance_factor is not None:
+        return {
+            "common_lb_config": {"consistent_hashing_lb_config": {"hash_balance_factor": affinity.hash_balance_factor}}
+        }
+    return {}
+
+
+def render_cluster_envoy_filter(pool: PoolRef, spec: InferencePoolSpec) -> dict[str, Any] | None:
+    value = cluster_patch_value(spec)
+    if not value:
+        return None
+    match_cluster = {"service": destination_host(pool, spec), "portNumber": destination_port(spec)}
+    patches = [
+        {
+            "applyTo": "CLUSTER",
+            "match": {"context": context, "cluster": match_cluster},
+            "patch": {"operation": "MERGE", "value": value},
+        }
+        for context in _contexts(spec)
+    ]
+    return {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": _metadata(pool, "-lb"),
+        "spec": {"configPatches": patches},
+    }
+
+
+def needs_virtual_service(spec: InferencePoolSpec, plan: Plan) -> bool:
+    """A route is needed to reach the ServiceEntry host, or to split between revisions."""
+    return spec.routing.endpoint_weights or bool(plan.revision_weights)
+
+
+def render(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> list[dict[str, Any]]:
+    """Every Istio object the pool needs, in apply order (endpoints and subsets before the routes using them)."""
+    objects: list[dict[str, Any]] = []
+    if spec.routing.endpoint_weights:
+        objects.append(render_service_entry(pool, spec, plan))
+    objects.append(render_destination_rule(pool, spec, plan))
+    if needs_virtual_service(spec, plan):
+        if spec.routing.weights_via == "VirtualService":
+            objects.append(render_virtual_service(pool, spec, plan))
+        else:
+            objects.append(render_route_envoy_filter(pool, spec, plan))
+    cluster_filter = render_cluster_envoy_filter(pool, spec)
+    if cluster_filter is not None:
+        objects.append(cluster_filter)
+    return objects

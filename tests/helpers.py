@@ -1,0 +1,100 @@
+"""Builders shared by the tests: specs, pods and signals with readable defaults."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
+from sluice.core.observed import Observed, ObservedPod, PodSignals, SignalSnapshot
+from sluice.core.reconcile import Plan, plan_pass
+
+T0 = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
+CLASSES = {"a100": 10.0, "rtx4090": 4.0, "cpu": 1.0}
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def spec(**wire: Any) -> InferencePoolSpec:
+    """A valid spec; keyword arguments are camelCase wire fields merged over the base."""
+    base: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": "llama"}},
+        "targetPort": 8000,
+        "service": "llama",
+        "capacity": {"classes": CLASSES},
+    }
+    return InferencePoolSpec.model_validate(deep_merge(base, wire))
+
+
+def pod(
+    name: str,
+    hw: str = "a100",
+    revision: str | None = None,
+    ip: str | None = "auto",
+    **fields: Any,
+) -> ObservedPod:
+    labels = {"app": "llama", "sluice.dev/hardware-class": hw}
+    if revision is not None:
+        labels["sluice.dev/revision"] = revision
+    index = abs(hash(name)) % 250 + 1
+    address = f"10.0.0.{index}" if ip == "auto" else ip
+    return ObservedPod(name=name, ip=address, labels=labels, **fields)
+
+
+def sig(
+    ttft: float | None = 0.05,
+    errors: float | None = 0.0,
+    rps: float | None = 5.0,
+    kv: float | None = 0.3,
+    queue: float | None = 0.0,
+    p95: float | None = None,
+    lora: float | None = None,
+) -> PodSignals:
+    return PodSignals(
+        ttft_seconds=ttft,
+        ttft_p95_seconds=p95 if p95 is not None else (ttft * 1.8 if ttft is not None else None),
+        kv_cache_usage=kv,
+        queue_length=queue,
+        running_requests=1.0 if kv is not None else None,
+        request_rate=rps,
+        error_rate=errors,
+        lora_failure_rate=lora,
+    )
+
+
+def observed(pods: list[ObservedPod], signals: dict[str, PodSignals], when: datetime, **snapshot: Any) -> Observed:
+    return Observed(pods=pods, signals=SignalSnapshot(collected_at=when, pods=signals, **snapshot))
+
+
+def run(
+    s: InferencePoolSpec,
+    pods: list[ObservedPod],
+    signals: dict[str, PodSignals],
+    seconds: float,
+    previous: InferencePoolStatus | None = None,
+    **snapshot: Any,
+) -> Plan:
+    when = at(seconds)
+    return plan_pass(s, 1, observed(pods, signals, when, **snapshot), previous, when)
+
+
+def weights(plan: Plan) -> dict[str, int]:
+    return {row.pod: row.weight for row in plan.status.endpoints}
+
+
+def states(plan: Plan) -> dict[str, str]:
+    return {row.pod: row.state for row in plan.status.endpoints}
+
+
+def condition(plan: Plan, type_: str) -> tuple[str, str]:
+    found = next(c for c in plan.status.conditions if c.type == type_)
+    return found.status, found.reason
