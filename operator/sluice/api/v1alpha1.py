@@ -91,32 +91,49 @@ class MetricsAuth(ApiModel):
     )
 
 
+_PLACEHOLDER_RE = "[$][A-Za-z_][A-Za-z0-9_]*"
+
+
+def _query_field(description: str) -> Any:
+    known = ", ".join(f"'${name}'" for name in sorted(QUERY_PLACEHOLDERS))
+    return Field(
+        default=None,
+        min_length=1,
+        description=description,
+        json_schema_extra=cel_rules(
+            cel(
+                f"!self.contains('${{') && self.findAll('{_PLACEHOLDER_RE}').all(p, p in [{known}])",
+                "unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel",
+            )
+        ),
+    )
+
+
 class QueryOverrides(ApiModel):
     """Per-signal PromQL that replaces the engine preset's query.
 
     A query must return an instant vector with one series per pod, carrying the pod label named by
-    `spec.metrics.podLabel`. `$namespace`, `$pods`, `$window` and `$podLabel` are substituted (escaped).
+    `spec.metrics.podLabel`. `$selector`, `$namespace`, `$pods`, `$window` and `$podLabel` are substituted (escaped).
     """
 
-    ttft: str | None = Field(default=None, description="Mean time to first token over the window, seconds.")
-    ttft_p95: str | None = Field(default=None, description="95th percentile time to first token, seconds.")
-    kv_cache_usage: str | None = Field(default=None, description="KV-cache (effective VRAM) usage, 0 to 1.")
-    queue_length: str | None = Field(default=None, description="Requests waiting for a batch slot.")
-    running_requests: str | None = Field(default=None, description="Requests being processed.")
-    request_rate: str | None = Field(default=None, description="Finished requests per second.")
-    error_rate: str | None = Field(default=None, description="Share of requests that failed, 0 to 1.")
-    lora_failure_rate: str | None = Field(
-        default=None,
-        description="Share of LoRA adapter loads that failed, 0 to 1 (no engine has a standard metric).",
+    ttft: str | None = _query_field("Mean time to first token over the window, seconds.")
+    ttft_p95: str | None = _query_field("95th percentile time to first token, seconds.")
+    kv_cache_usage: str | None = _query_field("KV-cache (effective VRAM) usage, 0 to 1.")
+    queue_length: str | None = _query_field("Requests waiting for a batch slot.")
+    running_requests: str | None = _query_field("Requests being processed.")
+    request_rate: str | None = _query_field("Finished requests per second.")
+    error_rate: str | None = _query_field("Share of requests that failed, 0 to 1.")
+    lora_failure_rate: str | None = _query_field(
+        "Share of LoRA adapter loads that failed, 0 to 1 (no engine has a standard metric)."
     )
 
     @model_validator(mode="after")
     def _known_placeholders(self) -> QueryOverrides:
-        for name, query in self:
-            for placeholder in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", query or ""):
-                if placeholder not in QUERY_PLACEHOLDERS:
-                    known = ", ".join(sorted(QUERY_PLACEHOLDERS))
-                    raise ValueError(f"queries.{to_camel(name)}: unknown placeholder ${placeholder} (known: {known})")
+        for _, query in self:
+            text = query or ""
+            names = {found[1:] for found in re.findall(_PLACEHOLDER_RE, text)}
+            if "${" in text or not names <= QUERY_PLACEHOLDERS:
+                raise ValueError("unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel")
         return self
 
 

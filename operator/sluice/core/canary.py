@@ -111,6 +111,8 @@ def step_canary(
         status = CanaryStatus(
             phase=phase,
             stable_revision=stable,
+            candidate_revision=stable if phase == "Promoted" else None,
+            weight=100 if phase == "Promoted" else 0,
             message=f"all traffic to {stable}" if stable else "no revision has routable pods",
         )
         return CanaryOutcome(status, {stable: 100} if stable else {}, events)
@@ -153,25 +155,12 @@ def _advance(
     step_weight = spec.steps[min(step_index, len(spec.steps) - 1)]
     events: list[Event] = []
 
-    if cand.routable_pods == 0:
-        waiting = replace_status(
-            state,
-            phase="Waiting",
-            weight=0,
-            step_started_at=None,
-            message=f"candidate {candidate} has no routable pods: it gets no traffic until it has",
-        )
-        return CanaryOutcome(waiting, _split(stable, candidate, 0, revisions), ())
-
-    step_started = state.step_started_at or now
-    if state.phase in ("Paused", "Waiting") and not spec.paused:
-        step_started = now  # a full step interval is observed at this weight after a pause or a wait
-
     due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= spec.analysis.interval
     result, why = state.last_check, state.last_check_reason
     failed = state.failed_checks
     last_check_at = state.last_check_at
-    if due or cand.incidents:
+    # An incident on a candidate pod is a failed check at once, even if it leaves the candidate without pods.
+    if cand.incidents or (due and cand.routable_pods > 0):
         stable_stats = revisions.get(stable) if stable else None
         result, why = check(spec.analysis, cand, stable_stats, metrics_usable)
         last_check_at = now
@@ -198,6 +187,24 @@ def _advance(
         )
         events.append(Event("Warning", "CanaryRolledBack", rolled.message))
         return CanaryOutcome(rolled, _split(stable, candidate, 0, revisions), tuple(events))
+
+    if cand.routable_pods == 0:
+        waiting = replace_status(
+            state,
+            phase="Waiting",
+            weight=0,
+            failed_checks=failed,
+            last_check=result,
+            last_check_reason=why,
+            last_check_at=last_check_at,
+            step_started_at=None,
+            message=f"candidate {candidate} has no routable pods: it gets no traffic until it has",
+        )
+        return CanaryOutcome(waiting, _split(stable, candidate, 0, revisions), tuple(events))
+
+    step_started = state.step_started_at or now
+    if state.phase in ("Paused", "Waiting") and not spec.paused:
+        step_started = now  # a full step interval is observed at this weight after a pause or a wait
 
     at_step_for = (now - step_started).total_seconds()
     if spec.paused:
@@ -266,6 +273,7 @@ def _advance(
         weight=step_weight,
         failed_checks=failed,
         last_check=result,
+        last_check_reason=why,
         last_check_at=last_check_at,
         step_started_at=step_started,
         message=message,

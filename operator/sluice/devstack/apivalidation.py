@@ -74,7 +74,13 @@ def _k8s_index_of(haystack: Any, needle: Any) -> celtypes.IntType:
     return celtypes.IntType(items.index(needle) if needle in items else -1)
 
 
+def _k8s_find_all(value: celtypes.StringType, pattern: celtypes.StringType, limit: Any = None) -> celtypes.ListType:
+    found = [celtypes.StringType(m.group(0)) for m in re.finditer(str(pattern), str(value))]
+    return celtypes.ListType(found if limit is None or int(limit) < 0 else found[: int(limit)])
+
+
 CEL_EXTENSIONS: dict[str, Any] = {
+    "findAll": _k8s_find_all,
     "substring": _k8s_substring,
     "isSorted": _k8s_is_sorted,
     "indexOf": _k8s_index_of,

@@ -1,0 +1,222 @@
+"""The CRD is the contract: generated from the models, structural, described, and enforcing the same rules.
+
+Bad pools are checked twice: by the CRD exactly as an API server would (schema + CEL, via the validator) and by
+the pydantic models (what the operator and `sluice plan` use). Both must refuse, naming the field and the rule.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from sluice.api.crd import build_crd
+from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec
+from sluice.cli import format_validation_error
+from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_FILE = ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml"
+EXAMPLE_POOLS = sorted((ROOT / "examples" / "pools").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def registry() -> SchemaRegistry:
+    return SchemaRegistry().load(CRD_FILE)
+
+
+def base_pool(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": "llama"}},
+        "targetPort": 8000,
+        "service": "llama",
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "inference.sluice.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p", "namespace": "llm"},
+        "spec": body,
+    }
+
+
+def test_crd_file_is_exactly_what_the_models_generate():
+    assert yaml.safe_load(CRD_FILE.read_text()) == build_crd(), "run `make crds` after changing the models"
+
+
+def test_crd_names_group_and_subresources():
+    crd = build_crd()
+    names = crd["spec"]["names"]
+    assert crd["metadata"]["name"] == "inferencepools.inference.sluice.dev"
+    assert names["shortNames"] == ["sluicepool", "slp"]
+    assert names["categories"] == ["sluice"]
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"] for c in version["additionalPrinterColumns"]}
+    assert {"Routable", "Canary", "Weight", "Age"} <= columns
+
+
+def _walk(schema: dict[str, Any], path: str):
+    yield path, schema
+    for name, child in schema.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural_and_every_field_is_described():
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(root, ""):
+        assert "type" in node, f"{path} has no type"
+        assert "$ref" not in node and "anyOf" not in node, f"{path} is not structural"
+        if node["type"] == "object" and "properties" in node:
+            for name, child in node["properties"].items():
+                assert child.get("description"), f"{path}.{name} has no description"
+
+
+def test_every_spec_field_of_the_models_appears_in_the_crd():
+    spec_schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for field_name, info in InferencePoolSpec.model_fields.items():
+        assert info.alias in spec_schema["properties"], field_name
+
+
+@pytest.mark.parametrize("path", EXAMPLE_POOLS, ids=lambda p: p.name)
+def test_example_pools_are_accepted_by_the_crd_and_the_models(registry, path):
+    document = yaml.safe_load(path.read_text())
+    registry.validate(document)
+    InferencePool.model_validate(document)
+
+
+def test_api_server_defaults_equal_model_defaults(registry):
+    """What `kubectl get -o yaml` shows after defaulting is what the operator computes with."""
+    defaulted = registry.validate(base_pool(canary={"candidateRevision": "v2"}))
+    from_models = InferencePoolSpec.model_validate(base_pool(canary={"candidateRevision": "v2"})["spec"])
+    assert InferencePoolSpec.model_validate(defaulted["spec"]) == from_models
+    assert defaulted["spec"]["canary"]["steps"] == [5, 25, 50, 100]
+    assert defaulted["spec"]["protection"]["recovery"] == {
+        "quietPeriod": "30s",
+        "initialPercent": 1.0,
+        "growthFactor": 1.5,
+        "stepInterval": "10s",
+        "capPercent": 50.0,
+    }
+
+
+BAD = [
+    ("steps not increasing", {"canary": {"steps": [5, 50, 40, 100]}}, "steps must be strictly increasing"),
+    ("steps repeat", {"canary": {"steps": [5, 5, 100]}}, "steps must be strictly increasing"),
+    ("last step not 100", {"canary": {"steps": [5, 50]}}, "the last step must be 100"),
+    ("step out of range", {"canary": {"steps": [0, 100]}}, "steps must be between 1 and 100"),
+    (
+        "candidate equals stable",
+        {"canary": {"stableRevision": "v1", "candidateRevision": "v1"}},
+        "candidateRevision must differ from stableRevision",
+    ),
+    ("min above max weight", {"scoring": {"minWeight": 50, "maxWeight": 10}}, "minWeight must not exceed maxWeight"),
+    ("floor above baseline", {"scoring": {"ttftFloor": "1s"}}, "ttftFloor must not exceed ttftBaseline"),
+    (
+        "recovery start above cap",
+        {"protection": {"recovery": {"initialPercent": 60, "capPercent": 50}}},
+        "initialPercent must not exceed capPercent",
+    ),
+    (
+        "duplicate bands",
+        {
+            "protection": {
+                "bands": [{"maxErrorRate": 0.01, "weightPercent": 100}, {"maxErrorRate": 0.01, "weightPercent": 50}]
+            }
+        },
+        "bands must have distinct maxErrorRate values",
+    ),
+    ("custom engine without queries", {"engine": "custom"}, "engine 'custom' needs at least one load query"),
+    (
+        "selector pins the revision label",
+        {"selector": {"matchLabels": {"app": "llama", "sluice.dev/revision": "v1"}}, "canary": {}},
+        "selector.matchLabels must not pin canary.revisionLabel",
+    ),
+    ("interval below 1s", {"interval": "500ms"}, "interval must be at least 1s"),
+    (
+        "affinity and least-request together",
+        {"routing": {"sessionAffinity": {"header": "x-session-id"}, "leastRequest": {}}},
+        "sessionAffinity (consistent hash) replaces least-request",
+    ),
+    ("capacity coefficient zero", {"capacity": {"classes": {"cpu": 0}}}, "capacity coefficients must be > 0"),
+    (
+        "unknown query placeholder",
+        {"metrics": {"queries": {"loraFailureRate": 'rate(x{pod=~"$pod"}[$window])'}}},
+        "unknown placeholder",
+    ),
+    (
+        "braced placeholder",
+        {"metrics": {"queries": {"queueLength": "sum by ($podLabel) (q{${selector}})"}}},
+        "unknown placeholder",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_pool_is_rejected_by_crd_and_models_with_the_same_rule(registry, case, spec, message):
+    document = base_pool(**spec)
+    with pytest.raises(ValidationFailed) as by_server:
+        registry.validate(document)
+    assert message in str(by_server.value), str(by_server.value)
+    with pytest.raises(ValidationError) as by_models:
+        InferencePool.model_validate(document)
+    assert message in format_validation_error("InferencePool", "p", by_models.value)
+
+
+SCHEMA_BAD = [
+    ("alpha above 1", {"scoring": {"alpha": 1.5}}, "spec.scoring.alpha", "less than or equal to 1"),
+    ("port zero", {"targetPort": 0}, "spec.targetPort", "greater than or equal to 1"),
+    ("unknown engine", {"engine": "llamacpp"}, "spec.engine", "vllm"),
+    ("bad duration", {"interval": "5 seconds"}, "spec.interval", ""),
+    ("bad service name", {"service": "Llama_Svc"}, "spec.service", ""),
+    ("unknown field", {"weigths": {}}, "spec.weigths", ""),
+    ("negative window", {"metrics": {"window": "-1m"}}, "spec.metrics.window", ""),
+    ("error rate above 1", {"protection": {"fastZeroErrorRate": 2}}, "spec.protection.fastZeroErrorRate", ""),
+    ("bad weightsVia", {"routing": {"weightsVia": "Gateway"}}, "spec.routing.weightsVia", "VirtualService"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "path", "hint"), SCHEMA_BAD, ids=[b[0] for b in SCHEMA_BAD])
+def test_schema_violations_name_the_field_in_both(registry, case, spec, path, hint):
+    document = base_pool(**spec)
+    with pytest.raises(ValidationFailed) as by_server:
+        registry.validate(document)
+    assert path in str(by_server.value)
+    assert hint in str(by_server.value)
+    with pytest.raises(ValidationError) as by_models:
+        InferencePool.model_validate(document)
+    assert path in format_validation_error("InferencePool", "p", by_models.value)
+
+
+def test_missing_required_fields_are_listed(registry):
+    document = base_pool()
+    del document["spec"]["service"]
+    del document["spec"]["selector"]
+    with pytest.raises(ValidationFailed) as failure:
+        registry.validate(document)
+    text = str(failure.value)
+    assert "spec.service: Required value" in text
+    assert "spec.selector: Required value" in text
+
+
+def test_valid_full_featured_pool_passes_both(registry):
+    document = base_pool(
+        engine="trtllm",
+        metrics={
+            "extraLabels": {"job": "trtllm"},
+            "queries": {"loraFailureRate": "sum by ($podLabel) (rate(lora_fail_total{$selector}[$window]))"},
+            "auth": {"bearerTokenSecretRef": {"name": "prom", "key": "token"}},
+        },
+        canary={"candidateRevision": "v2", "steps": [1, 10, 100], "paused": True},
+        routing={"sessionAffinity": {"header": "x-session-id", "hashBalanceFactor": 150}},
+    )
+    registry.validate(copy.deepcopy(document))
+    InferencePool.model_validate(document)

@@ -1,0 +1,193 @@
+"""Canary stepping through the whole pass: steps, gates, rollback, promotion, pause, restart, waiting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.core.canary import RevisionStats, check
+from sluice.core.observed import PodSignals
+from sluice.core.reconcile import Plan
+from tests.helpers import pod, run, sig, spec
+
+STABLE = [pod("v1-a", "a100", "v1"), pod("v1-b", "a100", "v1")]
+CAND = [pod("v2-a", "a100", "v2")]
+CANARY: dict[str, Any] = {
+    "stableRevision": "v1",
+    "candidateRevision": "v2",
+    "steps": [5, 25, 50, 100],
+    "stepInterval": "60s",
+    "analysis": {"interval": "30s", "minRequests": 20, "maxErrorRate": 0.01, "maxTtftP95": "800ms"},
+    "maxFailedChecks": 2,
+}
+
+
+def signals(candidate: PodSignals | None = None) -> dict[str, PodSignals]:
+    good = sig(ttft=0.05, rps=2.0)
+    return {"v1-a": sig(ttft=0.05, rps=10), "v1-b": sig(ttft=0.05, rps=10), "v2-a": candidate or good}
+
+
+def drive(canary: dict[str, Any], cand_signals: PodSignals | None, until: int, every: int = 10, pods=None, start=None):
+    s = spec(canary=canary)
+    status = start
+    plans: list[tuple[int, Plan]] = []
+    for t in range(0, until + 1, every):
+        plan = run(s, pods if pods is not None else STABLE + CAND, signals(cand_signals), t, status)
+        status = plan.status
+        plans.append((t, plan))
+    return plans
+
+
+def weights_over_time(plans):
+    return [(t, p.status.canary.weight, p.status.canary.phase) for t, p in plans]
+
+
+def test_good_candidate_walks_every_step_then_is_promoted():
+    plans = drive(CANARY, None, 400)
+    phases = [p.status.canary.phase for _, p in plans]
+    weights = [p.status.canary.weight for _, p in plans]
+    assert weights[0] == 5
+    assert [w for w in dict.fromkeys(weights)] == [5, 25, 50, 100]
+    assert "Promoted" in phases
+    final = plans[-1][1].status
+    assert final.canary.phase == "Promoted"
+    assert final.canary.stable_revision == "v2"
+    assert final.revision_weights == {"v2": 100}
+    reasons = [e.reason for _, p in plans for e in p.events]
+    assert reasons.count("CanaryAdvanced") == 3
+    assert reasons.count("CanaryPromoted") == 1
+
+
+def test_each_step_lasts_at_least_the_step_interval():
+    plans = drive(CANARY, None, 400)
+    changes = [(t, p.status.canary.weight) for t, p in plans]
+    first_at = {}
+    for t, w in changes:
+        first_at.setdefault(w, t)
+    assert first_at[25] - first_at[5] >= 60
+    assert first_at[50] - first_at[25] >= 60
+
+
+def test_route_split_matches_the_step():
+    plans = drive(CANARY, None, 0)
+    plan = plans[0][1]
+    assert plan.revision_weights == {"v1": 95, "v2": 5}
+
+
+def test_bad_candidate_is_rolled_back_to_zero_and_stays_there():
+    plans = drive(CANARY, sig(ttft=0.05, rps=2.0, errors=0.05), 300)
+    phases = [p.status.canary.phase for _, p in plans]
+    assert "RolledBack" in phases
+    rolled_at = phases.index("RolledBack")
+    assert all(phase == "RolledBack" for phase in phases[rolled_at:])
+    assert all(p.revision_weights == {"v1": 100} for _, p in plans[rolled_at:])
+    assert max(p.status.canary.weight for _, p in plans) == 5  # it never advanced
+    assert [e.reason for _, p in plans for e in p.events].count("CanaryRolledBack") == 1
+
+
+def test_slow_candidate_fails_the_ttft_gate():
+    plans = drive(CANARY, sig(ttft=0.6, p95=1.2, rps=2.0), 200)
+    assert plans[-1][1].status.canary.phase == "RolledBack"
+    assert "TTFT p95" in plans[-1][1].status.canary.message
+
+
+def test_candidate_much_slower_than_stable_fails_the_ratio_gate():
+    canary = {**CANARY, "analysis": {**CANARY["analysis"], "maxTtftP95": None, "maxTtftRatioToStable": 1.5}}
+    plans = drive(canary, sig(ttft=0.2, p95=0.4, rps=2.0), 200)  # stable p95 is 0.09
+    assert plans[-1][1].status.canary.phase == "RolledBack"
+    assert "x stable" in plans[-1][1].status.canary.message
+
+
+def test_too_little_traffic_is_inconclusive_and_never_advances():
+    plans = drive(CANARY, sig(ttft=0.05, rps=0.1), 400)  # 6 requests a minute < 20
+    assert {p.status.canary.weight for _, p in plans} == {5}
+    assert plans[-1][1].status.canary.last_check == "Inconclusive"
+    assert plans[-1][1].status.canary.phase == "Progressing"
+    assert "need 20" in plans[-1][1].status.canary.message
+
+
+def test_missing_metrics_hold_the_step():
+    s = spec(canary=CANARY)
+    status = None
+    for t in range(0, 300, 10):
+        plan = run(s, STABLE + CAND, {}, t, status, failed={"ttft": "connection refused"})
+        status = plan.status
+    assert status.canary.weight == 5
+    assert status.canary.last_check == "Inconclusive"
+
+
+def test_paused_rollout_holds_its_step_and_resumes_with_a_full_interval():
+    paused = {**CANARY, "paused": True}
+    plans = drive(paused, None, 300)
+    assert {p.status.canary.weight for _, p in plans} == {5}
+    assert plans[-1][1].status.canary.phase == "Paused"
+    resumed = drive(CANARY, None, 50, start=plans[-1][1].status)
+    assert all(p.status.canary.weight == 5 for _, p in resumed)  # a full step interval at 5% first
+
+
+def test_a_new_candidate_mid_rollout_restarts_at_the_first_step():
+    plans = drive(CANARY, None, 150)
+    assert plans[-1][1].status.canary.weight > 5
+    v3 = {**CANARY, "candidateRevision": "v3"}
+    pods = [*STABLE, pod("v3-a", "a100", "v3")]
+    s = spec(canary=v3)
+    plan = run(s, pods, {"v1-a": sig(), "v1-b": sig(), "v3-a": sig(rps=2.0)}, 160, plans[-1][1].status)
+    assert plan.status.canary.candidate_revision == "v3"
+    assert plan.status.canary.weight == 5
+    assert plan.status.canary.step_index == 0
+    assert any(e.reason == "CanaryRestarted" for e in plan.events)
+
+
+def test_candidate_without_ready_pods_never_receives_weight():
+    not_ready = [pod("v2-a", "a100", "v2", ready=False)]
+    plans = drive(CANARY, None, 200, pods=STABLE + not_ready)
+    assert all(p.revision_weights == {"v1": 100} for _, p in plans)
+    assert plans[-1][1].status.canary.phase == "Waiting"
+
+
+def test_candidate_oom_counts_as_a_failed_check_at_once():
+    s = spec(canary=CANARY)
+    status = run(s, STABLE + CAND, signals(), 0).status
+    oomed = [*STABLE, pod("v2-a", "a100", "v2", restarts=1, last_termination_reason="OOMKilled")]
+    plan = run(s, oomed, signals(), 5, status)
+    assert plan.status.canary.failed_checks == 1
+    assert plan.status.canary.last_check == "Fail"
+
+
+def test_removing_the_candidate_aborts_back_to_stable():
+    plans = drive(CANARY, None, 100)
+    aborted = {k: v for k, v in CANARY.items() if k != "candidateRevision"}
+    plan = run(spec(canary=aborted), STABLE + CAND, signals(), 110, plans[-1][1].status)
+    assert plan.revision_weights == {"v1": 100}
+    assert plan.status.canary.phase == "Idle"
+    assert any(e.reason == "CanaryAborted" for e in plan.events)
+
+
+def test_stable_revision_is_inferred_when_not_given():
+    canary = {k: v for k, v in CANARY.items() if k != "stableRevision"}
+    plan = drive(canary, None, 0)[0][1]
+    assert plan.status.canary.stable_revision == "v1"
+
+
+def test_no_canary_means_no_split():
+    plan = run(spec(), STABLE, {"v1-a": sig(), "v1-b": sig()}, 0)
+    assert plan.revision_weights == {}
+    assert plan.status.canary is None
+
+
+def test_check_gates_table():
+    from sluice.api.v1alpha1 import AnalysisSpec
+
+    gates = AnalysisSpec(min_requests=10, max_error_rate=0.01, max_ttft_p95=1.0, max_ttft_ratio_to_stable=2.0)
+    stable = RevisionStats(routable_pods=2, requests=500, error_rate=0.0, ttft_p95=0.2)
+    table = [
+        (RevisionStats(1, 100, 0.0, 0.3), True, "Pass"),
+        (RevisionStats(1, 5, 0.0, 0.3), True, "Inconclusive"),
+        (RevisionStats(1, None, None, None), True, "Inconclusive"),
+        (RevisionStats(1, 100, 0.02, 0.3), True, "Fail"),
+        (RevisionStats(1, 100, 0.0, 1.5), True, "Fail"),
+        (RevisionStats(1, 100, 0.0, 0.5), True, "Fail"),  # 2.5x stable
+        (RevisionStats(1, 100, 0.0, 0.3), False, "Inconclusive"),
+        (RevisionStats(1, 100, 0.0, 0.3, incidents=1), True, "Fail"),
+    ]
+    for stats, usable, expected in table:
+        assert check(gates, stats, stable, usable)[0] == expected, stats

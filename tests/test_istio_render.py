@@ -1,0 +1,155 @@
+"""Istio rendering: every object sluice emits validates against Istio 1.30.3's CRDs (schema and CEL rules)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.core.reconcile import Plan
+from sluice.devstack.apivalidation import SchemaRegistry
+from sluice.istio.render import (
+    PoolRef,
+    cluster_name,
+    render,
+    subset_name,
+)
+from tests.helpers import pod, run, sig, spec
+
+ISTIO_CRDS = Path(__file__).resolve().parents[2] / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"
+POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
+PODS = [pod("v1-a", "a100", "v1"), pod("v1-b", "rtx4090", "v1"), pod("v2-a", "a100", "v2")]
+SIGNALS = {"v1-a": sig(ttft=0.04), "v1-b": sig(ttft=0.08), "v2-a": sig(ttft=0.04, rps=2)}
+CANARY = {"stableRevision": "v1", "candidateRevision": "v2"}
+
+
+@pytest.fixture(scope="module")
+def istio() -> SchemaRegistry:
+    if not ISTIO_CRDS.exists():
+        pytest.fail(f"Istio CRDs not found at {ISTIO_CRDS}")
+    return SchemaRegistry().load(ISTIO_CRDS)
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
+
+
+def plan_for(**wire: Any) -> tuple[Any, Plan]:
+    s = spec(**wire)
+    return s, run(s, PODS, SIGNALS, 0)
+
+
+MODES = [
+    {"weightsVia": via, "endpointWeights": endpoints}
+    for via, endpoints in itertools.product(["VirtualService", "EnvoyFilter"], [True, False])
+]
+EXTRAS: list[dict[str, Any]] = [
+    {},
+    {"routing": {"leastRequest": {"choiceCount": 3, "activeRequestBias": 1.5}}},
+    {"routing": {"sessionAffinity": {"header": "x-session-id", "hashBalanceFactor": 150}}},
+    {"routing": {"gateways": ["mesh", "istio-system/public"]}},
+    {"canary": CANARY},
+    {"canary": CANARY, "protection": {"outlierDetection": {"enabled": False}}},
+]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m['weightsVia']}-endpoints{m['endpointWeights']}")
+@pytest.mark.parametrize("extra", EXTRAS, ids=range(len(EXTRAS)))
+def test_every_rendered_object_validates_against_istio_crds(istio, mode, extra):
+    routing = {**mode, **extra.get("routing", {})}
+    wire = {**extra, "routing": routing}
+    s, plan = plan_for(**wire)
+    objects = render(POOL, s, plan)
+    assert objects
+    for obj in objects:
+        istio.validate(obj)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "sluice"
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == POOL.uid
+
+
+def test_service_entry_carries_per_pod_weights_and_drops_zeroed_pods(istio):
+    s = spec(canary=CANARY)
+    bad = {**SIGNALS, "v1-b": sig(errors=0.5)}
+    plan = run(s, PODS, bad, 0)
+    entry = by_kind(render(POOL, s, plan))["ServiceEntry/sluice-llama"]
+    spec_ = entry["spec"]
+    assert spec_["resolution"] == "STATIC"
+    assert spec_["location"] == "MESH_INTERNAL"
+    addresses = {e["address"]: e for e in spec_["endpoints"]}
+    assert PODS[1].ip not in addresses
+    assert all(e["weight"] >= 1 for e in spec_["endpoints"])
+    assert addresses[PODS[0].ip]["labels"]["sluice.dev/revision"] == "v1"
+    assert addresses[PODS[0].ip]["labels"]["security.istio.io/tlsMode"] == "istio"
+
+
+def test_destination_rule_has_a_subset_per_revision_least_request_and_no_locality(istio):
+    s, plan = plan_for(canary=CANARY)
+    rule = by_kind(render(POOL, s, plan))["DestinationRule/sluice-llama"]["spec"]
+    assert rule["host"] == "llama.llm.sluice.internal"
+    assert rule["trafficPolicy"]["loadBalancer"] == {"simple": "LEAST_REQUEST", "localityLbSetting": {"enabled": False}}
+    assert [x["name"] for x in rule["subsets"]] == ["rev-v1", "rev-v2"]
+    assert rule["trafficPolicy"]["outlierDetection"]["consecutive5xxErrors"] == 5
+
+
+def test_virtual_service_splits_by_the_canary_step(istio):
+    s, plan = plan_for(canary=CANARY)
+    vs = by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]["spec"]
+    assert vs["hosts"] == ["llama.llm.svc.cluster.local"]
+    routes = {r["destination"]["subset"]: r["weight"] for r in vs["http"][0]["route"]}
+    assert routes == {"rev-v1": 95, "rev-v2": 5}
+
+
+def test_envoy_filter_route_patch_uses_istio_cluster_names(istio):
+    s, plan = plan_for(canary=CANARY, routing={"weightsVia": "EnvoyFilter", "endpointWeights": False}, servicePort=80)
+    objects = by_kind(render(POOL, s, plan))
+    assert "VirtualService/sluice-llama" not in objects
+    patch = objects["EnvoyFilter/sluice-llama-routes"]["spec"]["configPatches"][0]
+    assert patch["applyTo"] == "HTTP_ROUTE"
+    assert patch["match"]["routeConfiguration"]["vhost"]["name"] == "llama.llm.svc.cluster.local:80"
+    clusters = patch["patch"]["value"]["route"]["weighted_clusters"]["clusters"]
+    assert clusters == [
+        {"name": "outbound|80|rev-v1|llama.llm.svc.cluster.local", "weight": 95},
+        {"name": "outbound|80|rev-v2|llama.llm.svc.cluster.local", "weight": 5},
+    ]
+
+
+def test_no_virtual_service_needed_without_endpoint_weights_or_canary(istio):
+    s, plan = plan_for(routing={"endpointWeights": False})
+    kinds = {o["kind"] for o in render(POOL, s, plan)}
+    assert kinds == {"DestinationRule"}
+
+
+def test_cluster_envoy_filter_only_when_tuning_is_asked_for(istio):
+    s, plan = plan_for()
+    assert not any(o["kind"] == "EnvoyFilter" for o in render(POOL, s, plan))
+    s, plan = plan_for(routing={"leastRequest": {"activeRequestBias": 2.0}})
+    lb = by_kind(render(POOL, s, plan))["EnvoyFilter/sluice-llama-lb"]["spec"]["configPatches"][0]
+    assert lb["applyTo"] == "CLUSTER"
+    assert lb["patch"]["value"]["least_request_lb_config"]["active_request_bias"]["default_value"] == 2.0
+
+
+def test_session_affinity_uses_consistent_hash_on_the_header(istio):
+    s, plan = plan_for(routing={"sessionAffinity": {"header": "x-session-id"}})
+    rule = by_kind(render(POOL, s, plan))["DestinationRule/sluice-llama"]["spec"]
+    assert rule["trafficPolicy"]["loadBalancer"]["consistentHash"] == {"httpHeaderName": "x-session-id"}
+
+
+def test_objects_without_pool_uid_have_no_owner_reference():
+    s, plan = plan_for()
+    for obj in render(PoolRef("llama", "llm"), s, plan):
+        assert "ownerReferences" not in obj["metadata"]
+
+
+def test_subset_names_are_dns_labels_and_distinct():
+    names = {subset_name(r) for r in ["v1", "V1", "release/2024.1", "a" * 80, "a" * 81]}
+    assert len(names) == 5
+    for name in names:
+        assert len(name) <= 63
+        assert name == name.lower()
+
+
+def test_cluster_name_format():
+    assert cluster_name(8000, None, "h") == "outbound|8000||h"
+    assert cluster_name(80, "rev-v1", "h") == "outbound|80|rev-v1|h"

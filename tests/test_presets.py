@@ -1,0 +1,178 @@
+"""Engine presets: exact metric names, one vector query per signal, escaping, overrides, declared gaps."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sluice.core.observed import ALL_SIGNALS
+from sluice.core.presets import POD_REGEX_LIMIT, PRESETS, build_queries, escape_regex, escape_string
+from tests.helpers import spec
+
+PODS = ["llama-0", "llama-1"]
+
+EXPECTED_METRICS = {
+    "vllm": {
+        "ttft": ["vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"],
+        "ttftP95": ["vllm:time_to_first_token_seconds_bucket"],
+        "kvCacheUsage": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        "queueLength": ["vllm:num_requests_waiting"],
+        "runningRequests": ["vllm:num_requests_running"],
+        "requestRate": ["vllm:request_success_total"],
+        "errorRate": ["vllm:request_success_total{", 'finished_reason="error"'],
+    },
+    "sglang": {
+        "ttft": ["sglang:time_to_first_token_seconds_sum"],
+        "kvCacheUsage": ["sglang:token_usage"],
+        "queueLength": ["sglang:num_queue_reqs"],
+        "runningRequests": ["sglang:num_running_reqs"],
+        "requestRate": ["sglang:num_requests_total"],
+        "errorRate": ["istio_requests_total", 'reporter="destination"', 'response_code=~"5.."'],
+    },
+    "trtllm": {
+        "ttft": ["trtllm_time_to_first_token_seconds_sum"],
+        "kvCacheUsage": ["trtllm_kv_cache_utilization"],
+        "queueLength": ["trtllm_num_requests_waiting"],
+        "runningRequests": ["trtllm_num_requests_running"],
+        "errorRate": ["trtllm_request_error_total", "trtllm_request_success_total"],
+    },
+    "triton": {
+        "ttft": ["nv_inference_first_response_histogram_ms_sum", "/ 1000"],
+        "kvCacheUsage": ["nv_trt_llm_kv_cache_block_metrics", 'kv_cache_block_type="fraction"'],
+        "queueLength": ["nv_trt_llm_request_metrics", 'request_type="waiting"'],
+        "runningRequests": ['request_type="active"'],
+        "errorRate": ["nv_inference_request_failure", "nv_inference_request_success"],
+    },
+    "tgi": {
+        "queueLength": ["tgi_queue_size"],
+        "runningRequests": ["tgi_batch_current_size"],
+        "requestRate": ["tgi_request_success"],
+        "errorRate": ["tgi_request_failure"],
+    },
+}
+
+
+@pytest.mark.parametrize("engine", sorted(EXPECTED_METRICS))
+def test_preset_uses_the_engine_metric_names(engine):
+    plan = build_queries(spec(engine=engine), "llm", PODS)
+    for signal, names in EXPECTED_METRICS[engine].items():
+        for name in names:
+            assert name in plan.queries[signal], (engine, signal, name)
+
+
+@pytest.mark.parametrize("engine", sorted(EXPECTED_METRICS))
+def test_every_query_is_a_pool_wide_vector_grouped_by_pod(engine):
+    plan = build_queries(spec(engine=engine), "llm", PODS)
+    for signal, query in plan.queries.items():
+        assert "by (pod" in query, (engine, signal)
+        assert 'namespace="llm"' in query
+        assert "$" not in query, f"unsubstituted placeholder in {signal}: {query}"
+        assert query.count("(") == query.count(")")
+
+
+def test_tgi_declares_it_has_no_ttft_and_no_kv_cache():
+    plan = build_queries(spec(engine="tgi"), "llm", PODS)
+    assert {"ttft", "ttftP95", "kvCacheUsage", "loraFailureRate"} <= set(plan.unsupported)
+    assert "ttft" not in plan.queries
+
+
+def test_no_engine_has_a_standard_lora_failure_metric():
+    for engine in PRESETS:
+        assert (
+            "loraFailureRate"
+            in build_queries(
+                spec(engine=engine, metrics={"queries": {"ttft": "x"}}) if engine == "custom" else spec(engine=engine),
+                "llm",
+                PODS,
+            ).unsupported
+        )
+
+
+def test_errors_query_reads_zero_for_pods_with_traffic_but_no_error_series_yet():
+    query = build_queries(spec(), "llm", PODS).queries["errorRate"]
+    assert " or (0 * (" in query
+
+
+def test_override_replaces_the_preset_and_supplies_a_missing_signal():
+    s = spec(
+        engine="tgi",
+        metrics={
+            "queries": {
+                "ttft": "avg by ($podLabel) (my_ttft{$selector})",
+                "loraFailureRate": "sum by ($podLabel) (rate(lora_fail_total{$selector}[$window]))",
+            }
+        },
+    )
+    plan = build_queries(s, "llm", PODS)
+    assert plan.queries["ttft"].startswith('avg by (pod) (my_ttft{namespace="llm",pod=~')
+    assert "[1m]" in plan.queries["loraFailureRate"]
+    assert "ttft" not in plan.unsupported
+    assert "loraFailureRate" not in plan.unsupported
+
+
+def test_custom_pod_and_namespace_labels_and_extra_matchers():
+    s = spec(
+        metrics={
+            "podLabel": "kubernetes_pod_name",
+            "namespaceLabel": "kubernetes_namespace",
+            "extraLabels": {"job": "vllm"},
+        }
+    )
+    query = build_queries(s, "llm", PODS).queries["queueLength"]
+    assert query.startswith("sum by (kubernetes_pod_name) (")
+    assert 'kubernetes_namespace="llm"' in query
+    assert 'job="vllm"' in query
+
+
+def _literals(query: str) -> list[str]:
+    """Decode every double-quoted PromQL string literal in the query (backslash escapes)."""
+    out, i = [], 0
+    while (start := query.find('"', i)) != -1:
+        j, chars = start + 1, []
+        while query[j] != '"':
+            if query[j] == "\\":
+                j += 1
+                chars.append({"n": "\n"}.get(query[j], query[j]))
+            else:
+                chars.append(query[j])
+            j += 1
+        out.append("".join(chars))
+        i = j + 1
+    return out
+
+
+def test_hostile_names_cannot_escape_the_string_or_the_regex():
+    hostile_pod = 'x"} or vector(1) or {a="'
+    hostile_ns = 'llm"} or up{x="'
+    query = build_queries(spec(), hostile_ns, [hostile_pod, "a.b"]).queries["queueLength"]
+    # Outside the literals, the query is exactly the preset's shape: nothing leaked out of a string.
+    skeleton = re.sub(r'"(?:[^"\\]|\\.)*"', '""', query)
+    assert skeleton == 'sum by (pod) (vllm:num_requests_waiting{namespace="",pod=~""})'
+    namespace, pods_regex = _literals(query)
+    assert namespace == hostile_ns
+    assert re.fullmatch(pods_regex, hostile_pod)
+    assert re.fullmatch(pods_regex, "a.b")
+    assert not re.fullmatch(pods_regex, "axb")  # '.' is literal
+
+
+def test_escape_helpers():
+    assert escape_string('a"b\\c') == 'a\\"b\\\\c'
+    assert escape_regex("a.b|c") == "a\\.b\\|c"
+
+
+def test_large_pools_select_by_namespace_and_filter_client_side():
+    many = [f"pod-{i}" for i in range(POD_REGEX_LIMIT + 1)]
+    plan = build_queries(spec(), "llm", many)
+    assert plan.filters_pods_client_side
+    assert "pod=~" not in plan.queries["queueLength"]
+    small = build_queries(spec(), "llm", many[:3])
+    assert not small.filters_pods_client_side
+
+
+def test_every_signal_is_either_queried_or_declared_unsupported():
+    for engine in PRESETS:
+        s = spec(engine=engine, metrics={"queries": {"ttft": "x"}}) if engine == "custom" else spec(engine=engine)
+        plan = build_queries(s, "llm", PODS)
+        assert set(plan.queries) | set(plan.unsupported) == set(ALL_SIGNALS)
+        assert not set(plan.queries) & set(plan.unsupported)
