@@ -74,7 +74,8 @@ def test_schema_is_structural_and_every_field_is_described():
     root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(root, ""):
         assert "type" in node, f"{path} has no type"
-        assert "$ref" not in node and "anyOf" not in node, f"{path} is not structural"
+        assert "$ref" not in node, f"{path} is not structural"
+        assert "anyOf" not in node, f"{path} is not structural"
         if node["type"] == "object" and "properties" in node:
             for name, child in node["properties"].items():
                 assert child.get("description"), f"{path}.{name} has no description"

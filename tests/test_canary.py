@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.api.v1alpha1 import AnalysisSpec
 from sluice.core.canary import RevisionStats, check
 from sluice.core.observed import PodSignals
 from sluice.core.reconcile import Plan
@@ -46,7 +47,7 @@ def test_good_candidate_walks_every_step_then_is_promoted():
     phases = [p.status.canary.phase for _, p in plans]
     weights = [p.status.canary.weight for _, p in plans]
     assert weights[0] == 5
-    assert [w for w in dict.fromkeys(weights)] == [5, 25, 50, 100]
+    assert list(dict.fromkeys(weights)) == [5, 25, 50, 100]
     assert "Promoted" in phases
     final = plans[-1][1].status
     assert final.canary.phase == "Promoted"
@@ -175,8 +176,6 @@ def test_no_canary_means_no_split():
 
 
 def test_check_gates_table():
-    from sluice.api.v1alpha1 import AnalysisSpec
-
     gates = AnalysisSpec(min_requests=10, max_error_rate=0.01, max_ttft_p95=1.0, max_ttft_ratio_to_stable=2.0)
     stable = RevisionStats(routable_pods=2, requests=500, error_rate=0.0, ttft_p95=0.2)
     table = [
