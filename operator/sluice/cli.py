@@ -43,10 +43,17 @@ def format_validation_error(kind: str, name: str, error: ValidationError) -> str
         elif item["type"] == "extra_forbidden":
             details.append(f'unknown field "{path}"')
         else:
-            shown = item.get("input")
-            value = json.dumps(shown) if isinstance(shown, str | int | float | bool) else '"object"'
-            details.append(f"{path}: Invalid value: {value}: {message}")
+            details.append(f"{path}: Invalid value: {_describe(item.get('input'))}: {message}")
     return f'{kind} "{name}" is invalid: ' + "; ".join(details)
+
+
+def _describe(value: Any) -> str:
+    """How an API server shows a rejected value: scalars as JSON, containers by their type."""
+    if isinstance(value, list):
+        return '"array"'
+    if isinstance(value, dict):
+        return '"object"'
+    return json.dumps(value)
 
 
 def load_yaml(path: str) -> Any:

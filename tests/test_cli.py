@@ -1,0 +1,144 @@
+"""`python -m sluice plan` as a user runs it: YAML stream on stdout, explanation on stderr, chained state, exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+
+
+def sluice(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluice", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def plan(pool: str, observed: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return sluice("plan", "-f", str(EX / "pools" / pool), "--observed", str(EX / "observed" / observed), *extra)
+
+
+def test_plan_prints_istio_objects_and_an_explanation(tmp_path):
+    result = plan("heterogeneous.yaml", "heterogeneous.yaml", "--now", "2026-12-01T10:00:02Z")
+    assert result.returncode == 0, result.stderr
+    objects = list(yaml.safe_load_all(result.stdout))
+    assert [o["kind"] for o in objects] == ["ServiceEntry", "DestinationRule", "VirtualService"]
+    weights = {e["address"]: e["weight"] for e in objects[0]["spec"]["endpoints"]}
+    assert weights["10.8.0.11"] > weights["10.8.1.21"] > weights["10.8.2.31"]
+    assert "POD" in result.stderr
+    assert "llama-cpu-0" in result.stderr
+    assert "MetricsAvailable=True" in result.stderr
+
+
+def test_state_chains_through_a_failure_and_an_outage(tmp_path):
+    first, second, third = tmp_path / "1.json", tmp_path / "2.json", tmp_path / "3.json"
+    ok = plan("heterogeneous.yaml", "heterogeneous.yaml", "--now", "2026-12-01T10:00:02Z", "--state-out", str(first))
+    assert ok.returncode == 0, ok.stderr
+    failing = plan(
+        "heterogeneous.yaml",
+        "failing-pod.yaml",
+        "--now",
+        "2026-12-01T10:00:07Z",
+        "--state",
+        str(first),
+        "--state-out",
+        str(second),
+    )
+    assert failing.returncode == 0, failing.stderr
+    rows = {r["pod"]: r for r in json.loads(second.read_text())["endpoints"]}
+    assert rows["llama-a100-1"]["state"] == "Zeroed"
+    assert rows["llama-a100-1"]["incident"] == "ErrorRate"
+    assert rows["llama-4090-0"]["state"] == "Zeroed"
+    assert rows["llama-4090-0"]["incident"] == "OOMKilled"
+    addresses = {e["address"] for e in next(yaml.safe_load_all(failing.stdout))["spec"]["endpoints"]}
+    assert addresses == {"10.8.0.11", "10.8.2.31"}
+    assert "PodZeroed" in failing.stderr
+
+    stale = plan(
+        "heterogeneous.yaml",
+        "stale-metrics.yaml",
+        "--now",
+        "2026-12-01T10:00:12Z",
+        "--state",
+        str(second),
+        "--state-out",
+        str(third),
+    )
+    assert stale.returncode == 0, stale.stderr
+    before = {r["pod"]: r["weight"] for r in json.loads(second.read_text())["endpoints"]}
+    after = {r["pod"]: r["weight"] for r in json.loads(third.read_text())["endpoints"]}
+    assert after == before
+    assert "MetricsAvailable=False (QueryFailed)" in stale.stderr
+    assert "weights frozen" in stale.stderr
+
+
+def test_canary_example_splits_traffic_by_the_first_step():
+    result = plan("canary.yaml", "canary.yaml", "--now", "2026-12-01T10:05:01Z")
+    assert result.returncode == 0, result.stderr
+    vs = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "VirtualService")
+    assert {r["destination"]["subset"]: r["weight"] for r in vs["spec"]["http"][0]["route"]} == {
+        "rev-v1": 95,
+        "rev-v2": 5,
+    }
+    assert "canary: Progressing" in result.stderr
+
+
+def test_show_queries_prints_the_promql():
+    result = plan("heterogeneous.yaml", "heterogeneous.yaml", "--show-queries")
+    assert result.returncode == 0
+    assert "vllm:num_requests_waiting" in result.stderr
+    assert "not provided by vllm: loraFailureRate" in result.stderr
+
+
+def test_invalid_pool_exits_2_naming_the_field_and_the_rule():
+    for path in sorted((EX / "invalid").glob("*.yaml")):
+        document = yaml.safe_load(path.read_text())
+        expected = path.read_text().splitlines()[0].removeprefix("# expect: ").strip()
+        result = sluice("plan", "-f", str(path), "--observed", str(EX / "observed" / "heterogeneous.yaml"))
+        assert result.returncode == 2, path.name
+        assert result.stdout == ""
+        assert f'InferencePool "{document["metadata"]["name"]}" is invalid' in result.stderr
+        assert expected in result.stderr, (path.name, result.stderr)
+
+
+def test_unreadable_inputs_exit_2_with_a_message(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed")
+    result = sluice("plan", "-f", str(broken), "--observed", str(EX / "observed" / "heterogeneous.yaml"))
+    assert result.returncode == 2
+    assert "not valid YAML" in result.stderr
+    missing = sluice("plan", "-f", str(tmp_path / "nope.yaml"), "--observed", "x")
+    assert missing.returncode == 2
+    assert "cannot read" in missing.stderr
+    bad_now = plan("heterogeneous.yaml", "heterogeneous.yaml", "--now", "yesterday")
+    assert bad_now.returncode == 2
+    assert "ISO 8601" in bad_now.stderr
+
+
+def test_observed_signal_written_as_text_is_refused_not_read_as_zero(tmp_path):
+    observed = tmp_path / "o.yaml"
+    observed.write_text(
+        "pods: [{name: a, ip: 10.0.0.1, labels: {app: llama}}]\n"
+        "signals: {collectedAt: '2026-12-01T10:00:00Z', pods: {a: {ttftSeconds: fast}}}\n"
+    )
+    result = sluice("plan", "-f", str(EX / "pools" / "heterogeneous.yaml"), "--observed", str(observed))
+    assert result.returncode == 2
+    assert "signals.pods.a.ttftSeconds" in result.stderr
+
+
+def test_crd_command_prints_the_committed_crd():
+    result = sluice("crd")
+    assert result.returncode == 0
+    committed = yaml.safe_load((ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml").read_text())
+    assert yaml.safe_load(result.stdout) == committed
