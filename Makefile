@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: venv
-	$(VENV)/bin/ruff check operator tests benchmarks
-	$(VENV)/bin/ruff format --check operator tests benchmarks
+	$(VENV)/bin/ruff check operator tests benchmarks examples
+	$(VENV)/bin/ruff format --check operator tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -31,6 +31,7 @@ test-fast: venv
 # Regenerate crds/ from the pydantic models (the models are the source; the CRD is the contract).
 crds: venv
 	$(PY) -m sluice crd > crds/inference.sluice.dev_inferencepools.yaml
+	$(PY) -m sluice reference > docs/api-reference.md
 
 check-crds: venv
 	$(PY) -m sluice crd | diff -u crds/inference.sluice.dev_inferencepools.yaml -

@@ -221,3 +221,10 @@ def test_valid_full_featured_pool_passes_both(registry):
     )
     registry.validate(copy.deepcopy(document))
     InferencePool.model_validate(document)
+
+
+def test_field_reference_doc_is_generated_from_the_crd():
+    from sluice.api.reference import render_reference
+
+    committed = (ROOT / "docs" / "api-reference.md").read_text()
+    assert committed == render_reference(), "run `make crds` after changing the models"

@@ -39,7 +39,7 @@ signals_st = st.builds(
 def histories(draw: Any) -> tuple[Any, list[tuple[float, Observed]]]:
     n_pods = draw(st.integers(1, 8))
     use_canary = draw(st.booleans())
-    steps = sorted(set(draw(st.lists(st.integers(1, 99), max_size=4)))) + [100]
+    steps = [*sorted(set(draw(st.lists(st.integers(1, 99), max_size=4)))), 100]
     wire: dict[str, Any] = {
         "protection": {
             "minRoutablePercent": draw(st.integers(0, 100)),

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from sluice.api.crd import build_crd
+from sluice.api.reference import render_reference
 from sluice.api.v1alpha1 import InferencePool, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import Observed
@@ -145,6 +146,11 @@ def cmd_crd(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reference(_: argparse.Namespace) -> int:
+    sys.stdout.write(render_reference())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(handler=cmd_plan)
     crd = commands.add_parser("crd", help="print the InferencePool CRD generated from the API models")
     crd.set_defaults(handler=cmd_crd)
+    reference = commands.add_parser("reference", help="print the field reference (Markdown) generated from the CRD")
+    reference.set_defaults(handler=cmd_reference)
     return parser
 
 

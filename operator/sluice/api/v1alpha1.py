@@ -348,6 +348,12 @@ class ProtectionSpec(ApiModel):
         description="Istio outlierDetection rendered in the DestinationRule.",
     )
 
+    @field_validator("bands")
+    @classmethod
+    def _bands_in_order(cls, bands: list[HealthBand]) -> list[HealthBand]:
+        """The first band a pod fits applies, so bands are kept sorted by maxErrorRate."""
+        return sorted(bands, key=lambda band: band.max_error_rate)
+
     @model_validator(mode="after")
     def _distinct_bands(self) -> ProtectionSpec:
         rates = [band.max_error_rate for band in self.bands]

@@ -8,9 +8,8 @@ lives in the pool's status.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from sluice.api.v1alpha1 import EndpointStatus, ProtectionSpec, RecoverySpec
 from sluice.core.observed import ObservedPod, PodSignals
@@ -25,14 +24,12 @@ SEVERITY: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True)
-class Incident:
+class Incident(NamedTuple):
     kind: IncidentKind
     message: str
 
 
-@dataclass(frozen=True)
-class Assessment:
+class Assessment(NamedTuple):
     """This pass's verdict on one pod's health evidence."""
 
     incident: Incident | None
@@ -92,8 +89,7 @@ def assess(
 PhaseName = Literal["normal", "quiet", "ramp"]
 
 
-@dataclass(frozen=True)
-class Phase:
+class Phase(NamedTuple):
     """Where a pod stands after its last incident: zeroed (quiet), ramping at `percent`, or normal."""
 
     name: PhaseName

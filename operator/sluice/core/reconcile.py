@@ -10,13 +10,13 @@ and scale -> apply the routable floor -> step the canary -> build conditions and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sluice.api.v1alpha1 import (
     CanaryStatus,
     Condition,
-    EndpointSignals,
     EndpointState,
     EndpointStatus,
     InferencePoolSpec,
@@ -24,11 +24,14 @@ from sluice.api.v1alpha1 import (
 )
 from sluice.core.canary import RevisionStats, step_canary
 from sluice.core.events import Event
-from sluice.core.observed import GAUGE_SIGNALS, SIGNAL_FIELD, Observed, ObservedPod, PodSignals
+from sluice.core.observed import Observed, ObservedPod, PodSignals
 from sluice.core.protection import Assessment, assess, floor_keep, recovery_phase, spare_order
 from sluice.core.scoring import Score, capacity_of, score_pod, smooth
 from sluice.core.status import make_condition
 from sluice.core.weights import ramp, scale, with_hysteresis
+
+
+NO_SIGNALS = PodSignals()
 
 
 @dataclass(frozen=True)
@@ -87,18 +90,23 @@ def selects(spec: InferencePoolSpec, pod: ObservedPod) -> bool:
 
 
 def has_samples(signals: PodSignals) -> bool:
-    return any(getattr(signals, SIGNAL_FIELD[name]) is not None for name in GAUGE_SIGNALS) or (
-        signals.ttft_seconds is not None
+    """Whether Prometheus returned anything for the pod: a live engine always exports its gauges."""
+    return (
+        signals.kv_cache_usage is not None
+        or signals.queue_length is not None
+        or signals.running_requests is not None
+        or signals.ttft_seconds is not None
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pod:
     """Working record of one pod during a pass (mutable on purpose, local to `plan_pass`)."""
 
     pod: ObservedPod
     previous: EndpointStatus | None
     signals: PodSignals
+    revision: str | None
     hardware_class: str | None
     capacity: float
     score: Score
@@ -114,7 +122,6 @@ class _Pod:
     reason: str = ""
     wants_zero: bool = False
     ramp_percent: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def _not_eligible_reason(pod: ObservedPod) -> str | None:
@@ -140,7 +147,7 @@ def plan_pass(
     work: list[_Pod] = []
     for pod in pods:
         prev = prev_rows.get(pod.name)
-        signals = observed.signals.pods.get(pod.name, PodSignals())
+        signals = observed.signals.pods.get(pod.name) or NO_SIGNALS
         hardware_class, capacity = capacity_of(spec, pod.labels)
         score = score_pod(spec, capacity, signals, prev.ttft_estimate_seconds if prev else None)
         sampled = has_samples(signals)
@@ -168,6 +175,7 @@ def plan_pass(
                 pod=pod,
                 previous=prev,
                 signals=signals,
+                revision=_revision(spec, pod),
                 hardware_class=hardware_class,
                 capacity=capacity,
                 score=score,
@@ -189,7 +197,7 @@ def plan_pass(
     revisions = _revision_stats(spec, work)
     canary_outcome = step_canary(spec.canary, previous.canary if previous else None, revisions, verdict.usable, now)
     events.extend(canary_outcome.events)
-    rows = [_row(spec, item, now) for item in work]
+    rows = [_row(item, now) for item in work]
     events.extend(_transition_events(work, rows, prev_rows))
 
     eligible = [item for item in work if item.eligible]
@@ -205,19 +213,19 @@ def plan_pass(
     elif prev_metrics is None and not verdict.usable and previous is not None:
         events.append(Event("Warning", "MetricsUnavailable", verdict.message))
 
-    status = InferencePoolStatus(
-        observed_generation=generation,
-        conditions=conditions,
-        routable=f"{len(routable)}/{len(eligible)}",
-        revision_weights=canary_outcome.weights,
-        canary=canary_outcome.status,
-        endpoints=rows,
-        last_reconcile_time=now,
+    status = InferencePoolStatus.model_validate(
+        {
+            "observed_generation": generation,
+            "conditions": conditions,
+            "routable": f"{len(routable)}/{len(eligible)}",
+            "revision_weights": canary_outcome.weights,
+            "canary": canary_outcome.status,
+            "endpoints": rows,
+            "last_reconcile_time": now,
+        }
     )
-    endpoints = tuple(
-        EndpointWeight(item.pod.name, item.pod.ip or "", _revision(spec, item.pod), item.weight) for item in routable
-    )
-    all_revisions = tuple(sorted({rev for item in work if (rev := _revision(spec, item.pod)) is not None}))
+    endpoints = tuple(EndpointWeight(item.pod.name, item.pod.ip or "", item.revision, item.weight) for item in routable)
+    all_revisions = tuple(sorted({item.revision for item in work if item.revision is not None}))
     return Plan(
         status=status,
         endpoints=endpoints,
@@ -298,9 +306,8 @@ def _revision_stats(spec: InferencePoolSpec, work: list[_Pod]) -> dict[str, Revi
         return {}
     groups: dict[str, list[_Pod]] = {}
     for item in work:
-        revision = _revision(spec, item.pod)
-        if revision is not None:
-            groups.setdefault(revision, []).append(item)
+        if item.revision is not None:
+            groups.setdefault(item.revision, []).append(item)
     return {name: _aggregate(spec, items) for name, items in groups.items()}
 
 
@@ -328,47 +335,50 @@ def _weighted(items: list[_Pod], field_name: str) -> float | None:
     return sum(value * weight for value, weight in pairs) / total
 
 
-def _row(spec: InferencePoolSpec, item: _Pod, now: datetime) -> EndpointStatus:
+def _row(item: _Pod, now: datetime) -> dict[str, Any]:
+    """One status row as plain data; the whole status is validated in a single pydantic call (fast for big pools)."""
     prev = item.previous
     since = prev.since if prev is not None and prev.state == item.state and prev.since else now
-    estimate = (
-        item.score.ttft if item.score.ttft_source == "observed" else (prev.ttft_estimate_seconds if prev else None)
-    )
-    return EndpointStatus(
-        pod=item.pod.name,
-        ip=item.pod.ip,
-        revision=_revision(spec, item.pod),
-        hardware_class=item.hardware_class,
-        capacity=item.capacity,
-        signals=EndpointSignals.model_validate(item.signals.model_dump()),
-        score=round(item.smoothed, 6),
-        weight=item.weight,
-        state=item.state,
-        reason=item.reason,
-        since=since,
-        ttft_estimate_seconds=estimate,
-        consecutive_failures=item.assessment.consecutive_failures,
-        restarts=item.pod.restarts,
-        last_incident_at=item.last_incident_at,
-        incident=item.incident,
-        incident_message=item.incident_message,
-    )
+    if item.score.ttft_source == "observed":
+        estimate: float | None = item.score.ttft
+    else:
+        estimate = prev.ttft_estimate_seconds if prev else None
+    return {
+        "pod": item.pod.name,
+        "ip": item.pod.ip,
+        "revision": item.revision,
+        "hardware_class": item.hardware_class,
+        "capacity": item.capacity,
+        "signals": item.signals,
+        "score": round(item.smoothed, 6),
+        "weight": item.weight,
+        "state": item.state,
+        "reason": item.reason,
+        "since": since,
+        "ttft_estimate_seconds": estimate,
+        "consecutive_failures": item.assessment.consecutive_failures,
+        "restarts": item.pod.restarts,
+        "last_incident_at": item.last_incident_at,
+        "incident": item.incident,
+        "incident_message": item.incident_message,
+    }
 
 
 def _transition_events(
-    work: list[_Pod], rows: list[EndpointStatus], prev_rows: dict[str, EndpointStatus]
+    work: list[_Pod], rows: list[dict[str, Any]], prev_rows: dict[str, EndpointStatus]
 ) -> list[Event]:
     events: list[Event] = []
     for item, row in zip(work, rows, strict=True):
-        if item.assessment.incident is not None and item.wants_zero and row.weight == 0:
-            events.append(Event("Warning", "PodZeroed", f"{row.pod}: {item.assessment.incident.message}"))
-        prev = prev_rows.get(row.pod)
+        name, state, weight = row["pod"], row["state"], row["weight"]
+        if item.assessment.incident is not None and item.wants_zero and weight == 0:
+            events.append(Event("Warning", "PodZeroed", f"{name}: {item.assessment.incident.message}"))
+        prev = prev_rows.get(name)
         if prev is None or not item.eligible:
             continue
-        if prev.state == "Zeroed" and row.state == "Recovering":
-            events.append(Event("Normal", "PodRecovering", f"{row.pod}: {row.reason}"))
-        elif prev.state == "Recovering" and row.state == "Routable" and item.last_incident_at is not None:
-            events.append(Event("Normal", "PodRecovered", f"{row.pod}: back to normal scoring (weight {row.weight})"))
+        if prev.state == "Zeroed" and state == "Recovering":
+            events.append(Event("Normal", "PodRecovering", f"{name}: {row['reason']}"))
+        elif prev.state == "Recovering" and state == "Routable" and item.last_incident_at is not None:
+            events.append(Event("Normal", "PodRecovered", f"{name}: back to normal scoring (weight {weight})"))
     return events
 
 

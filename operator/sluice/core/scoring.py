@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from sluice.api.v1alpha1 import InferencePoolSpec, ProtectionSpec, ScoringSpec
 from sluice.core.observed import PodSignals
@@ -52,8 +52,7 @@ SCORERS: tuple[SignalScorer, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Score:
+class Score(NamedTuple):
     """A pod's score and everything that went into it, for the status table."""
 
     capacity: float
@@ -105,7 +104,7 @@ def band_factor(protection: ProtectionSpec, signals: PodSignals) -> tuple[float,
     """(share of the weight kept, whether the pod is outside every band). No error data means no evidence."""
     if signals.error_rate is None:
         return 1.0, False
-    for band in sorted(protection.bands, key=lambda b: b.max_error_rate):
+    for band in protection.bands:  # sorted by maxErrorRate when parsed
         ttft_ok = (
             band.max_ttft_p95 is None
             or signals.ttft_p95_seconds is None
