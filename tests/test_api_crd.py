@@ -15,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from sluice.api.crd import build_crd
+from sluice.api.reference import render_reference
 from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec
 from sluice.cli import format_validation_error
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
@@ -224,7 +225,5 @@ def test_valid_full_featured_pool_passes_both(registry):
 
 
 def test_field_reference_doc_is_generated_from_the_crd():
-    from sluice.api.reference import render_reference
-
     committed = (ROOT / "docs" / "api-reference.md").read_text()
     assert committed == render_reference(), "run `make crds` after changing the models"

@@ -30,7 +30,6 @@ from sluice.core.scoring import Score, capacity_of, score_pod, smooth
 from sluice.core.status import make_condition
 from sluice.core.weights import ramp, scale, with_hysteresis
 
-
 NO_SIGNALS = PodSignals()
 
 
