@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from sluice.api.crd import build_crd
+from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
 from sluice.api.v1alpha1 import InferencePool, InferencePoolStatus
 from sluice.core.events import Event
@@ -31,30 +33,6 @@ from sluice.istio.render import PoolRef, render
 
 class InputError(Exception):
     """Bad input: exit 2 with this message."""
-
-
-def format_validation_error(kind: str, name: str, error: ValidationError) -> str:
-    """API-server style: `InferencePool "x" is invalid: spec.canary.steps: Invalid value: ...`."""
-    details = []
-    for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "(root)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "missing":
-            details.append(f"{path}: Required value")
-        elif item["type"] == "extra_forbidden":
-            details.append(f'unknown field "{path}"')
-        else:
-            details.append(f"{path}: Invalid value: {_describe(item.get('input'))}: {message}")
-    return f'{kind} "{name}" is invalid: ' + "; ".join(details)
-
-
-def _describe(value: Any) -> str:
-    """How an API server shows a rejected value: scalars as JSON, containers by their type."""
-    if isinstance(value, list):
-        return '"array"'
-    if isinstance(value, dict):
-        return '"object"'
-    return json.dumps(value)
 
 
 def load_yaml(path: str) -> Any:
@@ -151,6 +129,29 @@ def cmd_reference(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    """Run the operator (kopf) in this process until interrupted."""
+    import logging  # noqa: PLC0415 - the offline commands need none of this
+
+    import kopf  # noqa: PLC0415
+
+    import sluice.runtime.handlers  # noqa: F401, PLC0415 - registers the handlers
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    kopf.configure(verbose=args.log_level == "debug", log_format=kopf.LogFormat.FULL)
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     crd.set_defaults(handler=cmd_crd)
     reference = commands.add_parser("reference", help="print the field reference (Markdown) generated from the CRD")
     reference.set_defaults(handler=cmd_reference)
+    run = commands.add_parser("operator", help="run the operator against the cluster in KUBECONFIG (or in-cluster)")
+    run.add_argument("-n", "--namespace", action="append", default=[], help="watch these namespaces (default: all)")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)")
+    run.add_argument("--liveness", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.set_defaults(handler=cmd_operator)
     return parser
 
 

@@ -160,6 +160,10 @@ def _describe(value: JSON) -> str:
     return str(value)
 
 
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
 class _Walker:
     def __init__(self, strict: bool, run_cel: bool, old: JSON = None) -> None:
         self.errors: list[FieldError] = []
@@ -271,11 +275,11 @@ class _Walker:
                 result[name] = copy.deepcopy(child["default"])
         for name in schema.get("required", []):
             if name not in result:
-                self.error(f"{path}.{name}", "Required value", "")
+                self.error(_join(path, name), "Required value", "")
         extra = schema.get("additionalProperties")
         preserve = schema.get("x-kubernetes-preserve-unknown-fields", False)
         for name, child_value in list(result.items()):
-            child_path = f"{path}.{name}"
+            child_path = _join(path, name)
             if name in props:
                 result[name] = self.walk(props[name], child_value, child_path, (old or {}).get(name))
             elif isinstance(extra, dict):
@@ -295,11 +299,11 @@ class _Walker:
         # Value-validation subschemas (inside oneOf/anyOf/...) carry no defaults or types in structural schemas.
         for name in schema.get("required", []):
             if not isinstance(value, dict) or name not in value:
-                self.error(f"{path}.{name}", "Required value", "")
+                self.error(_join(path, name), "Required value", "")
         if isinstance(value, dict):
             for name, child in schema.get("properties", {}).items():
                 if name in value:
-                    self.walk_nodefault(child, value[name], f"{path}.{name}")
+                    self.walk_nodefault(child, value[name], _join(path, name))
         self._value_checks(schema, value, path)
         for combinator in ("allOf", "anyOf", "oneOf", "not"):
             if combinator in schema:
@@ -399,7 +403,7 @@ class SchemaRegistry:
         checked = walker.walk({**schema, "properties": _without_meta(schema)}, body, "", old_body)
         if walker.errors:
             name = obj.get("metadata", {}).get("name", "")
-            fixed = [FieldError(e.path.lstrip("."), e.kind, e.detail) for e in walker.errors]
+            fixed = [FieldError(e.path, e.kind, e.detail) for e in walker.errors]
             raise ValidationFailed(f"{entry.kind}.{entry.group}", name, fixed)
         return {**obj, **checked}
 

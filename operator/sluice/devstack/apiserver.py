@@ -1,0 +1,351 @@
+"""A Kubernetes API emulator for the local stack, built on kmock, runnable as its own process with a kubeconfig.
+
+kmock provides the HTTP server, request parsing, API discovery (`/api`, `/apis`, group/version resource lists)
+and Status error rendering; `apistore.Store` provides the object semantics (see its docstring). This module joins
+them: routes object requests (get, list, watch, create, update, patch, server-side apply, delete, the status
+subresource) to the store, streams watches as JSON lines (kubectl rejects other content types), answers
+`kubectl get` with server-side Tables, keeps discovery in step with CRDs created at run time, and records an
+audit trail of every request (verb, resource, namespace, subresource, client) for RBAC checks.
+
+    python -m sluice.devstack.apiserver --kubeconfig out/kubeconfig [--port 0] [--crd FILE ...] [--audit-log FILE]
+
+It prints `ready <url>` once serving and runs until SIGTERM or SIGINT. It listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+import yaml
+
+from sluice.devstack.apistore import ApiError, ResourceType, Store, as_table
+
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesScaffold):
+    store: Store = attrs.field(factory=Store)
+    audit: list[dict[str, str]] = attrs.field(factory=list)
+    audit_path: Path | None = None
+    changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.sync_discovery()
+
+    def sync_discovery(self) -> None:
+        for rtype in self.store.types.values():
+            for version in rtype.versions:
+                key = f"{rtype.group}/{version}/{rtype.plural}" if rtype.group else f"v1/{rtype.plural}"
+                self.resources[key] = kmock.ResourceInfo(
+                    kind=rtype.kind,
+                    singular=rtype.singular or rtype.kind.lower(),
+                    namespaced=rtype.namespaced,
+                    verbs=set(VERBS),
+                    shortnames=set(rtype.short_names),
+                    categories=set(rtype.categories),
+                    subresources={"status"} if rtype.has_status else set(),
+                )
+
+    def load_crds(self, path: Path) -> None:
+        for document in yaml.safe_load_all(path.read_text()):
+            if document and document.get("kind") == "CustomResourceDefinition":
+                rtype = self.store.find_type("apiextensions.k8s.io", "customresourcedefinitions")
+                self.store.create(rtype, "v1", None, document)
+        self.sync_discovery()
+
+    # ------------------------------------------------------------------------------------------ discovery
+
+    async def _serve_server_version(self, request: Any) -> dict[str, Any]:
+        return {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sluice-local", "platform": "linux/amd64"}
+
+    async def _serve_version(self, request: Any) -> dict[str, Any]:
+        """APIResourceList as a real server writes it: subresources carry no short names or categories."""
+        group, version = request.resource.group or "", request.resource.version
+        types = [t for t in self.store.types.values() if t.group == group and version in t.versions]
+        if not types:
+            raise kmock.KubernetesResourceNotFoundError()
+        resources: list[dict[str, Any]] = []
+        for rtype in types:
+            resources.append(
+                {
+                    "name": rtype.plural,
+                    "singularName": rtype.singular or rtype.kind.lower(),
+                    "namespaced": rtype.namespaced,
+                    "kind": rtype.kind,
+                    "verbs": VERBS,
+                    "shortNames": rtype.short_names,
+                    "categories": rtype.categories,
+                }
+            )
+            if rtype.has_status:
+                resources.append(
+                    {
+                        "name": f"{rtype.plural}/status",
+                        "singularName": "",
+                        "namespaced": rtype.namespaced,
+                        "kind": rtype.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
+
+    # ------------------------------------------------------------------------------------------ routing
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        resource = request.resource
+        if resource is None or resource.plural is None or resource.version is None or request.method is None:
+            return await super()._handle(request)  # discovery, /version, unknown paths
+        raw = request._raw_request
+        self._trim_request_history()
+        try:
+            rtype = self.store.find_type(resource.group or "", resource.plural)
+            if resource.version not in rtype.versions:
+                raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
+            self._audit(request, rtype)
+            response = await self._serve(request, rtype, raw)
+        except ApiError as failure:
+            return aiohttp.web.json_response(failure.status(), status=failure.code)
+        return response
+
+    def _trim_request_history(self) -> None:
+        # kmock keeps every request for assertions; a long-running server keeps only the recent ones.
+        if len(self._requests) > 2000:
+            del self._requests[:1000]
+
+    def _verb(self, request: Any) -> str:
+        method = str(request.method).lower()
+        if method.endswith("get"):
+            if request.params.get("watch") in ("true", "1"):
+                return "watch"
+            return "get" if request.name else "list"
+        return {"post": "create", "put": "update", "patch": "patch", "delete": "delete"}.get(
+            method.split(".")[-1], method
+        )
+
+    def _audit(self, request: Any, rtype: ResourceType) -> None:
+        entry = {
+            "verb": self._verb(request),
+            "group": rtype.group,
+            "resource": rtype.plural,
+            "subresource": request.subresource or "",
+            "namespace": request.namespace or "",
+            "name": request.name or "",
+            "userAgent": request.headers.get("User-Agent", ""),
+        }
+        self.audit.append(entry)
+        if len(self.audit) > 100_000:
+            del self.audit[:50_000]
+        if self.audit_path is not None:
+            with self.audit_path.open("a") as log:
+                log.write(json.dumps(entry) + "\n")
+
+    async def _serve(self, request: Any, rtype: ResourceType, raw: Any) -> aiohttp.web.StreamResponse:
+        verb = self._verb(request)
+        version = request.resource.version
+        namespace = request.namespace if rtype.namespaced else None
+        params = request.params
+        wants_table = "as=Table" in request.headers.get("Accept", "")
+        store = self.store
+        if verb == "watch":
+            return await self._watch(request, rtype, namespace, raw)
+        if verb == "list":
+            items = store.select(rtype, namespace, params.get("labelSelector"), params.get("fieldSelector"))
+            if wants_table:
+                return aiohttp.web.json_response(as_table(rtype, items, str(store.revision)))
+            return aiohttp.web.json_response(
+                {
+                    "apiVersion": rtype.api_version(version),
+                    "kind": f"{rtype.kind}List",
+                    "metadata": {"resourceVersion": str(store.revision)},
+                    "items": [self._versioned(obj, rtype, version) for obj in items],
+                }
+            )
+        if verb == "get":
+            obj = store.get(rtype, namespace, request.name)
+            if wants_table:
+                return aiohttp.web.json_response(as_table(rtype, [obj], str(store.revision)))
+            return aiohttp.web.json_response(self._versioned(obj, rtype, version))
+        manager = params.get("fieldManager", "")
+        if verb == "create":
+            body = self._json_body(request)
+            obj = store.create(rtype, version, namespace, body, manager)
+            await self._notify(rtype)
+            return aiohttp.web.json_response(obj, status=201)
+        if verb == "update":
+            body = self._json_body(request)
+            obj = store.replace(rtype, version, namespace, request.name, body, request.subresource)
+            await self._notify(rtype)
+            return aiohttp.web.json_response(obj)
+        if verb == "patch":
+            content_type = request.headers.get("Content-Type", "application/merge-patch+json")
+            force = params.get("force") in ("true", "1")
+            obj = store.patch(
+                rtype, version, namespace, request.name, content_type, request.body, request.subresource, manager, force
+            )
+            await self._notify(rtype)
+            return aiohttp.web.json_response(obj)
+        if verb == "delete":
+            obj = store.delete(rtype, namespace, request.name)
+            await self._notify(rtype)
+            return aiohttp.web.json_response(obj)
+        raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported")
+
+    @staticmethod
+    def _json_body(request: Any) -> dict[str, Any]:
+        try:
+            body = json.loads(request.body or b"{}")
+        except json.JSONDecodeError as failure:
+            raise ApiError(400, "BadRequest", f"invalid JSON body: {failure}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+        return body
+
+    @staticmethod
+    def _versioned(obj: dict[str, Any], rtype: ResourceType, version: str) -> dict[str, Any]:
+        return {**obj, "apiVersion": rtype.api_version(version)}
+
+    async def _notify(self, rtype: ResourceType) -> None:
+        if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            self.sync_discovery()
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _watch(
+        self, request: Any, rtype: ResourceType, namespace: str | None, raw: Any
+    ) -> aiohttp.web.StreamResponse:
+        params = request.params
+        labels, fields = params.get("labelSelector"), params.get("fieldSelector")
+        version = request.resource.version
+        timeout = float(params.get("timeoutSeconds", "1800"))
+        since = params.get("resourceVersion", "")
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(raw)
+
+        def visible(obj: dict[str, Any]) -> bool:
+            meta = obj["metadata"]
+            if namespace is not None and meta.get("namespace") != namespace:
+                return False
+            if request.name and meta.get("name") != request.name:
+                return False
+            return bool(self._selector_ok(labels, meta.get("labels", {})) and self._field_ok(fields, obj))
+
+        async def send(kind: str, obj: dict[str, Any]) -> None:
+            line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
+            await response.write(line.encode())
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            if since in ("", "0"):
+                last = self.store.revision
+                for obj in self.store.select(rtype, namespace, labels, fields):
+                    if visible(obj):
+                        await send("ADDED", obj)
+            else:
+                try:
+                    last = int(since)
+                except ValueError:
+                    last = self.store.revision
+                try:
+                    self.store.events_since(rtype, last)
+                except ApiError as expired:
+                    await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
+                    return response
+            while loop.time() < deadline:
+                for event in self.store.events_since(rtype, last):
+                    last = event.resource_version
+                    if visible(event.obj):
+                        await send(event.type, event.obj)
+                async with self.changed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.0, min(5.0, deadline - loop.time())))
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    @staticmethod
+    def _selector_ok(selector: str | None, labels: dict[str, str]) -> bool:
+        from sluice.devstack.apistore import label_selector_matches  # noqa: PLC0415
+
+        return label_selector_matches(selector, labels)
+
+    @staticmethod
+    def _field_ok(selector: str | None, obj: dict[str, Any]) -> bool:
+        from sluice.devstack.apistore import field_selector_matches  # noqa: PLC0415
+
+        return field_selector_matches(selector, obj)
+
+
+def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "sluice-local", "cluster": {"server": url}}],
+        "users": [{"name": "sluice-local", "user": {"token": "local-stack"}}],
+        "contexts": [
+            {
+                "name": "sluice-local",
+                "context": {"cluster": "sluice-local", "user": "sluice-local", "namespace": namespace},
+            }
+        ],
+        "current-context": "sluice-local",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+async def serve(args: argparse.Namespace) -> None:
+    server = ApiServer(audit_path=Path(args.audit_log) if args.audit_log else None)
+    for crd in args.crd:
+        server.load_crds(Path(crd))
+    for namespace in args.namespace:
+        ns_type = server.store.find_type("", "namespaces")
+        server.store.create(ns_type, "v1", None, {"metadata": {"name": namespace}})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with server, kmock.Server(server, host="127.0.0.1", port=args.port) as http:
+        url = f"http://127.0.0.1:{http.port}"
+        write_kubeconfig(Path(args.kubeconfig), url)
+        print(f"ready {url}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="sluice.devstack.apiserver", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--kubeconfig", required=True, help="write a kubeconfig for this server here")
+    parser.add_argument("--crd", action="append", default=[], help="CRD file(s) to register at start (repeatable)")
+    parser.add_argument("--namespace", action="append", default=["default"], help="namespaces to create at start")
+    parser.add_argument("--audit-log", help="append one JSON line per request here")
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,690 @@
+"""The object store behind the Kubernetes API emulator: what an API server does to objects, without HTTP.
+
+Local-stack tool. Implements the semantics clients such as kopf, the official `kubernetes` client and kubectl rely
+on: `resourceVersion` (one counter for the whole store), `uid`, `creationTimestamp`, `generation` bumped on spec
+changes, optimistic concurrency (409 on a stale resourceVersion), JSON merge patch, JSON patch (a failed `test`
+is 422), strategic merge patch (treated as a merge patch: enough for the fields used here), server-side apply with
+per-manager field ownership (fields a manager stops applying are removed), the status subresource (status is
+ignored on create and on main-resource writes, only status changes through /status), finalizers and
+`deletionTimestamp`, ownerReference garbage collection (background cascade), CRD registration by creating a
+CustomResourceDefinition, schema + CEL validation of custom resources with 422 and per-field causes, label and
+field selectors, an event log for watches from a resourceVersion (410 Gone when too old), and server-side
+printing (`as=Table`) with a CRD's additionalPrinterColumns.
+
+Simplifications, stated: one storage version per group/plural (objects are served under every version of the
+group); strategic merge patch does not merge lists by key; server-side apply never reports conflicts (as if
+`force=true`); no admission webhooks, no RBAC.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import jsonpatch
+
+from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
+
+JSON = Any
+
+
+class ApiError(Exception):
+    """An error the API server answers with a Status object."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+
+    def status(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+@dataclass
+class ResourceType:
+    group: str
+    versions: list[str]
+    plural: str
+    kind: str
+    namespaced: bool
+    singular: str = ""
+    short_names: list[str] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)
+    has_status: bool = False
+    printer_columns: list[dict[str, Any]] = field(default_factory=list)
+    validated: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.group, self.plural)
+
+    def api_version(self, version: str) -> str:
+        return f"{self.group}/{version}" if self.group else version
+
+
+BUILTINS = [
+    ResourceType("", ["v1"], "namespaces", "Namespace", False, "namespace", ["ns"], has_status=True),
+    ResourceType("", ["v1"], "pods", "Pod", True, "pod", ["po"], ["all"], has_status=True),
+    ResourceType("", ["v1"], "services", "Service", True, "service", ["svc"], ["all"], has_status=True),
+    ResourceType("", ["v1"], "events", "Event", True, "event", ["ev"]),
+    ResourceType("", ["v1"], "secrets", "Secret", True, "secret"),
+    ResourceType("", ["v1"], "configmaps", "ConfigMap", True, "configmap", ["cm"]),
+    ResourceType("", ["v1"], "serviceaccounts", "ServiceAccount", True, "serviceaccount", ["sa"]),
+    ResourceType("events.k8s.io", ["v1"], "events", "Event", True, "event", ["ev"]),
+    ResourceType("coordination.k8s.io", ["v1"], "leases", "Lease", True, "lease"),
+    ResourceType(
+        "apiextensions.k8s.io",
+        ["v1"],
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        "customresourcedefinition",
+        ["crd", "crds"],
+        has_status=True,
+    ),
+]
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------------------------------------ patches
+
+
+def merge_patch(target: JSON, patch: JSON) -> JSON:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _leaf_paths(value: JSON, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Field paths a server-side-apply configuration sets; lists are atomic (Istio's and ours are)."""
+    if isinstance(value, dict) and value:
+        out: set[tuple[str, ...]] = set()
+        for key, child in value.items():
+            out |= _leaf_paths(child, (*prefix, key))
+        return out
+    return {prefix}
+
+
+def fields_v1(paths: set[tuple[str, ...]]) -> dict[str, Any]:
+    """The managedFields FieldsV1 set for these field paths: {"f:spec": {"f:a": {}}}."""
+    root: dict[str, Any] = {}
+    for path in paths:
+        node = root
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return root
+
+
+def _remove_path(obj: dict[str, Any], path: tuple[str, ...]) -> None:
+    node: Any = obj
+    for key in path[:-1]:
+        if not isinstance(node, dict) or key not in node:
+            return
+        node = node[key]
+    if isinstance(node, dict):
+        node.pop(path[-1], None)
+    # Drop objects left empty by the removal, as the API server prunes them.
+    for depth in range(len(path) - 1, 0, -1):
+        parent: Any = obj
+        for key in path[: depth - 1]:
+            parent = parent.get(key, {}) if isinstance(parent, dict) else {}
+        child = parent.get(path[depth - 1]) if isinstance(parent, dict) else None
+        if isinstance(child, dict) and not child:
+            parent.pop(path[depth - 1], None)
+
+
+def _deep_apply(target: dict[str, Any], applied: dict[str, Any]) -> None:
+    for key, value in applied.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_apply(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+# ------------------------------------------------------------------------------------------------ selectors
+
+_SET_EXPR = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        parts.append(current)
+    return parts
+
+
+def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
+    if not selector:
+        return True
+    for raw_term in _split_selector(selector):
+        term = raw_term.strip()
+        if match := _SET_EXPR.match(term):
+            key, op, values = match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",")}
+            present = key in labels and labels[key] in values
+            if (op == "in" and not present) or (op == "notin" and key in labels and labels[key] in values):
+                return False
+        elif "!=" in term:
+            key, value = (s.strip() for s in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = (s.strip() for s in re.split(r"==?", term, maxsplit=1))
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def field_selector_matches(selector: str | None, obj: dict[str, Any]) -> bool:
+    if not selector:
+        return True
+    for term in selector.split(","):
+        negate = "!=" in term
+        path, value = (s.strip() for s in re.split(r"!=|==?", term, maxsplit=1))
+        node: Any = obj
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if (str(node) == value) == negate:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ printing
+
+
+def jsonpath_value(obj: JSON, path: str) -> JSON:
+    """The subset of JSONPath printer columns use: `.a.b`, `[0]`, `[?(@.k=="v")]`."""
+    tokens = re.findall(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_.-]+)==\"([^\"]*)\"\)\]", path)
+    nodes: list[JSON] = [obj]
+    for name, index, filter_key, filter_value in tokens:
+        nxt: list[JSON] = []
+        for node in nodes:
+            if name and isinstance(node, dict) and name in node:
+                nxt.append(node[name])
+            elif index and isinstance(node, list) and int(index) < len(node):
+                nxt.append(node[int(index)])
+            elif filter_key and isinstance(node, list):
+                nxt += [item for item in node if isinstance(item, dict) and str(item.get(filter_key)) == filter_value]
+        nodes = nxt
+    return nodes[0] if nodes else None
+
+
+def _age(timestamp: str | None) -> str:
+    if not timestamp:
+        return "<unknown>"
+    seconds = int((datetime.now(UTC) - datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def as_table(rtype: ResourceType, objects: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
+    """A meta.k8s.io/v1 Table, as `kubectl get` asks for, using the CRD's printer columns."""
+    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+    columns += [
+        {
+            "name": c["name"],
+            "type": c.get("type", "string"),
+            "format": "",
+            "description": c.get("description", ""),
+            "priority": c.get("priority", 0),
+        }
+        for c in rtype.printer_columns
+    ] or [{"name": "Age", "type": "date", "format": "", "description": "Age", "priority": 0}]
+    rows = []
+    for obj in objects:
+        cells: list[Any] = [obj["metadata"]["name"]]
+        for column in rtype.printer_columns or [{"jsonPath": ".metadata.creationTimestamp", "type": "date"}]:
+            value = jsonpath_value(obj, column["jsonPath"])
+            if column.get("type") == "date":
+                value = _age(value)
+            cells.append("" if value is None else value)
+        rows.append(
+            {
+                "cells": cells,
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": obj["metadata"],
+                },
+            }
+        )
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": columns,
+        "rows": rows,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ the store
+
+
+@dataclass
+class WatchEvent:
+    resource_version: int
+    key: tuple[str, str]
+    type: str
+    obj: dict[str, Any]
+
+
+class Store:
+    """Every object, keyed by (group, plural) then (namespace, name); one resourceVersion counter."""
+
+    def __init__(self, history: int = 20000) -> None:
+        self.types: dict[tuple[str, str], ResourceType] = {rt.key: rt for rt in BUILTINS}
+        self.objects: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
+        self.log: deque[WatchEvent] = deque(maxlen=history)
+        self.counter = itertools.count(1000)
+        self.revision = 1000
+        self.schemas = SchemaRegistry()
+        # Server-side apply: which field paths each (object, manager, subresource) applied last time.
+        self.owned: dict[tuple[Any, ...], set[tuple[str, ...]]] = {}
+
+    # ---- types
+
+    def find_type(self, group: str, plural: str) -> ResourceType:
+        try:
+            return self.types[(group, plural)]
+        except KeyError:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({plural}.{group})"
+            ) from None
+
+    def register_crd(self, crd: dict[str, Any]) -> None:
+        spec = crd["spec"]
+        names = spec["names"]
+        versions = [v["name"] for v in spec["versions"] if v.get("served", True)]
+        storage = next((v for v in spec["versions"] if v.get("storage")), spec["versions"][0])
+        self.types[(spec["group"], names["plural"])] = ResourceType(
+            group=spec["group"],
+            versions=versions,
+            plural=names["plural"],
+            kind=names["kind"],
+            namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+            singular=names.get("singular", names["kind"].lower()),
+            short_names=list(names.get("shortNames", [])),
+            categories=list(names.get("categories", [])),
+            has_status="status" in storage.get("subresources", {}),
+            printer_columns=list(storage.get("additionalPrinterColumns", [])),
+            validated=True,
+        )
+        self.schemas.add_crd(crd)
+
+    # ---- bookkeeping
+
+    def _bump(self) -> int:
+        self.revision = next(self.counter)
+        return self.revision
+
+    def _record(self, rtype: ResourceType, event_type: str, obj: dict[str, Any]) -> None:
+        self.log.append(WatchEvent(int(obj["metadata"]["resourceVersion"]), rtype.key, event_type, copy.deepcopy(obj)))
+
+    def bucket(self, rtype: ResourceType) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.objects.setdefault(rtype.key, {})
+
+    def _validate(
+        self, rtype: ResourceType, version: str, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        if not rtype.validated:
+            return obj
+        candidate = {**obj, "apiVersion": rtype.api_version(version), "kind": rtype.kind}
+        try:
+            return self.schemas.validate(candidate, old)
+        except ValidationFailed as failure:
+            causes = [
+                {
+                    "reason": "FieldValueInvalid" if e.kind != "unknown field" else "FieldValueUnknown",
+                    "message": f"{e.kind}: {e.detail}" if e.kind != "unknown field" else str(e),
+                    "field": e.path,
+                }
+                for e in failure.errors
+            ]
+            raise ApiError(
+                422,
+                "Invalid",
+                str(failure),
+                {
+                    "name": obj.get("metadata", {}).get("name", ""),
+                    "group": rtype.group,
+                    "kind": rtype.kind,
+                    "causes": causes,
+                },
+            ) from None
+
+    @staticmethod
+    def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+    # ---- reads
+
+    def get(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
+        obj = self.bucket(rtype).get((namespace or "", name))
+        if obj is None:
+            raise ApiError(
+                404,
+                "NotFound",
+                f'{rtype.plural}.{rtype.group or "core"} "{name}" not found',
+                {"name": name, "group": rtype.group, "kind": rtype.plural},
+            )
+        return obj
+
+    def select(
+        self, rtype: ResourceType, namespace: str | None, labels: str | None = None, fields: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            obj
+            for (ns, _), obj in sorted(self.bucket(rtype).items())
+            if (namespace is None or ns == namespace)
+            and label_selector_matches(labels, obj["metadata"].get("labels", {}))
+            and field_selector_matches(fields, obj)
+        ]
+
+    def events_since(self, rtype: ResourceType, resource_version: int) -> list[WatchEvent]:
+        if self.log and resource_version < self.log[0].resource_version - 1 and len(self.log) == self.log.maxlen:
+            raise ApiError(410, "Expired", f"too old resource version: {resource_version}")
+        return [e for e in self.log if e.key == rtype.key and e.resource_version > resource_version]
+
+    # ---- writes
+
+    def create(
+        self,
+        rtype: ResourceType,
+        version: str,
+        namespace: str | None,
+        body: dict[str, Any],
+        manager: str = "",
+        managed: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", f"{rtype.kind} is invalid: metadata.name: Required value: name is required")
+        ns = (namespace or meta.get("namespace") or "default") if rtype.namespaced else ""
+        if (ns, name) in self.bucket(rtype):
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{rtype.plural}.{rtype.group or "core"} "{name}" already exists',
+                {"name": name, "group": rtype.group, "kind": rtype.plural},
+            )
+        if rtype.has_status and rtype.validated:
+            obj.pop("status", None)
+        obj = self._validate(rtype, version, obj, None)
+        meta = obj["metadata"]
+        if rtype.namespaced:
+            meta["namespace"] = ns
+        meta.update(
+            uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1, resourceVersion=str(self._bump())
+        )
+        if managed is not None:
+            meta["managedFields"] = [managed]
+        elif manager:
+            meta["managedFields"] = [
+                {
+                    "manager": manager,
+                    "operation": "Update",
+                    "apiVersion": rtype.api_version(version),
+                    "time": now_rfc3339(),
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": fields_v1(_leaf_paths(self._spec_part(obj))),
+                }
+            ]
+        obj["apiVersion"], obj["kind"] = rtype.api_version(version), rtype.kind
+        self.bucket(rtype)[(ns, name)] = obj
+        self._record(rtype, "ADDED", obj)
+        if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            self.register_crd(obj)
+        return obj
+
+    def replace(
+        self,
+        rtype: ResourceType,
+        version: str,
+        namespace: str | None,
+        name: str,
+        new: dict[str, Any],
+        subresource: str | None = None,
+        check_version: bool = True,
+    ) -> dict[str, Any]:
+        """Write `new` as the object's next state: the common path of PUT, PATCH and apply."""
+        old = self.get(rtype, namespace, name)
+        wanted = new.get("metadata", {}).get("resourceVersion")
+        if check_version and wanted and wanted != old["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {rtype.plural}.{rtype.group} "{name}": '
+                "the object has been modified; please apply your changes to the latest version and try again",
+                {"name": name, "group": rtype.group, "kind": rtype.plural},
+            )
+        candidate = copy.deepcopy(new)
+        if rtype.has_status:
+            if subresource == "status":
+                candidate = {**copy.deepcopy(old), "status": candidate.get("status")}
+                if candidate["status"] is None:
+                    candidate.pop("status")
+            else:
+                candidate.pop("status", None)
+                if "status" in old:
+                    candidate["status"] = copy.deepcopy(old["status"])
+        meta = candidate.setdefault("metadata", {})
+        for key in ("uid", "creationTimestamp", "namespace", "name"):
+            if key in old["metadata"]:
+                meta[key] = old["metadata"][key]
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        meta["generation"] = old["metadata"].get("generation", 1)
+        candidate["apiVersion"], candidate["kind"] = rtype.api_version(version), rtype.kind
+        if subresource != "status":
+            candidate = self._validate(rtype, version, candidate, old)
+        if candidate == old:
+            return old  # a no-op write changes nothing, not even the resourceVersion
+        if self._spec_part(candidate) != self._spec_part(old):
+            meta["generation"] = old["metadata"].get("generation", 1) + 1
+        meta["resourceVersion"] = str(self._bump())
+        finalizers = meta.get("finalizers") or []
+        if meta.get("deletionTimestamp") and not finalizers:
+            return self._remove(rtype, candidate)
+        self.bucket(rtype)[(old["metadata"].get("namespace", ""), name)] = candidate
+        self._record(rtype, "MODIFIED", candidate)
+        return candidate
+
+    def patch(
+        self,
+        rtype: ResourceType,
+        version: str,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        body: bytes,
+        subresource: str | None,
+        manager: str,
+        force: bool,
+    ) -> dict[str, Any]:
+        kind = content_type.split(";", maxsplit=1)[0].strip()
+        if kind == "application/apply-patch+yaml":
+            return self.apply(rtype, version, namespace, name, body, subresource, manager)
+        old = self.get(rtype, namespace, name)
+        try:
+            document = json.loads(body or b"{}")
+        except json.JSONDecodeError as failure:
+            raise ApiError(400, "BadRequest", f"invalid JSON in patch: {failure}") from None
+        if kind == "application/json-patch+json":
+            try:
+                new = jsonpatch.apply_patch(old, document)
+            except jsonpatch.JsonPatchTestFailed as failure:
+                raise ApiError(
+                    422, "Invalid", f"the server rejected our request due to an error in our request: {failure}"
+                ) from None
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as failure:
+                raise ApiError(422, "Invalid", f"invalid JSON patch: {failure}") from None
+            return self.replace(rtype, version, namespace, name, new, subresource, check_version=False)
+        if kind in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json"):
+            new = merge_patch(old, document)
+            precondition = (document.get("metadata") or {}).get("resourceVersion")
+            return self.replace(
+                rtype, version, namespace, name, new, subresource, check_version=precondition is not None
+            )
+        raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {kind}")
+
+    def apply(
+        self,
+        rtype: ResourceType,
+        version: str,
+        namespace: str | None,
+        name: str,
+        body: bytes,
+        subresource: str | None,
+        manager: str,
+    ) -> dict[str, Any]:
+        """Server-side apply: the manager's applied fields are set; fields it applied before and dropped are removed."""
+        import yaml  # noqa: PLC0415 - only this path needs it
+
+        if not manager:
+            raise ApiError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+            )
+        applied = yaml.safe_load(body) or {}
+        bucket = self.bucket(rtype)
+        ns = (namespace or "") if rtype.namespaced else ""
+        owned_key = f"{manager}/{subresource or 'main'}"
+        if (ns, name) not in bucket:
+            if subresource:
+                self.get(rtype, namespace, name)
+            entry = self._managed_entry(rtype, version, manager, applied, subresource)
+            created = self.create(rtype, version, namespace, applied, manager, managed=entry)
+            self.owned[(rtype.key, ns, name, owned_key)] = _leaf_paths(self._spec_or_status(applied, subresource))
+            return created
+        old = bucket[(ns, name)]
+        new = copy.deepcopy(old)
+        previous = self.owned.get((rtype.key, ns, name, owned_key), set())
+        now_owned = _leaf_paths(self._spec_or_status(applied, subresource))
+        for path in previous - now_owned:
+            _remove_path(new, path)
+        _deep_apply(new, self._spec_or_status(applied, subresource))
+        labels = (applied.get("metadata") or {}).get("labels")
+        annotations = (applied.get("metadata") or {}).get("annotations")
+        owners = (applied.get("metadata") or {}).get("ownerReferences")
+        if labels:
+            new["metadata"].setdefault("labels", {}).update(labels)
+        if annotations:
+            new["metadata"].setdefault("annotations", {}).update(annotations)
+        if owners is not None:
+            new["metadata"]["ownerReferences"] = owners
+        entries = [e for e in new["metadata"].get("managedFields", []) if e.get("manager") != manager]
+        entries.append(self._managed_entry(rtype, version, manager, applied, subresource))
+        new["metadata"]["managedFields"] = entries
+        result = self.replace(rtype, version, namespace, name, new, subresource, check_version=False)
+        self.owned[(rtype.key, ns, name, owned_key)] = now_owned
+        return result
+
+    @staticmethod
+    def _spec_or_status(applied: dict[str, Any], subresource: str | None) -> dict[str, Any]:
+        if subresource == "status":
+            return {"status": applied.get("status", {})}
+        return {k: v for k, v in applied.items() if k not in ("metadata", "apiVersion", "kind", "status")}
+
+    def _managed_entry(
+        self, rtype: ResourceType, version: str, manager: str, applied: dict[str, Any], subresource: str | None
+    ) -> dict[str, Any]:
+        owned = _leaf_paths(self._spec_or_status(applied, subresource))
+        meta = applied.get("metadata") or {}
+        for part in ("labels", "annotations"):
+            owned |= {("metadata", part, key) for key in (meta.get(part) or {})}
+        entry = {
+            "manager": manager,
+            "operation": "Apply",
+            "apiVersion": rtype.api_version(version),
+            "time": now_rfc3339(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields_v1(owned),
+        }
+        if subresource:
+            entry["subresource"] = subresource
+        return entry
+
+    def delete(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
+        obj = self.get(rtype, namespace, name)
+        if obj["metadata"].get("finalizers"):
+            if not obj["metadata"].get("deletionTimestamp"):
+                marked = copy.deepcopy(obj)
+                marked["metadata"]["deletionTimestamp"] = now_rfc3339()
+                marked["metadata"]["resourceVersion"] = str(self._bump())
+                self.bucket(rtype)[(obj["metadata"].get("namespace", ""), name)] = marked
+                self._record(rtype, "MODIFIED", marked)
+                return marked
+            return obj
+        return self._remove(rtype, obj)
+
+    def _remove(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        self.bucket(rtype).pop((meta.get("namespace", ""), meta["name"]), None)
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = str(self._bump())
+        self._record(rtype, "DELETED", gone)
+        for key in [
+            k for k in self.owned if k[0] == rtype.key and k[1] == meta.get("namespace", "") and k[2] == meta["name"]
+        ]:
+            self.owned.pop(key, None)
+        self._collect_garbage(meta["uid"])
+        return gone
+
+    def _collect_garbage(self, owner_uid: str) -> None:
+        """Background cascading deletion: objects whose ownerReferences name a deleted owner go too."""
+        for key, bucket in list(self.objects.items()):
+            rtype = self.types.get(key)
+            if rtype is None:
+                continue
+            for obj in list(bucket.values()):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if any(o.get("uid") == owner_uid for o in owners):
+                    self.delete(rtype, obj["metadata"].get("namespace"), obj["metadata"]["name"])

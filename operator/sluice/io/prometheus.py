@@ -1,0 +1,141 @@
+"""Prometheus I/O: run a pool's preset queries with prometheus-api-client and turn the answers into signals.
+
+One vector query per signal per pool (built by `sluice.core.presets`), sent by POST so that long pod lists fit,
+with the pool's timeout, bearer token and CA bundle. Every failure is kept per signal (`SignalSnapshot.failed`),
+so the core freezes weights and the pool says why: a failed, slow or partial answer is never read as zero.
+Called by the reconciler, in a worker thread (the client is blocking).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+
+from sluice.api.v1alpha1 import InferencePoolSpec
+from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
+from sluice.core.presets import build_queries
+
+
+@dataclass(frozen=True)
+class PromAuth:
+    """Credentials resolved from the pool's Secrets."""
+
+    bearer_token: str | None = None
+    ca_pem: str | None = None
+    insecure_skip_verify: bool = False
+
+
+def parse_value(sample: Any) -> float | None:
+    """A Prometheus instant-vector sample value; NaN and infinities (0/0, empty histograms) are missing, not 0."""
+    try:
+        value = float(sample[1])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def to_snapshot(
+    answers: dict[SignalName, list[dict[str, Any]]],
+    failed: dict[str, str],
+    unsupported: tuple[SignalName, ...],
+    pods: set[str],
+    pod_label: str,
+    collected_at: datetime,
+) -> SignalSnapshot:
+    """Per-pod signals from the raw query answers, keeping only the pool's pods. Pure."""
+    values: dict[str, dict[str, float]] = {}
+    for signal, series in answers.items():
+        field = SIGNAL_FIELD[signal]
+        for item in series:
+            pod = item.get("metric", {}).get(pod_label)
+            if pod not in pods:
+                continue
+            value = parse_value(item.get("value"))
+            if value is not None:
+                values.setdefault(pod, {})[field] = value
+    return SignalSnapshot(
+        collected_at=collected_at,
+        failed=failed,
+        unsupported=list(unsupported),
+        pods={pod: PodSignals.model_validate(fields) for pod, fields in values.items()},
+    )
+
+
+def describe_failure(failure: Exception) -> str:
+    text = str(failure).replace("\n", " ")
+    if isinstance(failure, requests.Timeout):
+        return "timed out"
+    if isinstance(failure, requests.ConnectionError):
+        return "connection failed: " + text[:160]
+    return text[:200]
+
+
+class PromIO:
+    """Prometheus clients per (URL, credentials), reused across passes."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple[Any, ...], PrometheusConnect] = {}
+        self._ca_files: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sluice-prom")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for client in self._clients.values():
+            client._session.close()
+
+    def _client(self, url: str, auth: PromAuth, timeout: float) -> PrometheusConnect:
+        key = (url, auth, timeout)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                headers = {"Authorization": f"Bearer {auth.bearer_token}"} if auth.bearer_token else None
+                session = requests.Session()
+                if auth.insecure_skip_verify:
+                    session.verify = False
+                elif auth.ca_pem:
+                    session.verify = self._ca_file(auth.ca_pem)
+                client = PrometheusConnect(
+                    url=url, headers=headers, session=session, timeout=max(1, math.ceil(timeout)), method="POST"
+                )
+                self._clients[key] = client
+            return client
+
+    def _ca_file(self, pem: str) -> str:
+        path = self._ca_files.get(pem)
+        if path is None:
+            with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as handle:
+                handle.write(pem)
+                path = handle.name
+            self._ca_files[pem] = path
+        return path
+
+    def read_signals(
+        self, spec: InferencePoolSpec, namespace: str, pod_names: list[str], auth: PromAuth, now: datetime
+    ) -> SignalSnapshot:
+        plan = build_queries(spec, namespace, pod_names)
+        client = self._client(spec.metrics.prometheus_url, auth, spec.metrics.timeout)
+        params = {"timeout": f"{spec.metrics.timeout:g}s"}
+
+        def run(query: str) -> list[dict[str, Any]]:
+            result = client.custom_query(query, params=params)
+            return list(result) if isinstance(result, list) else []
+
+        futures = {signal: self._pool.submit(run, query) for signal, query in plan.queries.items()}
+        answers: dict[SignalName, list[dict[str, Any]]] = {}
+        failed: dict[str, str] = {}
+        for signal, future in futures.items():
+            try:
+                answers[signal] = future.result(timeout=spec.metrics.timeout + 2)
+            except (PrometheusApiClientException, requests.RequestException, TimeoutError, ValueError) as failure:
+                failed[signal] = describe_failure(failure)
+        return to_snapshot(answers, failed, plan.unsupported, set(pod_names), spec.metrics.pod_label, now)

@@ -1,0 +1,1 @@
+"""The operator at run time: the reconcile orchestration and the kopf handlers."""

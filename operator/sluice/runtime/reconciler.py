@@ -1,0 +1,193 @@
+"""One reconcile pass against the real world: parse, observe, plan (pure core), apply, write status, emit Events.
+
+The only orchestration function; the kopf handlers call it in a worker thread and do nothing else. Failure
+modes, each visible in the pool's status:
+- the spec does not parse: `SpecValid=False` with the API-server-style message, an `InvalidSpec` Event, and no
+  Istio object is touched;
+- Prometheus fails (or a Secret is missing): the core freezes weights (`MetricsAvailable=False`);
+- an Istio object of the same name is not sluice's: it is left alone, `IstioSynced=False (ObjectNotManaged)`;
+- the API rejects a write: `IstioSynced=False (WriteFailed)`, retried next pass.
+State lives in the status; the in-memory copy of the last status written only covers the moments before the
+watch delivers it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from sluice.api.errors import format_validation_error
+from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec, InferencePoolStatus
+from sluice.core.events import Event
+from sluice.core.observed import Observed, SignalSnapshot
+from sluice.core.reconcile import plan_pass
+from sluice.core.status import find, invalid_spec_status, make_condition
+from sluice.io.kube import KubeIO, WriteResult, observed_pod
+from sluice.io.prometheus import PromAuth, PromIO
+from sluice.istio.render import PoolRef, render
+
+log = logging.getLogger("sluice")
+HEARTBEAT = timedelta(seconds=60)
+
+
+@dataclass
+class PassReport:
+    pool: str
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    writes: list[WriteResult] = field(default_factory=list)
+    status_written: bool = False
+    seconds: float = 0.0
+
+
+def _status_of(body: dict[str, Any]) -> InferencePoolStatus | None:
+    raw = body.get("status")
+    if not raw:
+        return None
+    try:
+        return InferencePoolStatus.model_validate(raw)
+    except ValidationError:
+        log.warning("ignoring an unreadable status on %s", body.get("metadata", {}).get("name"))
+        return None
+
+
+def _comparable(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k != "lastReconcileTime"}
+
+
+class Reconciler:
+    def __init__(self, kube: KubeIO, prom: PromIO) -> None:
+        self.kube = kube
+        self.prom = prom
+        self._last_written: dict[str, dict[str, Any]] = {}
+
+    def forget(self, uid: str) -> None:
+        self._last_written.pop(uid, None)
+
+    def _previous(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The newer of the status in the body and the one this process wrote last."""
+        uid = body.get("metadata", {}).get("uid", "")
+        mine, theirs = self._last_written.get(uid), body.get("status") or None
+        if mine is None:
+            return theirs
+        if theirs is None:
+            return mine
+        return mine if str(mine.get("lastReconcileTime", "")) >= str(theirs.get("lastReconcileTime", "")) else theirs
+
+    def run(self, body: dict[str, Any], now: datetime) -> PassReport:
+        started = time.monotonic()
+        meta = body.get("metadata", {})
+        name, namespace, uid = meta.get("name", ""), meta.get("namespace", "default"), meta.get("uid")
+        generation = meta.get("generation")
+        previous_raw = self._previous(body)
+        previous = _status_of({"status": previous_raw, "metadata": meta})
+        report = PassReport(pool=f"{namespace}/{name}", status={})
+        try:
+            pool = InferencePool.model_validate(body)
+        except ValidationError as failure:
+            message = format_validation_error("InferencePool", name, failure)
+            status = invalid_spec_status(previous, generation, message, now)
+            before = find(previous.conditions, "SpecValid") if previous else None
+            if before is None or before.status != "False" or before.message != message:
+                report.events.append(Event("Warning", "InvalidSpec", message))
+            self._finish(report, body, status, now)
+            report.seconds = time.monotonic() - started
+            return report
+
+        spec = pool.spec
+        pods = [observed_pod(p) for p in self.kube.list_pods(namespace, spec.selector.match_labels)]
+        signals = self._signals(spec, namespace, [p.name for p in pods], now)
+        plan = plan_pass(spec, generation, Observed(pods=pods, signals=signals), previous, now)
+        report.events.extend(plan.events)
+        synced = make_condition(
+            "IstioSynced",
+            "Unknown",
+            "NothingToPublish",
+            "no routable pod: the mesh keeps its last configuration",
+            generation,
+            previous.conditions if previous else [],
+            now,
+        )
+        if plan.publish:
+            synced = self._publish(report, PoolRef(name, namespace, uid), spec, plan, generation, previous, now)
+        status = plan.status.model_copy(update={"conditions": [*plan.status.conditions, synced]})
+        self._finish(report, body, status, now)
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _signals(self, spec: InferencePoolSpec, namespace: str, pods: list[str], now: datetime) -> SignalSnapshot:
+        try:
+            auth = self._auth(spec, namespace)
+        except LookupError as missing:
+            return SignalSnapshot(collected_at=now, failed={"credentials": str(missing)})
+        return self.prom.read_signals(spec, namespace, pods, auth, now)
+
+    def _auth(self, spec: InferencePoolSpec, namespace: str) -> PromAuth:
+        auth = spec.metrics.auth
+        if auth is None:
+            return PromAuth()
+        token = ca = None
+        if auth.bearer_token_secret_ref is not None:
+            ref = auth.bearer_token_secret_ref
+            token = self.kube.read_secret_key(namespace, ref.name, ref.key).strip()
+        if auth.ca_secret_ref is not None:
+            ref = auth.ca_secret_ref
+            ca = self.kube.read_secret_key(namespace, ref.name, ref.key)
+        return PromAuth(bearer_token=token, ca_pem=ca, insecure_skip_verify=auth.insecure_skip_verify)
+
+    def _publish(
+        self,
+        report: PassReport,
+        ref: PoolRef,
+        spec: InferencePoolSpec,
+        plan: Any,
+        generation: int | None,
+        previous: InferencePoolStatus | None,
+        now: datetime,
+    ) -> Any:
+        before = previous.conditions if previous else []
+        refused: list[str] = []
+        failed: list[str] = []
+        for desired in render(ref, spec, plan):
+            try:
+                result = self.kube.sync_object(desired, ref.uid, spec.routing.adopt_existing)
+            except ApiException as failure:
+                failed.append(f"{desired['kind']} {desired['metadata']['name']}: {failure.status} {failure.reason}")
+                continue
+            report.writes.append(result)
+            if result.action == "refused":
+                refused.append(result.message)
+        prior = find(before, "IstioSynced")
+        if refused:
+            message = "; ".join(refused) + " (set spec.routing.adoptExisting to take it over)"
+            if prior is None or prior.reason != "ObjectNotManaged":
+                report.events.append(Event("Warning", "ObjectNotManaged", message))
+            return make_condition("IstioSynced", "False", "ObjectNotManaged", message, generation, before, now)
+        if failed:
+            return make_condition("IstioSynced", "False", "WriteFailed", "; ".join(failed), generation, before, now)
+        changed = [w for w in report.writes if w.action in ("created", "updated")]
+        message = f"{len(report.writes)} objects in sync" + (f", {len(changed)} written this pass" if changed else "")
+        return make_condition("IstioSynced", "True", "Synced", message, generation, before, now)
+
+    def _finish(self, report: PassReport, body: dict[str, Any], status: InferencePoolStatus, now: datetime) -> None:
+        meta = body.get("metadata", {})
+        wire = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        report.status = wire
+        previous = self._previous(body) or {}
+        last = previous.get("lastReconcileTime")
+        stale = last is None or now - datetime.fromisoformat(str(last).replace("Z", "+00:00")) >= HEARTBEAT
+        if _comparable(wire) != _comparable(previous) or stale:
+            self.kube.write_status(meta.get("namespace", "default"), meta.get("name", ""), wire)
+            self._last_written[meta.get("uid", "")] = wire
+            report.status_written = True
+        for event in report.events:
+            try:
+                self.kube.emit_event(meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid"), event)
+            except ApiException as failure:
+                log.warning("could not emit event %s: %s", event.reason, failure.reason)
