@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lint test test-fast crds check-crds demo plan-examples bench-core clean
+.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench-core clean
 
 venv: $(STAMP)
 
@@ -15,13 +15,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,dev]'
 	touch $(STAMP)
 
+# Real Prometheus for the local stack (Debian package; only the binary is used, no service is started).
+stack-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+		echo "installing Prometheus (Debian package)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+	@command -v kubectl >/dev/null 2>&1 || { echo "kubectl is required on PATH"; exit 1; }
+
 lint: venv
 	$(VENV)/bin/ruff check operator tests benchmarks examples
 	$(VENV)/bin/ruff format --check operator tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: lint
+test: lint stack-deps
 	$(PY) -m pytest -q
 
 # Tests without the lint step, for quick iteration.
@@ -40,7 +47,9 @@ check-crds: venv
 plan-examples: venv
 	$(PY) examples/run_examples.py
 
-demo: plan-examples
+# The main job: the operator on the local stack (API emulator, real Prometheus, simulated vLLM pods, kubectl).
+demo: venv stack-deps
+	$(PY) -m sluice.devstack.demo $(DEMO_ARGS)
 
 bench-core: venv
 	$(PY) benchmarks/bench_core.py --out out/bench-core

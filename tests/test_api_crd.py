@@ -15,9 +15,9 @@ import yaml
 from pydantic import ValidationError
 
 from sluice.api.crd import build_crd
+from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
 from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec
-from sluice.api.errors import format_validation_error
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
 ROOT = Path(__file__).resolve().parents[1]

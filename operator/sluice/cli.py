@@ -131,6 +131,9 @@ def cmd_reference(_: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) in this process until interrupted."""
+    if args.kubeconfig:
+        # Before the kubernetes package is imported: it reads $KUBECONFIG once, at import time.
+        os.environ["KUBECONFIG"] = args.kubeconfig
     import logging  # noqa: PLC0415 - the offline commands need none of this
 
     import kopf  # noqa: PLC0415
@@ -140,8 +143,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
     kopf.configure(verbose=args.log_level == "debug", log_format=kopf.LogFormat.FULL)
     kopf.run(
         standalone=True,

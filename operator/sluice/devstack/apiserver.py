@@ -27,10 +27,30 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
+from kmock._internal import parsing as kmock_parsing
 
 from sluice.devstack.apistore import ApiError, ResourceType, Store, as_table
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+_kmock_parse_path = kmock_parsing.parse_path
+
+
+def _parse_path(path: str) -> Any:
+    """kmock 0.8 reads `/api/v1/namespaces[/NAME[/status]]` (the Namespace resource) as a namespace prefix."""
+    parts = path.strip("/").split("/")
+    if (
+        len(parts) >= 3
+        and parts[:3] == ["api", "v1", "namespaces"]
+        and (len(parts) <= 4 or (len(parts) == 5 and parts[4] in ("status", "finalize")))
+    ):
+        name = parts[3] if len(parts) > 3 else None
+        sub = parts[4] if len(parts) > 4 else None
+        return kmock_parsing.ParsedPath("", "v1", "namespaces", None, name, sub)
+    return _kmock_parse_path(path)
+
+
+kmock_parsing.parse_path = _parse_path
 
 
 @attrs.define(kw_only=True)

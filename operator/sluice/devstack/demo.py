@@ -1,0 +1,315 @@
+"""The demo: sluice running for real on the local stack, telling its story with a live table.
+
+    python -m sluice.devstack.demo [--keep] [--workdir out/demo]
+
+1. a heterogeneous pool (2x A100, RTX 4090, CPU) is applied with kubectl; weights settle A100 > 4090 > CPU;
+2. one A100 starts failing half its requests: it is zeroed within a few passes, then recovers along the ramp;
+3. the 4090 is OOMKilled: the kubelet reports it, sluice zeroes it at once and brings it back after its restart;
+4. a good candidate revision v2 is promoted step by step (10 -> 50 -> 100 %);
+5. a bad candidate v3 (30 % errors) is rolled back to 0 and stays there.
+Every step is a claim the demo checks; it prints a summary and exits 0 only if all of them held. Bounded load
+(Poisson, ~10 requests/s) runs throughout; everything binds to loopback and stops at the end (`--keep` leaves the
+stack running until Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.devstack.stack import ROOT, PodSpec, Stack, Traffic
+
+POOL_FILE = ROOT / "examples" / "local" / "pool.yaml"
+PODS = [
+    PodSpec("llama-a100-0", "a100", "v1", "127.0.10.1"),
+    PodSpec("llama-a100-1", "a100", "v1", "127.0.10.2"),
+    PodSpec("llama-4090-0", "rtx4090", "v1", "127.0.10.3"),
+    PodSpec("llama-cpu-0", "cpu", "v1", "127.0.10.4"),
+]
+
+
+@dataclass
+class Claim:
+    text: str
+    held: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Story:
+    stack: Stack
+    traffic: Traffic
+    claims: list[Claim] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    quiet: bool = False
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"\n[{time.monotonic() - self.started:6.1f}s] {text}", flush=True)
+
+    async def expect(self, text: str, check: Callable[[dict[str, Any]], str | None], seconds: float) -> bool:
+        """Wait until `check(pool)` returns a detail string (the claim holds) or the time is up."""
+        begin = time.monotonic()
+        detail = ""
+        while time.monotonic() - begin < seconds:
+            pool = await asyncio.to_thread(self.stack.pool, "llama")
+            with contextlib.suppress(KeyError, TypeError, IndexError):
+                found = check(pool)
+                if found is not None:
+                    claim = Claim(text, True, found, time.monotonic() - begin)
+                    self.claims.append(claim)
+                    self.say(f"OK   {text} ({found}; {claim.seconds:.1f}s)")
+                    return True
+            await asyncio.sleep(0.5)
+        self.claims.append(Claim(text, False, detail, seconds))
+        self.say(f"FAIL {text} (not seen within {seconds:.0f}s)")
+        return False
+
+
+def rows(pool: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["pod"]: row for row in pool.get("status", {}).get("endpoints", [])}
+
+
+def condition(pool: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in pool["status"]["conditions"] if c["type"] == kind)
+
+
+def table(pool: dict[str, Any], traffic: Traffic) -> str:
+    share = traffic.share(time.monotonic() - 5)
+    lines = [
+        f"{'POD':<16}{'REV':<5}{'CLASS':<9}{'TTFT':>7}{'KV':>6}{'WAIT':>6}{'ERR':>7}{'WEIGHT':>8}{'TRAFFIC':>9}  "
+        f"{'STATE':<11}REASON"
+    ]
+    for name, row in sorted(rows(pool).items()):
+        s = row.get("signals", {})
+        ttft = f"{s['ttftSeconds'] * 1000:.0f}ms" if s.get("ttftSeconds") is not None else "-"
+        kv = f"{s['kvCacheUsage']:.0%}" if s.get("kvCacheUsage") is not None else "-"
+        wait = f"{s['queueLength']:.0f}" if s.get("queueLength") is not None else "-"
+        err = f"{s['errorRate']:.1%}" if s.get("errorRate") is not None else "-"
+        lines.append(
+            f"{name:<16}{row.get('revision') or '-':<5}{row.get('hardwareClass') or '-':<9}{ttft:>7}{kv:>6}{wait:>6}"
+            f"{err:>7}{row['weight']:>8}{share.get(name, 0.0):>9.0%}  {row['state']:<11}{row.get('reason', '')[:60]}"
+        )
+    status = pool.get("status", {})
+    canary = status.get("canary") or {}
+    split = ", ".join(f"{k} {v}%" for k, v in sorted((status.get("revisionWeights") or {}).items()))
+    conditions = " ".join(f"{c['type']}={c['status']}" for c in status.get("conditions", []))
+    lines.append(
+        f"routable {status.get('routable', '-')}  split [{split}]  canary {canary.get('phase', '-')} "
+        f"{canary.get('weight', 0)}%  {conditions}"
+    )
+    return "\n".join(lines)
+
+
+async def printer(story: Story, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        with contextlib.suppress(Exception):
+            pool = await asyncio.to_thread(story.stack.pool, "llama")
+            if not story.quiet:
+                print(table(pool, story.traffic), flush=True)
+
+
+async def run_story(stack: Stack, quiet: bool = False) -> Story:
+    traffic = Traffic(stack, "llama", rate=10.0)
+    story = Story(stack, traffic, quiet=quiet)
+    kubelet = asyncio.create_task(stack.kubelet())
+    load: asyncio.Task[None] | None = None
+    show = asyncio.create_task(printer(story, 5.0))
+    try:
+        story.say("starting 4 simulated vLLM pods (A100 x2, RTX 4090, CPU) and the operator")
+        for pod in PODS:
+            await asyncio.to_thread(stack.add_pod, pod)
+        stack.start_operator()
+        manifest = POOL_FILE.read_text().replace("PROMETHEUS_URL", stack.prometheus_url)
+        await asyncio.to_thread(stack.kubectl, "apply", "--validate=false", "-f", "-", stdin=manifest)
+        story.say("kubectl apply -f examples/local/pool.yaml")
+        load = asyncio.create_task(traffic.run(stack.remaining()))
+
+        def settled(pool: dict[str, Any]) -> str | None:
+            r = rows(pool)
+            w = {name: r[name]["weight"] for name in r}
+            fresh = condition(pool, "MetricsAvailable")["status"] == "True"
+            if (
+                fresh
+                and len(w) == 4
+                and min(w["llama-a100-0"], w["llama-a100-1"]) > w["llama-4090-0"] > w["llama-cpu-0"] > 0
+            ):
+                return f"weights {w}"
+            return None
+
+        await story.expect("weights follow capacity and TTFT: A100 > RTX 4090 > CPU", settled, 60)
+        await story.expect(
+            "the Istio objects exist and are in sync",
+            lambda p: "IstioSynced=True" if condition(p, "IstioSynced")["status"] == "True" else None,
+            20,
+        )
+
+        story.say("fault: llama-a100-1 starts failing 50% of its requests")
+        await stack.inject("llama-a100-1", {"errorRate": 0.5})
+        await story.expect(
+            "the failing pod is zeroed (removed from the ServiceEntry)",
+            lambda p: rows(p)["llama-a100-1"]["reason"] if rows(p)["llama-a100-1"]["state"] == "Zeroed" else None,
+            30,
+        )
+        await stack.inject("llama-a100-1", {"errorRate": 0.0})
+        story.say("fault cleared on llama-a100-1")
+        await story.expect(
+            "it comes back along the recovery ramp",
+            lambda p: rows(p)["llama-a100-1"]["reason"] if rows(p)["llama-a100-1"]["state"] == "Recovering" else None,
+            30,
+        )
+        await story.expect(
+            "and returns to normal scoring",
+            lambda p: (
+                f"weight {rows(p)['llama-a100-1']['weight']}"
+                if rows(p)["llama-a100-1"]["state"] == "Routable" and rows(p)["llama-a100-1"].get("incident")
+                else None
+            ),
+            40,
+        )
+
+        story.say("fault: llama-4090-0 runs out of memory (the process exits 137; the kubelet reports OOMKilled)")
+        await stack.inject("llama-4090-0", {"oom": True})
+        await story.expect(
+            "the OOMKilled pod is zeroed at once",
+            lambda p: (
+                rows(p)["llama-4090-0"]["reason"]
+                if rows(p)["llama-4090-0"].get("incident") == "OOMKilled" and rows(p)["llama-4090-0"]["weight"] == 0
+                else None
+            ),
+            20,
+        )
+        await story.expect(
+            "after its restart it recovers",
+            lambda p: (
+                f"weight {rows(p)['llama-4090-0']['weight']}"
+                if rows(p)["llama-4090-0"]["state"] == "Routable" and rows(p)["llama-4090-0"]["weight"] > 0
+                else None
+            ),
+            45,
+        )
+
+        story.say("canary: a good revision v2 starts on an A100, and the pool's candidateRevision is set to v2")
+        await asyncio.to_thread(stack.add_pod, PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.10.5"))
+        await asyncio.to_thread(
+            stack.kubectl,
+            "patch",
+            "inferencepool",
+            "llama",
+            "-n",
+            "llm",
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"canary":{"candidateRevision":"v2"}}}',
+        )
+        seen: set[int] = set()
+
+        def promoted(pool: dict[str, Any]) -> str | None:
+            canary = pool["status"].get("canary") or {}
+            if canary.get("phase") == "Progressing":
+                seen.add(int(canary.get("weight", 0)))
+            if canary.get("phase") == "Promoted" and canary.get("stableRevision") == "v2":
+                return f"steps seen {sorted(seen)}, split {pool['status']['revisionWeights']}"
+            return None
+
+        await story.expect("v2 is promoted step by step", promoted, 75)
+
+        story.say("canary: a bad revision v3 (30% errors) starts, candidateRevision is set to v3")
+        await asyncio.to_thread(stack.add_pod, PodSpec("llama-v3-a100-0", "a100", "v3", "127.0.10.6", error_rate=0.3))
+        await asyncio.to_thread(
+            stack.kubectl,
+            "patch",
+            "inferencepool",
+            "llama",
+            "-n",
+            "llm",
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"canary":{"candidateRevision":"v3"}}}',
+        )
+        await story.expect(
+            "v3 is rolled back to 0",
+            lambda p: (
+                p["status"]["canary"]["message"]
+                if p["status"]["canary"]["phase"] == "RolledBack" and p["status"]["revisionWeights"] == {"v2": 100}
+                else None
+            ),
+            60,
+        )
+        await asyncio.sleep(4)
+        await story.expect(
+            "and stays there",
+            lambda p: "still 0%" if p["status"]["canary"]["phase"] == "RolledBack" else None,
+            5,
+        )
+        events = await asyncio.to_thread(stack.events)
+        reasons = sorted({e["reason"] for e in events})
+        story.say(f"Events on the pool: {', '.join(reasons)}")
+        return story
+    finally:
+        show.cancel()
+        if load is not None:
+            traffic.stop.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(load, 10)
+        stack._kubelet_stop.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(kubelet, 5)
+        with contextlib.suppress(asyncio.CancelledError):
+            await show
+
+
+def summary(story: Story) -> str:
+    lines = ["", "summary:"]
+    for claim in story.claims:
+        lines.append(
+            f"  {'OK  ' if claim.held else 'FAIL'} {claim.text}" + (f"  [{claim.seconds:.1f}s]" if claim.held else "")
+        )
+    ttfts = [s.ttft for s in story.traffic.samples if s.ttft is not None]
+    ok = sum(1 for s in story.traffic.samples if s.ok)
+    if ttfts:
+        ttfts.sort()
+        lines.append(
+            f"  traffic: {len(story.traffic.samples)} requests, {ok} succeeded, TTFT p50 "
+            f"{ttfts[len(ttfts) // 2] * 1000:.0f} ms, p99 {ttfts[int(len(ttfts) * 0.99)] * 1000:.0f} ms"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sluice.devstack.demo", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--workdir", default=str(ROOT / "out" / "demo"))
+    parser.add_argument("--keep", action="store_true", help="leave the stack running after the story (Ctrl-C stops it)")
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir)
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every process the stack started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with Stack(workdir, deadline_seconds=600) as stack:
+        print(f"API emulator {stack.api_url}  (KUBECONFIG={stack.kubeconfig})\nPrometheus {stack.prometheus_url}")
+        story = asyncio.run(run_story(stack))
+        print(summary(story))
+        if args.keep:
+            print(f"\nstack left running: KUBECONFIG={stack.kubeconfig} kubectl get slp -n llm   (Ctrl-C to stop)")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(1)
+    failed = [c for c in story.claims if not c.held]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,553 @@
+"""The local stack: every part sluice talks to, running for real on loopback, for the demo and end-to-end tests.
+
+Local-stack tool. What runs:
+- the Kubernetes API emulator (`apiserver`, its own process, with a kubeconfig);
+- real Prometheus (Debian package), scraping every simulated pod each second through file-based discovery, with
+  `pod` and `namespace` labels as a Kubernetes scrape config would add;
+- one simulated vLLM server per pod (`modelserver`), each on its own 127.0.0.x address and port 8000;
+- a small kubelet: it registers each pod in the API with its IP and labels, marks it Ready only after a real
+  1-token completion succeeds, and when a server process dies records the termination (exit status 137 is
+  reported as OOMKilled), bumps the restart count and restarts it;
+- the operator (`python -m sluice operator`), its own process;
+- `Traffic`: a bounded load generator that routes each request the way Envoy would with the objects sluice
+  published: a revision split from the VirtualService, then weighted least-request (`w / (active + 1)`) over the
+  ServiceEntry endpoints; it measures TTFT from the SSE stream.
+Everything binds to 127.0.0.0/8, has a deadline, and is stopped (by PID) when the stack closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import yaml
+from kubernetes import client as k8s
+
+from sluice.io.kube import load_api_client
+
+ROOT = Path(__file__).resolve().parents[3]
+SHARED_ISTIO = ROOT.parent / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"
+SLUICE_CRD = ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml"
+PROMPT_WORDS = 2048
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PodSpec:
+    name: str
+    hardware: str
+    revision: str
+    ip: str
+    app: str = "llama"
+    error_rate: float = 0.0
+
+
+@dataclass
+class PodState:
+    spec: PodSpec
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    ready: bool = False
+    last_termination: dict[str, Any] | None = None
+    restart_at: float | None = None
+    deleted: bool = False
+
+
+class Stack:
+    """Start with `with Stack(workdir) as stack:`; everything started is stopped on exit."""
+
+    def __init__(self, workdir: Path, namespace: str = "llm", deadline_seconds: float = 900.0) -> None:
+        self.workdir = workdir
+        self.namespace = namespace
+        self.deadline = time.monotonic() + deadline_seconds
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.pods: dict[str, PodState] = {}
+        self.kubeconfig = workdir / "kubeconfig"
+        self.api_url = ""
+        self.prometheus_url = ""
+        self.targets_file = workdir / "prometheus" / "targets.json"
+        self.operator: subprocess.Popen[bytes] | None = None
+        self._kubelet_stop = asyncio.Event()
+        self.core: k8s.CoreV1Api | None = None
+        self.custom: k8s.CustomObjectsApi | None = None
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Stack:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.start_apiserver()
+            self.start_prometheus()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+        handle = (self.workdir / log).open("ab")
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        process = subprocess.Popen(
+            args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env
+        )
+        self.processes.append(process)
+        return process
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=5)
+        self.processes.clear()
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    # ------------------------------------------------------------------------------------ API server
+
+    def start_apiserver(self) -> None:
+        crds = [str(SLUICE_CRD)]
+        if SHARED_ISTIO.exists():
+            crds.append(str(SHARED_ISTIO))
+        else:
+            raise FileNotFoundError(f"Istio CRDs not found at {SHARED_ISTIO}")
+        args = [
+            sys.executable,
+            "-m",
+            "sluice.devstack.apiserver",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--namespace",
+            self.namespace,
+            "--audit-log",
+            str(self.workdir / "audit.jsonl"),
+        ]
+        for crd in crds:
+            args += ["--crd", crd]
+        log_path = self.workdir / "apiserver.log"
+        log_path.unlink(missing_ok=True)
+        process = self._spawn(args, "apiserver.log")
+        self._wait_for(
+            lambda: "ready " in log_path.read_text() if log_path.exists() else False, 30, "API emulator", process
+        )
+        self.api_url = log_path.read_text().split("ready ", 1)[1].split()[0]
+        api = load_api_client(str(self.kubeconfig))
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Real kubectl against the emulator."""
+        binary = shutil.which("kubectl")
+        if binary is None:
+            raise FileNotFoundError("kubectl not found on PATH")
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        result = subprocess.run(
+            [binary, *args], input=stdin, capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    # ------------------------------------------------------------------------------------ Prometheus
+
+    def start_prometheus(self) -> None:
+        binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+        if not Path(binary).exists():
+            raise FileNotFoundError("prometheus not found: `make stack-deps` installs the Debian package")
+        home = self.workdir / "prometheus"
+        home.mkdir(parents=True, exist_ok=True)
+        self.write_targets()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "scrape_configs": [
+                {"job_name": "vllm", "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "1s"}]}
+            ],
+        }
+        (home / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = free_port()
+        data = Path(tempfile.mkdtemp(prefix="tsdb-", dir=home))
+        self._spawn(
+            [
+                binary,
+                f"--config.file={home / 'prometheus.yml'}",
+                f"--storage.tsdb.path={data}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            "prometheus.log",
+        )
+        self.prometheus_url = f"http://127.0.0.1:{port}"
+        self._wait_http(f"{self.prometheus_url}/-/ready", 30, "Prometheus")
+
+    def stop_prometheus(self) -> subprocess.Popen[bytes]:
+        process = next(p for p in self.processes if "prometheus" in str(p.args) and p.poll() is None)
+        os.killpg(process.pid, signal.SIGSTOP)  # frozen: connections hang, then time out, like an overloaded server
+        return process
+
+    def resume_prometheus(self, process: subprocess.Popen[bytes]) -> None:
+        os.killpg(process.pid, signal.SIGCONT)
+
+    def write_targets(self) -> None:
+        groups = [
+            {"targets": [f"{state.spec.ip}:8000"], "labels": {"pod": name, "namespace": self.namespace}}
+            for name, state in sorted(self.pods.items())
+            if not state.deleted
+        ]
+        self.targets_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.targets_file)
+
+    # ------------------------------------------------------------------------------------ pods and the kubelet
+
+    def add_pod(self, spec: PodSpec) -> None:
+        assert self.core is not None
+        state = PodState(spec)
+        self.pods[spec.name] = state
+        labels = {"app": spec.app, "sluice.dev/hardware-class": spec.hardware, "sluice.dev/revision": spec.revision}
+        manifest: Any = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": spec.name, "labels": labels},
+            "spec": {"containers": [{"name": "vllm", "image": "sluice/sim-vllm", "ports": [{"containerPort": 8000}]}]},
+        }
+        self.core.create_namespaced_pod(self.namespace, manifest)
+        self._start_server(state)
+        self._report(state)
+        self.write_targets()
+
+    def delete_pod(self, name: str) -> None:
+        assert self.core is not None
+        state = self.pods[name]
+        state.deleted = True
+        if state.process and state.process.poll() is None:
+            os.killpg(state.process.pid, signal.SIGTERM)
+        with contextlib.suppress(k8s.ApiException):
+            self.core.delete_namespaced_pod(name, self.namespace)
+        self.write_targets()
+
+    def _start_server(self, state: PodState) -> None:
+        spec = state.spec
+        state.process = self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "sluice.devstack.modelserver",
+                "--host",
+                spec.ip,
+                "--port",
+                "8000",
+                "--hardware",
+                spec.hardware,
+                "--model",
+                spec.app,
+                "--error-rate",
+                str(spec.error_rate),
+            ],
+            f"pod-{spec.name}.log",
+        )
+        state.ready = False
+
+    def _report(self, state: PodState) -> None:
+        """Write the pod's status to the API, as a kubelet does."""
+        assert self.core is not None
+        container: dict[str, Any] = {
+            "name": "vllm",
+            "ready": state.ready,
+            "restartCount": state.restarts,
+            "image": "sluice/sim-vllm",
+            "imageID": "",
+            "state": {"running": {"startedAt": now_iso()}},
+        }
+        if state.last_termination:
+            container["lastState"] = {"terminated": state.last_termination}
+        status = {
+            "phase": "Running",
+            "podIP": state.spec.ip,
+            "podIPs": [{"ip": state.spec.ip}],
+            "conditions": [
+                {"type": "Ready", "status": "True" if state.ready else "False", "lastTransitionTime": now_iso()}
+            ],
+            "containerStatuses": [container],
+        }
+        with contextlib.suppress(k8s.ApiException):
+            self.core.patch_namespaced_pod_status(state.spec.name, self.namespace, {"status": status})
+
+    async def kubelet(self) -> None:
+        """Probe readiness with real inference, record crashes, restart servers. Runs until the stack stops."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+            while not self._kubelet_stop.is_set() and self.remaining() > 0:
+                for state in list(self.pods.values()):
+                    if state.deleted or state.process is None:
+                        continue
+                    code = state.process.poll()
+                    if code is not None and state.restart_at is None:
+                        reason = "OOMKilled" if code in (137, -9) else "Error"
+                        state.last_termination = {
+                            "exitCode": code if code >= 0 else 128 - code,
+                            "reason": reason,
+                            "startedAt": now_iso(),
+                            "finishedAt": now_iso(),
+                        }
+                        state.restarts += 1
+                        state.ready = False
+                        state.restart_at = time.monotonic() + 2.0  # back-off before the restart
+                        await asyncio.to_thread(self._report, state)
+                    elif state.restart_at is not None and time.monotonic() >= state.restart_at:
+                        state.restart_at = None
+                        await asyncio.to_thread(self._start_server, state)
+                    elif code is None and not state.ready and await self._probe(http, state.spec.ip):
+                        state.ready = True
+                        await asyncio.to_thread(self._report, state)
+                await asyncio.sleep(0.5)
+
+    @staticmethod
+    async def _probe(http: aiohttp.ClientSession, ip: str) -> bool:
+        """Readiness as a 1-token completion, not a TCP check."""
+        try:
+            async with http.post(f"http://{ip}:8000/v1/completions", json={"prompt": "ping", "max_tokens": 1}) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def inject(self, pod: str, faults: dict[str, Any]) -> None:
+        ip = self.pods[pod].spec.ip
+        async with aiohttp.ClientSession() as http, http.post(f"http://{ip}:8000/admin/faults", json=faults) as r:
+            await r.read()
+
+    # ------------------------------------------------------------------------------------ operator
+
+    def start_operator(self, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+        self.operator = self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "sluice",
+                "operator",
+                "-n",
+                self.namespace,
+                "--kubeconfig",
+                str(self.kubeconfig),
+                *(extra or []),
+            ],
+            "operator.log",
+        )
+        return self.operator
+
+    def stop_operator(self, kill: bool = False) -> None:
+        if self.operator is not None and self.operator.poll() is None:
+            os.killpg(self.operator.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            self.operator.wait(timeout=15)
+        self.operator = None
+
+    # ------------------------------------------------------------------------------------ reads
+
+    def pool(self, name: str) -> dict[str, Any]:
+        assert self.custom is not None
+        result = self.custom.get_namespaced_custom_object(
+            "inference.sluice.dev", "v1alpha1", self.namespace, "inferencepools", name
+        )
+        return cast(dict[str, Any], result)
+
+    def istio(self, plural: str, name: str, version: str = "v1") -> dict[str, Any] | None:
+        assert self.custom is not None
+        try:
+            result = self.custom.get_namespaced_custom_object(
+                "networking.istio.io", version, self.namespace, plural, name
+            )
+        except k8s.ApiException as failure:
+            if failure.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], result)
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        assert self.core is not None
+        items = self.core.list_namespaced_event(self.namespace, _preload_content=False)
+        events: list[dict[str, Any]] = json.loads(cast(Any, items).data)["items"]
+        return [e for e in events if reason is None or e.get("reason") == reason]
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def _wait_for(self, ready: Any, seconds: float, what: str, process: subprocess.Popen[bytes] | None = None) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if ready():
+                return
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"{what} exited with status {process.returncode}")
+            time.sleep(0.1)
+        raise TimeoutError(f"{what} not ready after {seconds:.0f}s")
+
+    def _wait_http(self, url: str, seconds: float, what: str) -> None:
+        import urllib.request  # noqa: PLC0415
+
+        def ok() -> bool:
+            try:
+                with urllib.request.urlopen(url, timeout=1) as answer:
+                    return bool(answer.status == 200)
+            except OSError:
+                return False
+
+        self._wait_for(ok, seconds, what)
+
+
+# ---------------------------------------------------------------------------------------- traffic
+
+
+@dataclass
+class Sample:
+    at: float
+    pod: str
+    revision: str
+    ttft: float | None
+    ok: bool
+
+
+@dataclass
+class Traffic:
+    """Bounded load through the published routing: revision split, then weighted least-request."""
+
+    stack: Stack
+    pool: str
+    rate: float = 6.0
+    max_tokens: int = 32
+    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=20000))
+    active: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    routes: tuple[dict[str, int], dict[str, list[tuple[str, str, int]]]] = field(default=({}, {}))
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    seed: int = 7
+
+    def refresh_routes(self) -> None:
+        """Read the ServiceEntry (per-pod weights) and VirtualService (revision split) sluice wrote."""
+        name = f"sluice-{self.pool}"
+        entry = self.stack.istio("serviceentries", name)
+        service = self.stack.istio("virtualservices", name)
+        if entry is None:
+            return
+        pods = {state.spec.ip: pod for pod, state in self.stack.pods.items()}
+        by_revision: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
+        for endpoint in entry["spec"].get("endpoints", []):
+            revision = endpoint.get("labels", {}).get("sluice.dev/revision", "")
+            by_revision[revision].append(
+                (
+                    pods.get(endpoint["address"], endpoint["address"]),
+                    endpoint["address"],
+                    int(endpoint.get("weight", 1)),
+                )
+            )
+        split: dict[str, int] = {}
+        for route in (service or {}).get("spec", {}).get("http", [{}])[0].get("route", []):
+            subset = route["destination"].get("subset")
+            split[subset.removeprefix("rev-") if subset else ""] = int(route.get("weight", 100))
+        self.routes = (split, dict(by_revision))
+
+    def pick(self, rng: random.Random) -> tuple[str, str, str] | None:
+        split, by_revision = self.routes
+        if not by_revision:
+            return None
+        if split and "" not in split:
+            revisions = [r for r in split if split[r] > 0 and by_revision.get(r)]
+            if not revisions:
+                return None
+            revision = rng.choices(revisions, weights=[split[r] for r in revisions])[0]
+            endpoints = by_revision[revision]
+        else:
+            revision, endpoints = "", [e for group in by_revision.values() for e in group]
+        # Envoy LEAST_REQUEST with unequal weights: effective weight w / (active + 1).
+        effective = [w / (self.active[pod] + 1) for pod, _, w in endpoints]
+        pod, ip, _ = rng.choices(endpoints, weights=effective)[0]
+        return pod, ip, revision or self.stack.pods[pod].spec.revision if pod in self.stack.pods else revision
+
+    async def run(self, seconds: float) -> None:
+        rng = random.Random(self.seed)
+        prompt = "w " * PROMPT_WORDS
+        end = time.monotonic() + min(seconds, self.stack.remaining())
+        tasks: set[asyncio.Task[None]] = set()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            refresh = asyncio.create_task(self._refresh_loop())
+            try:
+                while time.monotonic() < end and not self.stop.is_set():
+                    await asyncio.sleep(rng.expovariate(self.rate))
+                    choice = self.pick(rng)
+                    if choice is None or len(tasks) > 200:
+                        continue
+                    task = asyncio.create_task(self._one(http, prompt, *choice))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            finally:
+                refresh.cancel()
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, refresh, return_exceptions=True)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.refresh_routes)
+            await asyncio.sleep(0.5)
+
+    async def _one(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str, revision: str) -> None:
+        started = time.monotonic()
+        self.active[pod] += 1
+        ttft: float | None = None
+        ok = False
+        try:
+            async with http.post(
+                f"http://{ip}:8000/v1/completions",
+                json={"prompt": prompt, "max_tokens": self.max_tokens, "stream": True},
+            ) as answer:
+                if answer.status == 200:
+                    async for line in answer.content:
+                        if ttft is None and line.startswith(b"data:"):
+                            ttft = time.monotonic() - started
+                    ok = True
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        finally:
+            self.active[pod] -= 1
+            self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok))
+
+    def share(self, since: float, key: str = "pod") -> dict[str, float]:
+        recent = [s for s in self.samples if s.at >= since]
+        counts: dict[str, int] = defaultdict(int)
+        for sample in recent:
+            counts[getattr(sample, key)] += 1
+        total = sum(counts.values()) or 1
+        return {k: v / total for k, v in sorted(counts.items())}
