@@ -108,7 +108,7 @@ class Engine:
     def kv_usage(self) -> float:
         block: int = self.profile.blk_size
         total: int = self.profile.total_kv_blks
-        used = sum(math.ceil((r.l_in + r.l_out) / block) for r in self.running.values())
+        used: int = sum(math.ceil((r.l_in + r.l_out) / block) for r in self.running.values())
         return min(1.0, used / total)
 
 
