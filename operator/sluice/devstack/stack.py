@@ -82,8 +82,11 @@ class PodState:
 class Stack:
     """Start with `with Stack(workdir) as stack:`; everything started is stopped on exit."""
 
-    def __init__(self, workdir: Path, namespace: str = "llm", deadline_seconds: float = 900.0) -> None:
+    def __init__(
+        self, workdir: Path, namespace: str = "llm", deadline_seconds: float = 900.0, sluice_crd: Path = SLUICE_CRD
+    ) -> None:
         self.workdir = workdir
+        self.sluice_crd = sluice_crd
         self.namespace = namespace
         self.deadline = time.monotonic() + deadline_seconds
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -141,7 +144,7 @@ class Stack:
     # ------------------------------------------------------------------------------------ API server
 
     def start_apiserver(self) -> None:
-        crds = [str(SLUICE_CRD)]
+        crds = [str(self.sluice_crd)]
         if SHARED_ISTIO.exists():
             crds.append(str(SHARED_ISTIO))
         else:

@@ -1,0 +1,85 @@
+"""Fixtures for end-to-end tests on the local stack (API emulator, real Prometheus, simulated pods, operator)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.devstack.stack import ROOT, PodSpec, Stack
+
+
+class Background:
+    """An event loop in a thread, for the kubelet and the traffic while the test body runs synchronously."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def start(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def close(self) -> None:
+        for task in asyncio.all_tasks(self.loop):
+            self.loop.call_soon_threadsafe(task.cancel)
+        time.sleep(0.5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def wait_until(check: Callable[[], Any], seconds: float, what: str, every: float = 0.5) -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` after `seconds`."""
+    end = time.monotonic() + seconds
+    last_error: Exception | None = None
+    while time.monotonic() < end:
+        try:
+            result = check()
+        except (KeyError, TypeError, IndexError, StopIteration) as failure:
+            last_error, result = failure, None
+        if result:
+            return result
+        time.sleep(every)
+    pytest.fail(f"not seen within {seconds:.0f}s: {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+def rows(pool: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["pod"]: row for row in pool.get("status", {}).get("endpoints", [])}
+
+
+def condition(pool: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in pool.get("status", {}).get("conditions", []) if c["type"] == kind)
+
+
+POOL_FILE = ROOT / "examples" / "local" / "pool.yaml"
+BASE_PODS = [
+    PodSpec("llama-a100-0", "a100", "v1", "127.0.20.1"),
+    PodSpec("llama-4090-0", "rtx4090", "v1", "127.0.20.2"),
+    PodSpec("llama-cpu-0", "cpu", "v1", "127.0.20.3"),
+]
+
+
+def pool_manifest(stack: Stack) -> str:
+    return POOL_FILE.read_text().replace("PROMETHEUS_URL", stack.prometheus_url)
+
+
+@pytest.fixture(scope="module")
+def background() -> Iterator[Background]:
+    loop = Background()
+    yield loop
+    loop.close()
+
+
+def start_stack(workdir: Path, background: Background, **kwargs: Any) -> Stack:
+    stack = Stack(workdir, deadline_seconds=600, **kwargs).__enter__()
+    background.start(stack.kubelet())
+    return stack

@@ -1,0 +1,189 @@
+"""The operator end to end on the local stack: kubectl, the API emulator, real Prometheus, simulated vLLM pods.
+
+One stack for the module; the tests run in file order and build on each other's pool, as a user's session would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.devstack.apivalidation import SchemaRegistry
+from sluice.devstack.stack import SHARED_ISTIO, PodSpec, Stack, Traffic
+from tests.e2e.conftest import BASE_PODS, Background, condition, pool_manifest, rows, start_stack, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
+    stack = start_stack(Path(tmp_path_factory.mktemp("stack")), background)
+    try:
+        for pod in BASE_PODS:
+            stack.add_pod(pod)
+        stack.start_operator()
+        yield stack
+    finally:
+        background.call(stack._kubelet_stop.set)
+        stack.close()
+
+
+@pytest.fixture(scope="module")
+def traffic(stack: Stack, background: Background) -> Iterator[Traffic]:
+    load = Traffic(stack, "llama", rate=10.0)
+    background.start(load.run(stack.remaining()))
+    yield load
+    background.call(load.stop.set)
+
+
+def pool(stack: Stack) -> dict[str, Any]:
+    return stack.pool("llama")
+
+
+def weights(stack: Stack) -> dict[str, int]:
+    entry = stack.istio("serviceentries", "sluice-llama")
+    assert entry is not None
+    addresses = {state.spec.ip: name for name, state in stack.pods.items()}
+    return {addresses[e["address"]]: e["weight"] for e in entry["spec"].get("endpoints", [])}
+
+
+def test_invalid_pool_is_rejected_by_the_api_with_the_cel_message(stack: Stack) -> None:
+    bad = pool_manifest(stack).replace("steps: [10, 50, 100]", "steps: [50, 10, 100]")
+    result = stack.kubectl("apply", "--validate=false", "-f", "-", stdin=bad, check=False)
+    assert result.returncode != 0
+    assert 'The InferencePool "llama" is invalid' in result.stderr
+    assert "spec.canary.steps: Invalid value" in result.stderr
+    assert "steps must be strictly increasing" in result.stderr
+    assert stack.kubectl("get", "inferencepools", "-n", "llm", "-o", "name").stdout.strip() == ""
+
+
+def test_an_unmanaged_destination_rule_is_left_untouched_and_reported(stack: Stack) -> None:
+    foreign = (
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: sluice-llama, namespace: llm}\n"
+        "spec: {host: someone-elses.llm.svc.cluster.local}\n"
+    )
+    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=foreign)
+    before = stack.istio("destinationrules", "sluice-llama")
+    assert before is not None
+    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=pool_manifest(stack))
+    found = wait_until(
+        lambda: condition(pool(stack), "IstioSynced")["reason"] == "ObjectNotManaged" and pool(stack),
+        30,
+        "IstioSynced=False (ObjectNotManaged)",
+    )
+    assert (
+        "DestinationRule llm/sluice-llama exists and is not managed by sluice"
+        in condition(found, "IstioSynced")["message"]
+    )
+    after = stack.istio("destinationrules", "sluice-llama")
+    assert after is not None
+    assert after["spec"] == before["spec"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert stack.events("ObjectNotManaged")
+    # Once the user removes it, sluice creates its own.
+    stack.kubectl("delete", "destinationrule", "sluice-llama", "-n", "llm")
+    wait_until(lambda: condition(pool(stack), "IstioSynced")["status"] == "True", 30, "IstioSynced=True")
+    mine = stack.istio("destinationrules", "sluice-llama")
+    assert mine is not None
+    assert mine["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "sluice"
+
+
+def test_pool_publishes_istio_objects_that_istio_accepts_and_weights_follow_capacity(stack: Stack) -> None:
+    def settled() -> dict[str, int] | None:
+        w = weights(stack)
+        return w if len(w) == 3 and w["llama-a100-0"] > w["llama-4090-0"] > w["llama-cpu-0"] > 0 else None
+
+    w = wait_until(settled, 40, "weights A100 > 4090 > CPU in the ServiceEntry")
+    istio = SchemaRegistry().load(SHARED_ISTIO)
+    for plural, version in (("serviceentries", "v1"), ("destinationrules", "v1"), ("virtualservices", "v1")):
+        obj = stack.istio(plural, "sluice-llama", version)
+        assert obj is not None, plural
+        clean = {k: v for k, v in obj.items() if k != "status"}
+        clean["metadata"] = {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"]}
+        istio.validate(clean)
+        owner = obj["metadata"]["ownerReferences"][0]
+        assert owner["kind"] == "InferencePool"
+        assert owner["uid"] == pool(stack)["metadata"]["uid"]
+    table = stack.kubectl("get", "slp", "-n", "llm").stdout
+    assert "ROUTABLE" in table
+    assert "3/3" in table
+    status_rows = rows(pool(stack))
+    assert status_rows["llama-cpu-0"]["reason"].startswith("K=1 ttft=")
+    print(f"\nServiceEntry weights: {w}")
+
+
+def test_a_deleted_pod_leaves_routing_at_once(stack: Stack) -> None:
+    stack.add_pod(PodSpec("llama-a100-9", "a100", "v1", "127.0.20.9"))
+    wait_until(lambda: "llama-a100-9" in weights(stack), 30, "the new pod is routed")
+    started = time.monotonic()
+    stack.delete_pod("llama-a100-9")
+    wait_until(lambda: "llama-a100-9" not in weights(stack), 15, "the deleted pod leaves the ServiceEntry")
+    print(f"\npod deletion -> ServiceEntry updated in {time.monotonic() - started:.1f}s")
+
+
+def test_prometheus_outage_freezes_weights_then_resumes(stack: Stack, traffic: Traffic) -> None:
+    wait_until(lambda: condition(pool(stack), "MetricsAvailable")["status"] == "True", 30, "fresh metrics")
+    frozen_process = stack.stop_prometheus()
+    try:
+        down = wait_until(
+            lambda: condition(pool(stack), "MetricsAvailable")["status"] == "False" and pool(stack),
+            30,
+            "MetricsAvailable=False",
+        )
+        assert "weights frozen" in condition(down, "MetricsAvailable")["message"]
+        before = weights(stack)
+        time.sleep(8)  # four passes with Prometheus hanging
+        assert weights(stack) == before
+        assert all(row["weight"] > 0 for row in rows(pool(stack)).values())
+        assert stack.events("MetricsUnavailable")
+    finally:
+        stack.resume_prometheus(frozen_process)
+    wait_until(lambda: condition(pool(stack), "MetricsAvailable")["status"] == "True", 40, "metrics again")
+    assert stack.events("MetricsRestored")
+
+
+def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traffic: Traffic) -> None:
+    stack.add_pod(PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.20.5"))
+    stack.kubectl(
+        "patch",
+        "inferencepool",
+        "llama",
+        "-n",
+        "llm",
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"canary":{"candidateRevision":"v2"}}}',
+    )
+    at_50 = wait_until(
+        lambda: (pool(stack)["status"].get("canary") or {}).get("weight") == 50 and pool(stack),
+        60,
+        "the canary reaches 50%",
+    )
+    step_started = at_50["status"]["canary"]["stepStartedAt"]
+    stack.stop_operator(kill=True)
+    time.sleep(3)
+    stack.start_operator()
+    resumed = wait_until(
+        lambda: pool(stack)["status"]["lastReconcileTime"] > at_50["status"]["lastReconcileTime"] and pool(stack),
+        30,
+        "a pass by the restarted operator",
+    )
+    canary = resumed["status"]["canary"]
+    assert canary["phase"] in ("Progressing", "Promoted")
+    assert canary["weight"] >= 50, canary
+    if canary["phase"] == "Progressing" and canary["weight"] == 50:
+        assert canary["stepStartedAt"] == step_started  # the same step, not restarted
+    assert not any(e["reason"] == "CanaryRestarted" for e in stack.events())
+    wait_until(lambda: pool(stack)["status"]["canary"]["phase"] == "Promoted", 60, "promotion after the restart")
+
+
+def test_events_explain_what_happened(stack: Stack) -> None:
+    reasons = {e["reason"] for e in stack.events()}
+    assert {"CanaryStarted", "CanaryAdvanced", "CanaryPromoted", "MetricsUnavailable", "ObjectNotManaged"} <= reasons
+    for event in stack.events():
+        assert event["involvedObject"]["kind"] == "InferencePool"
