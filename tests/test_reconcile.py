@@ -263,3 +263,25 @@ def test_status_survives_a_round_trip_through_json_like_an_operator_restart():
     a = run(s, HETERO, HETERO_SIGNALS, 40, status)
     b = run(s, HETERO, HETERO_SIGNALS, 40, restored)
     assert weights(a) == weights(b)
+
+
+def test_floor_held_event_is_emitted_once_not_every_pass():
+    s = spec(protection={"minRoutablePercent": 100})
+    failing = {**HETERO_SIGNALS, "a100-1": sig(errors=0.5)}
+    first = run(s, HETERO, failing, 0)
+    second = run(s, HETERO, failing, 5, first.status)
+    assert [e.reason for e in first.events].count("FloorHeld") == 1
+    assert [e.reason for e in second.events].count("FloorHeld") == 0
+    assert weights(second)["a100-1"] == 1
+
+
+def test_a_pod_that_is_not_ready_after_an_oom_says_both():
+    first = run(spec(), HETERO, HETERO_SIGNALS, 0)
+    oomed = [
+        *HETERO[:2],
+        pod("4090-0", "rtx4090", restarts=1, last_termination_reason="OOMKilled", ready=False),
+        HETERO[3],
+    ]
+    plan = run(spec(), oomed, HETERO_SIGNALS, 1, first.status)
+    row = next(r for r in plan.status.endpoints if r.pod == "4090-0")
+    assert row.reason.startswith("pod is not Ready; container OOMKilled")

@@ -31,6 +31,7 @@ from sluice.core.status import make_condition
 from sluice.core.weights import ramp, scale, with_hysteresis
 
 NO_SIGNALS = PodSignals()
+FLOOR_HELD = "kept at minimum weight by the floor"
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,8 @@ def _decide_phases(spec: InferencePoolSpec, work: list[_Pod], now: datetime) -> 
         phase = recovery_phase(spec.protection.recovery, item.last_incident_at, now)
         if not item.eligible:
             item.state, item.reason = "Zeroed", _not_eligible_reason(item.pod) or ""
+            if phase.name == "quiet":
+                item.reason += f"; {item.incident_message or item.incident}"
             continue
         if phase.name == "quiet":
             item.wants_zero = True
@@ -294,10 +297,12 @@ def _apply_floor(spec: InferencePoolSpec, work: list[_Pod], events: list[Event])
         item.weight = spec.scoring.min_weight
         item.state = "Routable"
         item.reason = (
-            f"kept at minimum weight by the floor (minRoutablePercent {spec.protection.min_routable_percent}%): "
+            f"{FLOOR_HELD} (minRoutablePercent {spec.protection.min_routable_percent}%): "
             f"would be zeroed for {item.incident}"
         )
-        events.append(Event("Warning", "FloorHeld", f"{item.pod.name}: {item.reason}"))
+        already_held = item.previous is not None and item.previous.reason.startswith(FLOOR_HELD)
+        if not already_held:
+            events.append(Event("Warning", "FloorHeld", f"{item.pod.name}: {item.reason}"))
 
 
 def _revision_stats(spec: InferencePoolSpec, work: list[_Pod]) -> dict[str, RevisionStats]:

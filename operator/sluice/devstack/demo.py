@@ -51,6 +51,8 @@ class Story:
     claims: list[Claim] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     quiet: bool = False
+    operator_usage: dict[str, float] = field(default_factory=dict)
+    operator_seconds: float = 0.0
 
     def say(self, text: str) -> None:
         if not self.quiet:
@@ -130,6 +132,7 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
         for pod in PODS:
             await asyncio.to_thread(stack.add_pod, pod)
         stack.start_operator()
+        operator_started = time.monotonic()
         manifest = POOL_FILE.read_text().replace("PROMETHEUS_URL", stack.prometheus_url)
         await asyncio.to_thread(stack.kubectl, "apply", "--validate=false", "-f", "-", stdin=manifest)
         story.say("kubectl apply -f examples/local/pool.yaml")
@@ -254,6 +257,8 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
             lambda p: "still 0%" if p["status"]["canary"]["phase"] == "RolledBack" else None,
             5,
         )
+        story.operator_usage = stack.operator_usage()
+        story.operator_seconds = time.monotonic() - operator_started
         events = await asyncio.to_thread(stack.events)
         reasons = sorted({e["reason"] for e in events})
         story.say(f"Events on the pool: {', '.join(reasons)}")
@@ -284,6 +289,13 @@ def summary(story: Story) -> str:
         lines.append(
             f"  traffic: {len(story.traffic.samples)} requests, {ok} succeeded, TTFT p50 "
             f"{ttfts[len(ttfts) // 2] * 1000:.0f} ms, p99 {ttfts[int(len(ttfts) * 0.99)] * 1000:.0f} ms"
+        )
+    usage = story.operator_usage
+    if usage:
+        lines.append(
+            f"  operator: {usage['cpu_seconds']:.1f} CPU-seconds over {story.operator_seconds:.0f}s "
+            f"({usage['cpu_seconds'] / max(1.0, story.operator_seconds):.1%} of one core), "
+            f"RSS {usage['rss_mib']:.0f} MiB (peak {usage['peak_rss_mib']:.0f} MiB)"
         )
     return "\n".join(lines)
 

@@ -373,6 +373,22 @@ class Stack:
         )
         return self.operator
 
+    def operator_usage(self) -> dict[str, float]:
+        """CPU seconds and memory of the operator process so far, from /proc (Linux)."""
+        if self.operator is None or self.operator.poll() is not None:
+            return {}
+        pid = self.operator.pid
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
+        return {
+            "cpu_seconds": (int(fields[11]) + int(fields[12])) / ticks,
+            "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+            "peak_rss_mib": int(status["VmHWM"].split()[0]) / 1024,
+        }
+
     def stop_operator(self, kill: bool = False) -> None:
         if self.operator is not None and self.operator.poll() is None:
             os.killpg(self.operator.pid, signal.SIGKILL if kill else signal.SIGTERM)
