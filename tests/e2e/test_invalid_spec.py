@@ -58,17 +58,7 @@ def test_spec_turning_invalid_sets_a_condition_and_writes_nothing(loose_stack: S
     wait_until(lambda: condition(stack.pool("llama"), "IstioSynced")["status"] == "True", 40, "objects in sync")
     time.sleep(3)
     before = versions(stack)
-    stack.kubectl(
-        "patch",
-        "inferencepool",
-        "llama",
-        "-n",
-        "llm",
-        "--type",
-        "merge",
-        "-p",
-        '{"spec":{"canary":{"steps":[50,10,100]},"scoring":{"alpha":3}}}',
-    )
+    stack.patch_pool("llama", {"spec": {"canary": {"steps": [50, 10, 100]}, "scoring": {"alpha": 3}}})
     invalid = wait_until(
         lambda: condition(stack.pool("llama"), "SpecValid")["status"] == "False" and stack.pool("llama"),
         20,
@@ -81,15 +71,5 @@ def test_spec_turning_invalid_sets_a_condition_and_writes_nothing(loose_stack: S
     time.sleep(6)  # three passes
     assert versions(stack) == before
     assert len(stack.events("InvalidSpec")) == 1  # reported once, not every pass
-    stack.kubectl(
-        "patch",
-        "inferencepool",
-        "llama",
-        "-n",
-        "llm",
-        "--type",
-        "merge",
-        "-p",
-        '{"spec":{"canary":{"steps":[10,50,100]},"scoring":{"alpha":0.7}}}',
-    )
+    stack.patch_pool("llama", {"spec": {"canary": {"steps": [10, 50, 100]}, "scoring": {"alpha": 0.7}}})
     wait_until(lambda: condition(stack.pool("llama"), "SpecValid")["status"] == "True", 20, "SpecValid=True again")

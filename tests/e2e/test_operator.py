@@ -148,17 +148,7 @@ def test_prometheus_outage_freezes_weights_then_resumes(stack: Stack, traffic: T
 
 def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traffic: Traffic) -> None:
     stack.add_pod(PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.20.5"))
-    stack.kubectl(
-        "patch",
-        "inferencepool",
-        "llama",
-        "-n",
-        "llm",
-        "--type",
-        "merge",
-        "-p",
-        '{"spec":{"canary":{"candidateRevision":"v2"}}}',
-    )
+    stack.patch_pool("llama", {"spec": {"canary": {"candidateRevision": "v2"}}})
     at_50 = wait_until(
         lambda: (pool(stack)["status"].get("canary") or {}).get("weight") == 50 and pool(stack),
         60,
@@ -187,3 +177,32 @@ def test_events_explain_what_happened(stack: Stack) -> None:
     assert {"CanaryStarted", "CanaryAdvanced", "CanaryPromoted", "MetricsUnavailable", "ObjectNotManaged"} <= reasons
     for event in stack.events():
         assert event["involvedObject"]["kind"] == "InferencePool"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "triton", "tgi"])
+def test_every_engine_preset_query_is_valid_promql_on_real_prometheus(stack: Stack, engine: str) -> None:
+    """Engines that are not running here answer empty vectors, but Prometheus must parse every query."""
+    from prometheus_api_client import PrometheusConnect  # noqa: PLC0415
+
+    from sluice.core.presets import build_queries  # noqa: PLC0415
+    from tests.helpers import spec  # noqa: PLC0415
+
+    prometheus = PrometheusConnect(stack.prometheus_url)
+    queries = build_queries(spec(engine=engine, metrics={"window": "10s"}), "llm", ["llama-a100-0", "x.y"])
+    for signal, query in queries.queries.items():
+        answer = prometheus.custom_query(query)
+        assert isinstance(answer, list), (engine, signal)
+        if engine == "vllm" and signal in ("kvCacheUsage", "queueLength", "runningRequests"):
+            assert any(item["metric"].get("pod") == "llama-a100-0" for item in answer), signal
+
+
+def test_deleting_the_pool_deletes_what_sluice_created(stack: Stack) -> None:
+    assert stack.istio("serviceentries", "sluice-llama") is not None
+    stack.kubectl("delete", "inferencepool", "llama", "-n", "llm", "--wait=false")
+    wait_until(
+        lambda: all(
+            stack.istio(p, "sluice-llama") is None for p in ("serviceentries", "destinationrules", "virtualservices")
+        ),
+        30,
+        "the pool's Istio objects are garbage-collected",
+    )

@@ -8,7 +8,7 @@ missing value to 0.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
@@ -24,16 +24,7 @@ SignalName = Literal[
     "errorRate",
     "loraFailureRate",
 ]
-ALL_SIGNALS: tuple[SignalName, ...] = (
-    "ttft",
-    "ttftP95",
-    "kvCacheUsage",
-    "queueLength",
-    "runningRequests",
-    "requestRate",
-    "errorRate",
-    "loraFailureRate",
-)
+ALL_SIGNALS: tuple[SignalName, ...] = get_args(SignalName)
 # Gauges a live engine always exports: a pod absent from all of them was not scraped.
 GAUGE_SIGNALS: tuple[SignalName, ...] = ("kvCacheUsage", "queueLength", "runningRequests")
 SIGNAL_FIELD: dict[SignalName, str] = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from string import Template
 
 from sluice.api.durations import format_duration
-from sluice.api.v1alpha1 import Engine, InferencePoolSpec
+from sluice.api.v1alpha1 import Engine, InferencePoolSpec, QueryOverrides
 from sluice.core.observed import ALL_SIGNALS, SignalName
 
 # Above this many pods the query selects by namespace only and the caller keeps the pool's pods: a regex of
@@ -123,17 +123,8 @@ def escape_regex(value: str) -> str:
     return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", value)
 
 
-# Field names of QueryOverrides per signal (snake_case of the signal name).
-SIGNAL_FIELD_OVERRIDE: dict[SignalName, str] = {
-    "ttft": "ttft",
-    "ttftP95": "ttft_p95",
-    "kvCacheUsage": "kv_cache_usage",
-    "queueLength": "queue_length",
-    "runningRequests": "running_requests",
-    "requestRate": "request_rate",
-    "errorRate": "error_rate",
-    "loraFailureRate": "lora_failure_rate",
-}
+# QueryOverrides' field per signal: its wire alias is the signal's name.
+SIGNAL_FIELD_OVERRIDE: dict[str, str] = {info.alias or name: name for name, info in QueryOverrides.model_fields.items()}
 
 
 @dataclass(frozen=True)

@@ -204,18 +204,7 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
 
         story.say("canary: a good revision v2 starts on an A100, and the pool's candidateRevision is set to v2")
         await asyncio.to_thread(stack.add_pod, PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.10.5"))
-        await asyncio.to_thread(
-            stack.kubectl,
-            "patch",
-            "inferencepool",
-            "llama",
-            "-n",
-            "llm",
-            "--type",
-            "merge",
-            "-p",
-            '{"spec":{"canary":{"candidateRevision":"v2"}}}',
-        )
+        await asyncio.to_thread(stack.patch_pool, "llama", {"spec": {"canary": {"candidateRevision": "v2"}}})
         seen: set[int] = set()
 
         def promoted(pool: dict[str, Any]) -> str | None:
@@ -230,18 +219,7 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
 
         story.say("canary: a bad revision v3 (30% errors) starts, candidateRevision is set to v3")
         await asyncio.to_thread(stack.add_pod, PodSpec("llama-v3-a100-0", "a100", "v3", "127.0.10.6", error_rate=0.3))
-        await asyncio.to_thread(
-            stack.kubectl,
-            "patch",
-            "inferencepool",
-            "llama",
-            "-n",
-            "llm",
-            "--type",
-            "merge",
-            "-p",
-            '{"spec":{"canary":{"candidateRevision":"v3"}}}',
-        )
+        await asyncio.to_thread(stack.patch_pool, "llama", {"spec": {"canary": {"candidateRevision": "v3"}}})
         await story.expect(
             "v3 is rolled back to 0",
             lambda p: (

@@ -186,6 +186,10 @@ class Stack:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         return result
 
+    def patch_pool(self, name: str, patch: dict[str, Any]) -> None:
+        """`kubectl patch inferencepool NAME --type merge -p PATCH`, as a user would."""
+        self.kubectl("patch", "inferencepool", name, "-n", self.namespace, "--type", "merge", "-p", json.dumps(patch))
+
     # ------------------------------------------------------------------------------------ Prometheus
 
     def start_prometheus(self) -> None:

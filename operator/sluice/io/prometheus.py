@@ -1,7 +1,8 @@
 """Prometheus I/O: run a pool's preset queries with prometheus-api-client and turn the answers into signals.
 
-One vector query per signal per pool (built by `sluice.core.presets`), sent by POST so that long pod lists fit,
-with the pool's timeout, bearer token and CA bundle. Every failure is kept per signal (`SignalSnapshot.failed`),
+One vector query per signal per pool (built by `sluice.core.presets`; pools above a few hundred pods select by
+namespace so the request stays short), run concurrently with the pool's timeout, bearer token and CA bundle,
+and one retry on a dropped connection or a 502/503/504. Every failure is kept per signal (`SignalSnapshot.failed`),
 so the core freezes weights and the pool says why: a failed, slow or partial answer is never read as zero.
 Called by the reconciler, in a worker thread (the client is blocking).
 """
@@ -9,6 +10,7 @@ Called by the reconciler, in a worker thread (the client is blocking).
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
@@ -71,12 +74,17 @@ def to_snapshot(
 
 
 def describe_failure(failure: Exception) -> str:
-    text = str(failure).replace("\n", " ")
-    if isinstance(failure, requests.Timeout):
+    """A short reason for a status condition (the client's own messages embed the whole query URL)."""
+    if isinstance(failure, requests.Timeout | TimeoutError):
         return "timed out"
+    inner = failure.args[0] if failure.args else None
+    reason = getattr(inner, "reason", None)
+    if isinstance(failure, requests.exceptions.RetryError):
+        return f"gave up after a retry: {reason or 'too many error responses'}"
     if isinstance(failure, requests.ConnectionError):
-        return "connection failed: " + text[:160]
-    return text[:200]
+        errno = re.search(r"\[Errno -?\d+\] [^'\")]+", str(reason or failure))
+        return "connection failed: " + (errno.group(0) if errno else type(reason or failure).__name__)
+    return str(failure).replace("\n", " ")[:200]
 
 
 class PromIO:
@@ -104,8 +112,9 @@ class PromIO:
                     session.verify = False
                 elif auth.ca_pem:
                     session.verify = self._ca_file(auth.ca_pem)
+                retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504), allowed_methods=None)
                 client = PrometheusConnect(
-                    url=url, headers=headers, session=session, timeout=max(1, math.ceil(timeout)), method="POST"
+                    url=url, headers=headers, session=session, timeout=max(1, math.ceil(timeout)), retry=retry
                 )
                 self._clients[key] = client
             return client
