@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench-core clean
+.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-core clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ plan-examples: venv
 # The main job: the operator on the local stack (API emulator, real Prometheus, simulated vLLM pods, kubectl).
 demo: venv stack-deps
 	$(PY) -m sluice.devstack.demo $(DEMO_ARGS)
+
+# The routing-quality benchmark: every scenario, every strategy, side by side; report in out/bench/.
+SCENARIOS := seed-000 homogeneous mixed-fleet degrading-node bad-canary burst
+bench: venv
+	$(PY) -m sluice bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) --out out/bench
 
 bench-core: venv
 	$(PY) benchmarks/bench_core.py --out out/bench-core

@@ -86,8 +86,8 @@ def test_bands_with_latency_limits_are_applied_in_error_rate_order():
 @pytest.mark.parametrize(
     ("scores", "expected"),
     [
-        ({"a": 10.0, "b": 5.0, "c": 0.01}, {"a": 100, "b": 50, "c": 1}),
-        ({"a": 3.0}, {"a": 100}),
+        ({"a": 10.0, "b": 5.0, "c": 0.001}, {"a": 1000, "b": 500, "c": 1}),
+        ({"a": 3.0}, {"a": 1000}),
         ({"a": 0.0, "b": 0.0}, {"a": 1, "b": 1}),
         ({}, {}),
     ],

@@ -21,20 +21,27 @@ HETERO_SIGNALS = {
 def test_weights_follow_capacity_and_ttft_a100_over_4090_over_cpu():
     plan = run(spec(), HETERO, HETERO_SIGNALS, 0)
     w = weights(plan)
-    assert w["a100-0"] == 100
+    assert w["a100-0"] == 1000
     assert w["a100-0"] >= w["a100-1"] > w["4090-0"] > w["cpu-0"] >= 1
     assert plan.publish
     assert condition(plan, "Ready") == ("True", "WeightsPublished")
     assert plan.status.routable == "4/4"
 
 
-def test_weight_ratio_is_capacity_over_latency_penalty():
-    # alpha 0.7, baseline 100ms: penalty(35ms)=0.545, penalty(300ms)=2.4; K 10 vs 1 -> 44x.
-    s = spec(scoring={"kvCacheCoefficient": 0, "queueCoefficient": 0, "maxWeight": 1000})
+def test_weight_ratio_is_capacity_over_latency_penalty_with_linear_sharpness():
+    # Seed 000's score: alpha 0.7, baseline 100ms: penalty(35ms)=0.545, penalty(300ms)=2.4; K 10 vs 1 -> 44x.
+    s = spec(scoring={"kvCacheCoefficient": 0, "queueCoefficient": 0, "maxWeight": 1000, "sharpness": 1})
     plan = run(s, [HETERO[0], HETERO[3]], {"a100-0": sig(ttft=0.035), "cpu-0": sig(ttft=0.3)}, 0)
     w = weights(plan)
     assert w["a100-0"] == 1000
     assert w["cpu-0"] == round(1000 * (1 / 2.4) / (10 / 0.545))
+
+
+def test_default_sharpness_cubes_the_capacity_latency_ratio():
+    s = spec(scoring={"kvCacheCoefficient": 0, "queueCoefficient": 0, "maxWeight": 100000})
+    plan = run(s, [HETERO[0], HETERO[2]], {"a100-0": sig(ttft=0.035), "4090-0": sig(ttft=0.08)}, 0)
+    ratio = (4 / (0.7 * 0.8 + 0.3)) / (10 / 0.545)
+    assert weights(plan)["4090-0"] == round(100000 * ratio**3)
 
 
 def test_tiny_score_changes_publish_nothing_hysteresis():

@@ -153,6 +153,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The routing-quality benchmark (a tool: imports the simulation only when asked for)."""
+    from sluice.bench.report import run  # noqa: PLC0415
+
+    files = [Path(f) for f in args.scenario]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise InputError(f"no such scenario: {', '.join(missing)}")
+    run(files, Path(args.out), plots=not args.no_plots)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -174,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(handler=cmd_operator)
+    bench = commands.add_parser("bench", help="routing-quality benchmark: simulated fleets, strategies side by side")
+    bench.add_argument("--scenario", action="append", required=True, help="scenario YAML (repeatable)")
+    bench.add_argument("--out", default="out/bench", help="directory for results.json, report.md and plots")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.set_defaults(handler=cmd_bench)
     return parser
 
 

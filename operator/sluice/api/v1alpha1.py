@@ -230,14 +230,24 @@ class ScoringSpec(ApiModel):
         lt=1,
         description="Share of the previous score kept each pass (EWMA), damping oscillation.",
     )
+    sharpness: float = Field(
+        default=3.0,
+        ge=1,
+        le=4,
+        description="Exponent applied to scores before they become weights. Envoy's weighted least-request shares "
+        "traffic in proportion to weight/(active+1); above 1 it keeps slow pods nearly idle until faster ones fill "
+        "up. 1 is seed 000's linear score.",
+    )
     hysteresis_percent: float = Field(
         default=10.0,
         ge=0,
         le=100,
         description="Weight changes smaller than this percentage are not published.",
     )
-    min_weight: int = Field(default=1, ge=1, le=1000, description="Smallest weight of a routable pod.")
-    max_weight: int = Field(default=100, ge=1, le=1000, description="Weight of the best pod; others scale below.")
+    min_weight: int = Field(default=1, ge=1, le=100000, description="Smallest weight of a routable pod.")
+    max_weight: int = Field(
+        default=1000, ge=1, le=100000, description="Weight of the best pod; others scale below (resolution)."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ScoringSpec:

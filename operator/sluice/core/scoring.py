@@ -124,7 +124,11 @@ def choose_ttft(scoring: ScoringSpec, signals: PodSignals, last_known: float | N
 
 
 def score_pod(spec: InferencePoolSpec, capacity: float, signals: PodSignals, last_known_ttft: float | None) -> Score:
-    """K / latency_penalty x signal factor x health band."""
+    """(K / latency_penalty) ^ sharpness x signal factor x health band.
+
+    Only the capacity/latency term is sharpened, so a band still keeps exactly its weightPercent and a signal
+    coefficient still bounds the share of the weight it may remove.
+    """
     ttft, source = choose_ttft(spec.scoring, signals, last_known_ttft)
     penalty = latency_penalty(spec.scoring, ttft)
     factor = signal_factor(spec.scoring, signals)
@@ -137,7 +141,7 @@ def score_pod(spec: InferencePoolSpec, capacity: float, signals: PodSignals, las
         signal_factor=factor,
         band_factor=band,
         below_bands=below,
-        value=capacity / penalty * factor * band,
+        value=(capacity / penalty) ** spec.scoring.sharpness * factor * band,
     )
 
 

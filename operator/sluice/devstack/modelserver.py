@@ -35,25 +35,10 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from fleet_sim.core.instance import Instance
 from fleet_sim.core.request import Request
-from fleet_sim.gpu_profiles.manual import ManualProfile
-from fleet_sim.gpu_profiles.profiles import A10G, A100_80GB, H100_80GB
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-# Consumer-GPU and CPU classes fleet_sim does not ship, calibrated so that a 2048-token prompt has seed 000's idle
-# TTFT (A100 ~35 ms from fleet_sim's own profile; RTX 4090 ~80 ms; a Xeon CPU node ~300 ms).
-RTX4090_CLASS = ManualProfile(
-    name="RTX4090-24GB", W=0.0098, H=0.0008, chunk=256, blk_size=16, total_kv_blks=12000, max_slots=32, cost_per_hr=0.7
-)
-CPU_CLASS = ManualProfile(
-    name="Xeon-CPU", W=0.0185, H=0.004, chunk=128, blk_size=16, total_kv_blks=2048, max_slots=4, cost_per_hr=0.4
-)
-PROFILES: dict[str, ManualProfile] = {
-    "a100": A100_80GB,
-    "h100": H100_80GB,
-    "a10g": A10G,
-    "rtx4090": RTX4090_CLASS,
-    "cpu": CPU_CLASS,
-}
+from sluice.devstack.profiles import PROFILES, ManualProfile
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
 STREAM_CHUNK_SECONDS = 0.02  # tokens are flushed at most this often
