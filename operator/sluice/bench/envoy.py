@@ -55,69 +55,42 @@ ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 
 
 def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str) -> dict[str, Any]:
+    """One listener routing everything to cluster `pool`, whose endpoints come from a watched EDS file."""
+    routes = {
+        "virtual_hosts": [
+            {
+                "name": "pool",
+                "domains": ["*"],
+                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "pool", "timeout": "60s"}}],
+            }
+        ]
+    }
+    manager = {
+        "@type": HCM,
+        "stat_prefix": "ingress",
+        "route_config": routes,
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
+    }
+    listener = {
+        "name": "ingress",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}
+        ],
+    }
+    eds = {"path": str(workdir / "eds.yaml"), "watched_directory": {"path": str(workdir)}}
+    cluster = {
+        "name": "pool",
+        "type": "EDS",
+        "connect_timeout": "1s",
+        "lb_policy": lb_policy,
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+        "eds_cluster_config": {"eds_config": {"resource_api_version": "V3", "path_config_source": eds}},
+    }
     return {
         "node": {"id": "sluice-bench", "cluster": "sluice-bench"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "ingress",
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": {
-                                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager."
-                                        "v3.HttpConnectionManager",
-                                        "stat_prefix": "ingress",
-                                        "route_config": {
-                                            "virtual_hosts": [
-                                                {
-                                                    "name": "pool",
-                                                    "domains": ["*"],
-                                                    "routes": [
-                                                        {
-                                                            "match": {"prefix": "/"},
-                                                            "route": {"cluster": "pool", "timeout": "60s"},
-                                                        }
-                                                    ],
-                                                }
-                                            ]
-                                        },
-                                        "http_filters": [
-                                            {
-                                                "name": "envoy.filters.http.router",
-                                                "typed_config": {"@type": ROUTER},
-                                            }
-                                        ],
-                                    },
-                                }
-                            ]
-                        }
-                    ],
-                }
-            ],
-            "clusters": [
-                {
-                    "name": "pool",
-                    "type": "EDS",
-                    "connect_timeout": "1s",
-                    "lb_policy": lb_policy,
-                    "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-                    "eds_cluster_config": {
-                        "eds_config": {
-                            "resource_api_version": "V3",
-                            "path_config_source": {
-                                "path": str(workdir / "eds.yaml"),
-                                "watched_directory": {"path": str(workdir)},
-                            },
-                        }
-                    },
-                }
-            ],
-        },
+        "static_resources": {"listeners": [listener], "clusters": [cluster]},
     }
 
 
