@@ -134,6 +134,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         # Before the kubernetes package is imported: it reads $KUBECONFIG once, at import time.
         os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.metrics_port:
+        os.environ["SLUICE_METRICS_PORT"] = str(args.metrics_port)
+        os.environ["SLUICE_METRICS_ADDRESS"] = args.metrics_address
     import logging  # noqa: PLC0415 - the offline commands need none of this
 
     import kopf  # noqa: PLC0415
@@ -185,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)")
     run.add_argument("--liveness", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--metrics-port", type=int, help="serve the operator's Prometheus metrics on this port")
+    run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
     run.set_defaults(handler=cmd_operator)
     bench = commands.add_parser("bench", help="routing-quality benchmark: simulated fleets, strategies side by side")
     bench.add_argument("--scenario", action="append", required=True, help="scenario YAML (repeatable)")

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from sluice.devstack.apivalidation import SchemaRegistry
-from sluice.devstack.stack import SHARED_ISTIO, PodSpec, Stack, Traffic
+from sluice.devstack.stack import SHARED_ISTIO, PodSpec, Stack, Traffic, free_port
 from tests.e2e.conftest import BASE_PODS, Background, condition, pool_manifest, rows, start_stack, wait_until
 
 pytestmark = pytest.mark.slow
+METRICS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> I
     try:
         for pod in BASE_PODS:
             stack.add_pod(pod)
-        stack.start_operator()
+        stack.start_operator(["--metrics-port", str(METRICS_PORT), "--metrics-address", "127.0.0.1"])
         yield stack
     finally:
         background.call(stack._kubelet_stop.set)
@@ -170,6 +171,24 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
         assert canary["stepStartedAt"] == step_started  # the same step, not restarted
     assert not any(e["reason"] == "CanaryRestarted" for e in stack.events())
     wait_until(lambda: pool(stack)["status"]["canary"]["phase"] == "Promoted", 60, "promotion after the restart")
+
+
+def test_the_operator_serves_its_own_metrics(stack: Stack) -> None:
+    import urllib.request  # noqa: PLC0415
+
+    def scrape() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return None
+        return text if "sluice_reconcile_total{" in text else None
+
+    text = wait_until(scrape, 30, "the operator's metrics endpoint")
+    assert 'sluice_reconcile_total{pool="llm/llama",result="ok"}' in text
+    assert 'sluice_endpoint_weight{pod="llama-a100-0",pool="llm/llama",revision="v1"}' in text
+    assert "sluice_prometheus_query_seconds_bucket" in text
+    assert 'sluice_istio_writes_total{action="unchanged"' in text
 
 
 def test_events_explain_what_happened(stack: Stack) -> None:

@@ -96,6 +96,7 @@ class Stack:
         self.prometheus_url = ""
         self.targets_file = workdir / "prometheus" / "targets.json"
         self.operator: subprocess.Popen[bytes] | None = None
+        self.operator_args: list[str] = []
         self._kubelet_stop = asyncio.Event()
         self.core: k8s.CoreV1Api | None = None
         self.custom: k8s.CustomObjectsApi | None = None
@@ -378,20 +379,12 @@ class Stack:
     # ------------------------------------------------------------------------------------ operator
 
     def start_operator(self, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
-        self.operator = self._spawn(
-            [
-                sys.executable,
-                "-m",
-                "sluice",
-                "operator",
-                "-n",
-                self.namespace,
-                "--kubeconfig",
-                str(self.kubeconfig),
-                *(extra or []),
-            ],
-            "operator.log",
-        )
+        """Start the operator; a restart (no arguments) reuses the arguments of the previous start."""
+        if extra is not None:
+            self.operator_args = extra
+        command = [sys.executable, "-m", "sluice", "operator", "-n", self.namespace]
+        command += ["--kubeconfig", str(self.kubeconfig), *self.operator_args]
+        self.operator = self._spawn(command, "operator.log")
         return self.operator
 
     def operator_usage(self) -> dict[str, float]:

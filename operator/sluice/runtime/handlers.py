@@ -19,12 +19,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from prometheus_client import CollectorRegistry, start_http_server
 
 from sluice.api.durations import parse_duration
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
 from sluice.io.kube import KubeIO, load_api_client
 from sluice.io.prometheus import PromIO
+from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.reconciler import Reconciler
+
+REGISTRY = CollectorRegistry()
 
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
@@ -41,6 +45,10 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo.prom = PromIO()
     memo.reconciler = Reconciler(kube, memo.prom)
     memo.wakers = {}
+    memo.metrics = OperatorMetrics(REGISTRY)
+    port = os.environ.get("SLUICE_METRICS_PORT")
+    if port:
+        start_http_server(int(port), addr=os.environ.get("SLUICE_METRICS_ADDRESS", "0.0.0.0"), registry=REGISTRY)
 
 
 @kopf.on.cleanup()
@@ -94,13 +102,16 @@ async def pool_loop(
             report = await asyncio.to_thread(reconciler.run, snapshot, datetime.now(UTC))
         except Exception:  # a pass that crashed is logged and retried; the daemon must outlive it
             log.exception("pass failed for %s/%s", namespace, name)
+            memo.metrics.passes.labels(f"{namespace}/{name}", "error").inc()
         else:
+            memo.metrics.record(report)
             written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
             log.info("pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else "")
         await asyncio.sleep(MIN_GAP)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waker.wait(), timeout=max(0.0, _interval(spec) - MIN_GAP))
     reconciler.forget(str(body.metadata.get("uid", "")))
+    memo.metrics.forget(f"{namespace}/{name}")
 
 
 def _plain(value: Any) -> Any:

@@ -44,6 +44,9 @@ class PassReport:
     writes: list[WriteResult] = field(default_factory=list)
     status_written: bool = False
     seconds: float = 0.0
+    result: str = "ok"
+    prometheus_seconds: float | None = None
+    signal_failures: dict[str, str] = field(default_factory=dict)
 
 
 def _status_of(body: dict[str, Any]) -> InferencePoolStatus | None:
@@ -96,13 +99,17 @@ class Reconciler:
             before = find(previous.conditions, "SpecValid") if previous else None
             if before is None or before.status != "False" or before.message != message:
                 report.events.append(Event("Warning", "InvalidSpec", message))
+            report.result = "invalid_spec"
             self._finish(report, body, status, now)
             report.seconds = time.monotonic() - started
             return report
 
         spec = pool.spec
         pods = [observed_pod(p) for p in self.kube.list_pods(namespace, spec.selector.match_labels)]
+        queried = time.monotonic()
         signals = self._signals(spec, namespace, [p.name for p in pods], now)
+        report.prometheus_seconds = time.monotonic() - queried
+        report.signal_failures = dict(signals.failed)
         plan = plan_pass(spec, generation, Observed(pods=pods, signals=signals), previous, now)
         report.events.extend(plan.events)
         synced = make_condition(

@@ -1,0 +1,107 @@
+"""The operator's own Prometheus metrics (prometheus-client), updated from each pass's report.
+
+Series (all labelled by `pool` = namespace/name):
+| metric | type | meaning |
+|---|---|---|
+| `sluice_reconcile_duration_seconds` | histogram | time of one pass (observe, plan, apply, status) |
+| `sluice_reconcile_total{result}` | counter | passes: `ok`, `invalid_spec`, `error` |
+| `sluice_prometheus_query_seconds` | histogram | time to read a pool's signals |
+| `sluice_prometheus_query_errors_total{signal}` | counter | failed queries, per signal |
+| `sluice_metrics_available` | gauge | 1 when signals are fresh, 0 when weights are frozen |
+| `sluice_endpoint_weight{pod,revision}` | gauge | published endpoint weight (0 = removed) |
+| `sluice_endpoints{state}` | gauge | pods per state: Routable, Zeroed, Recovering |
+| `sluice_canary_weight` / `sluice_canary_step` | gauge | candidate traffic % / step index (-1 without a rollout) |
+| `sluice_canary_phase{phase}` | gauge | 1 for the current phase |
+| `sluice_istio_writes_total{kind,action}` | counter | Istio writes: created, updated, unchanged (skipped), refused |
+| `sluice_status_writes_total{result}` | counter | status writes: `written`, `skipped` (nothing changed) |
+| `sluice_events_total{reason}` | counter | Kubernetes Events emitted |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PHASES = ("Idle", "Waiting", "Progressing", "Paused", "Promoted", "RolledBack")
+STATES = ("Routable", "Zeroed", "Recovering")
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry or CollectorRegistry()
+        self.registry = r
+        self.duration = Histogram(
+            "sluice_reconcile_duration_seconds",
+            "One reconcile pass.",
+            ["pool"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.passes = Counter("sluice_reconcile", "Reconcile passes.", ["pool", "result"], registry=r)
+        self.query_seconds = Histogram(
+            "sluice_prometheus_query_seconds",
+            "Reading a pool's signals.",
+            ["pool"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.query_errors = Counter(
+            "sluice_prometheus_query_errors", "Failed Prometheus queries.", ["pool", "signal"], registry=r
+        )
+        self.metrics_available = Gauge(
+            "sluice_metrics_available", "1: signals fresh; 0: weights frozen.", ["pool"], registry=r
+        )
+        self.weight = Gauge(
+            "sluice_endpoint_weight", "Published endpoint weight (0: removed).", ["pool", "pod", "revision"], registry=r
+        )
+        self.endpoints = Gauge("sluice_endpoints", "Pods per state.", ["pool", "state"], registry=r)
+        self.canary_weight = Gauge("sluice_canary_weight", "Candidate traffic percentage.", ["pool"], registry=r)
+        self.canary_step = Gauge("sluice_canary_step", "Canary step index (-1: no rollout).", ["pool"], registry=r)
+        self.canary_phase = Gauge(
+            "sluice_canary_phase", "1 for the current canary phase.", ["pool", "phase"], registry=r
+        )
+        self.istio_writes = Counter(
+            "sluice_istio_writes", "Istio object writes.", ["pool", "kind", "action"], registry=r
+        )
+        self.status_writes = Counter("sluice_status_writes", "Status writes.", ["pool", "result"], registry=r)
+        self.events = Counter("sluice_events", "Kubernetes Events emitted.", ["pool", "reason"], registry=r)
+        self._pods: dict[str, set[tuple[str, str]]] = {}
+
+    def record(self, report: Any) -> None:
+        """Update every series from one pass's report (`sluice.runtime.reconciler.PassReport`)."""
+        pool = report.pool
+        status: dict[str, Any] = report.status
+        self.duration.labels(pool).observe(report.seconds)
+        self.passes.labels(pool, report.result).inc()
+        if report.prometheus_seconds is not None:
+            self.query_seconds.labels(pool).observe(report.prometheus_seconds)
+        for signal in report.signal_failures:
+            self.query_errors.labels(pool, signal).inc()
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        if "MetricsAvailable" in conditions:
+            self.metrics_available.labels(pool).set(1.0 if conditions["MetricsAvailable"] == "True" else 0.0)
+        rows = status.get("endpoints", [])
+        seen = {(row["pod"], row.get("revision") or "") for row in rows}
+        for pod, revision in self._pods.get(pool, set()) - seen:
+            self.weight.remove(pool, pod, revision)
+        self._pods[pool] = seen
+        for row in rows:
+            self.weight.labels(pool, row["pod"], row.get("revision") or "").set(row.get("weight", 0))
+        for state in STATES:
+            self.endpoints.labels(pool, state).set(sum(1 for row in rows if row.get("state") == state))
+        canary = status.get("canary") or {}
+        self.canary_weight.labels(pool).set(canary.get("weight", 0))
+        step = canary.get("stepIndex")
+        self.canary_step.labels(pool).set(-1 if step is None else step)
+        for phase in PHASES:
+            self.canary_phase.labels(pool, phase).set(1.0 if canary.get("phase") == phase else 0.0)
+        for write in report.writes:
+            self.istio_writes.labels(pool, write.kind, write.action).inc()
+        self.status_writes.labels(pool, "written" if report.status_written else "skipped").inc()
+        for event in report.events:
+            self.events.labels(pool, event.reason).inc()
+
+    def forget(self, pool: str) -> None:
+        for pod, revision in self._pods.pop(pool, set()):
+            self.weight.remove(pool, pod, revision)

@@ -1,0 +1,65 @@
+"""The operator's own metrics, updated from a pass report."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from sluice.core.events import Event
+from sluice.io.kube import WriteResult
+from sluice.runtime.metrics import OperatorMetrics
+from sluice.runtime.reconciler import PassReport
+
+
+def report(rows: list[dict], **fields) -> PassReport:
+    status = {
+        "conditions": [{"type": "MetricsAvailable", "status": "False"}],
+        "endpoints": rows,
+        "canary": {"phase": "Progressing", "weight": 25, "stepIndex": 1},
+    }
+    return PassReport(pool="llm/llama", status=status, seconds=0.012, **fields)
+
+
+def value(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_a_pass_report_becomes_series() -> None:
+    metrics = OperatorMetrics()
+    metrics.record(
+        report(
+            [
+                {"pod": "a", "revision": "v1", "weight": 1000, "state": "Routable"},
+                {"pod": "b", "revision": "v2", "weight": 0, "state": "Zeroed"},
+            ],
+            writes=[
+                WriteResult("ServiceEntry", "sluice-llama", "updated"),
+                WriteResult("VirtualService", "x", "unchanged"),
+            ],
+            events=[Event("Warning", "PodZeroed", "b: errors")],
+            status_written=True,
+            prometheus_seconds=0.004,
+            signal_failures={"ttft": "timed out"},
+        )
+    )
+    pool = {"pool": "llm/llama"}
+    assert value(metrics, "sluice_reconcile_total", **pool, result="ok") == 1
+    assert value(metrics, "sluice_endpoint_weight", **pool, pod="a", revision="v1") == 1000
+    assert value(metrics, "sluice_endpoints", **pool, state="Zeroed") == 1
+    assert value(metrics, "sluice_metrics_available", **pool) == 0
+    assert value(metrics, "sluice_canary_weight", **pool) == 25
+    assert value(metrics, "sluice_canary_phase", **pool, phase="Progressing") == 1
+    assert value(metrics, "sluice_istio_writes_total", **pool, kind="VirtualService", action="unchanged") == 1
+    assert value(metrics, "sluice_status_writes_total", **pool, result="written") == 1
+    assert value(metrics, "sluice_events_total", **pool, reason="PodZeroed") == 1
+    assert value(metrics, "sluice_prometheus_query_errors_total", **pool, signal="ttft") == 1
+    assert b"sluice_reconcile_duration_seconds_bucket" in generate_latest(metrics.registry)
+
+
+def test_pods_that_leave_the_pool_leave_the_weight_series() -> None:
+    metrics = OperatorMetrics()
+    metrics.record(
+        report([{"pod": "a", "weight": 5, "state": "Routable"}, {"pod": "b", "weight": 7, "state": "Routable"}])
+    )
+    metrics.record(report([{"pod": "a", "weight": 5, "state": "Routable"}]))
+    assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="b", revision="") is None
+    assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="a", revision="") == 5
