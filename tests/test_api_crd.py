@@ -227,3 +227,10 @@ def test_valid_full_featured_pool_passes_both(registry):
 def test_field_reference_doc_is_generated_from_the_crd():
     committed = (ROOT / "docs" / "api-reference.md").read_text()
     assert committed == render_reference(), "run `make crds` after changing the models"
+
+
+def test_the_crd_is_a_valid_kubernetes_object() -> None:
+    """Against apiextensions.k8s.io/v1's own schema (e.g. exclusiveMinimum must be the boolean form)."""
+    import kubernetes_validate  # noqa: PLC0415 - test-only dependency
+
+    kubernetes_validate.validate(build_crd(), "1.33.0", strict=True)

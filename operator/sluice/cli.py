@@ -146,7 +146,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    kopf.configure(verbose=args.log_level == "debug", log_format=kopf.LogFormat.FULL)
+    json_logs = os.environ.get("SLUICE_JSON_LOGS", "false").lower() == "true"
+    kopf.configure(
+        verbose=args.log_level == "debug", log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL
+    )
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,

@@ -58,6 +58,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
     out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP}
     if out.get("default", 0) is None:  # "absent means off": no default, and Kubernetes forbids null defaults
         del out["default"]
+    # Kubernetes' JSONSchemaProps has the draft-4 form only: a bound plus a boolean `exclusiveMinimum`.
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), int | float) and not isinstance(out.get(flag), bool):
+            out[bound], out[flag] = out[flag], True
     if "default" in out:
         out["default"] = _without_nulls(out["default"])
     if out.get("pattern") == DURATION_PATTERN and isinstance(out.get("default"), int | float):

@@ -18,6 +18,7 @@ group); strategic merge patch does not merge lists by key; server-side apply nev
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
@@ -301,6 +302,14 @@ def as_table(rtype: ResourceType, objects: list[dict[str, Any]], resource_versio
     }
 
 
+def _fold_string_data(rtype: ResourceType, obj: dict[str, Any]) -> None:
+    """A Secret's write-only `stringData` is stored base64-encoded in `data`, as the API server does."""
+    if rtype.key == ("", "secrets") and "stringData" in obj:
+        data = obj.setdefault("data", {})
+        for key, value in (obj.pop("stringData") or {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+
+
 # ------------------------------------------------------------------------------------------------ the store
 
 
@@ -457,6 +466,7 @@ class Store:
             )
         if rtype.has_status and rtype.validated:
             obj.pop("status", None)
+        _fold_string_data(rtype, obj)
         obj = self._validate(rtype, version, obj, None)
         meta = obj["metadata"]
         if rtype.namespaced:
@@ -522,6 +532,7 @@ class Store:
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         meta["generation"] = old["metadata"].get("generation", 1)
         candidate["apiVersion"], candidate["kind"] = rtype.api_version(version), rtype.kind
+        _fold_string_data(rtype, candidate)
         if subresource != "status":
             candidate = self._validate(rtype, version, candidate, old)
         if candidate == old:

@@ -130,6 +130,11 @@ def _to_cel(schema: dict[str, Any], value: JSON) -> Any:
 _TYPE_NAMES = {"object": "object", "array": "array", "string": "string", "integer": "integer", "number": "number"}
 
 
+def _numeric(value: JSON) -> bool:
+    """A JSON-Schema draft-2020 numeric bound (not the draft-4 boolean flag Kubernetes uses)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _type_ok(kind: str | None, value: JSON) -> bool:
     if kind is None:
         return True
@@ -227,13 +232,13 @@ class _Walker:
                     "Invalid value",
                     f"{value}: {path} in body should be less than or equal to {schema['maximum']}",
                 )
-            if isinstance(schema.get("exclusiveMinimum"), int | float) and value <= schema["exclusiveMinimum"]:
+            if _numeric(schema.get("exclusiveMinimum")) and value <= schema["exclusiveMinimum"]:
                 self.error(
                     path,
                     "Invalid value",
                     f"{value}: {path} in body should be greater than {schema['exclusiveMinimum']}",
                 )
-            if isinstance(schema.get("exclusiveMaximum"), int | float) and value >= schema["exclusiveMaximum"]:
+            if _numeric(schema.get("exclusiveMaximum")) and value >= schema["exclusiveMaximum"]:
                 self.error(
                     path, "Invalid value", f"{value}: {path} in body should be less than {schema['exclusiveMaximum']}"
                 )

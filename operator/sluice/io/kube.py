@@ -106,8 +106,12 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
         return k8s.ApiClient(configuration)
 
 
+USER_AGENT = "sluice-operator"
+
+
 class KubeIO:
     def __init__(self, api_client: k8s.ApiClient) -> None:
+        api_client.user_agent = USER_AGENT  # lets audit logs (and the RBAC test) tell the operator's calls apart
         self.api_client = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)

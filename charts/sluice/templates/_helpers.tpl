@@ -1,0 +1,37 @@
+{{- define "sluice.name" -}}sluice{{- end -}}
+{{- define "sluice.fullname" -}}{{ printf "%s-sluice" .Release.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{- define "sluice.labels" -}}
+app.kubernetes.io/name: sluice
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: sluice
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ default (include "sluice.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}{{- end -}}
+{{- end -}}
+{{/* The rules sluice needs inside a watched namespace: exactly the API calls the operator makes. */}}
+{{- define "sluice.namespacedRules" -}}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [inference.sluice.dev]
+  resources: [inferencepools]
+  verbs: [list, watch, patch]
+- apiGroups: [inference.sluice.dev]
+  resources: [inferencepools/status]
+  verbs: [patch]
+- apiGroups: [networking.istio.io]
+  resources: [destinationrules, virtualservices, serviceentries, envoyfilters]
+  verbs: [get, patch]
+{{- end -}}

@@ -1,0 +1,148 @@
+"""The Helm chart, rendered by the real Helm library (helm-python-sdk), checked against Kubernetes' own schemas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+import sluice
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "sluice"
+K8S_VERSION = "1.33.0"
+# Kinds from other operators' CRDs: not in Kubernetes' schemas (the Prometheus operator's).
+EXTERNAL_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "namespaced": {"watchNamespaces": ["llm", "ml"], "logLevel": "debug", "jsonLogs": True},
+    "monitoring": {
+        "metrics": {"port": 9200, "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}},
+        "prometheusRule": {"enabled": True},
+        "networkPolicy": {"enabled": True},
+    },
+    "bring-your-own": {
+        "crds": {"install": False},
+        "serviceAccount": {"create": False, "name": "platform-sa"},
+        "podDisruptionBudget": {"enabled": False},
+        "image": {"repository": "registry.example/sluice", "tag": "0.1.0-rc1"},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+        "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    },
+}
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    chart = helm_python.Chart.load(str(CHART))
+    try:
+        files = chart.render(values, name="sluice", namespace="sluice-system", is_install=True)
+    finally:
+        chart.close()
+    return [doc for text in files.values() for doc in yaml.safe_load_all(text) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_chart_lints_without_errors() -> None:
+    result = helm_python.lint(str(CHART))
+    assert result["errors"] == []
+    assert all(m["severity"] < 3 for m in result["messages"]), result["messages"]
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_every_rendered_manifest_is_valid_kubernetes(name: str) -> None:
+    docs = render(VALUE_SETS[name])
+    assert by_kind(docs, "Deployment")
+    for doc in docs:
+        if doc["kind"] in EXTERNAL_KINDS:
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"replicas": 2},
+        {"logLevel": "verbose"},
+        {"watchNamespaces": ["Bad_NS"]},
+        {"metrics": {"port": 8080}},
+        {"unknownKey": True},
+        {"image": {"pullPolicy": "Sometimes"}},
+    ],
+    ids=["two-replicas", "log-level", "namespace-name", "port-clash", "unknown-key", "pull-policy"],
+)
+def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmError):
+        render(values)
+
+
+def test_chart_crd_equals_the_contract_and_is_kept_on_uninstall() -> None:
+    crd = by_kind(render({}), "CustomResourceDefinition")[0]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    contract = yaml.safe_load((ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml").read_text())
+    crd["metadata"].pop("annotations")
+    assert crd == contract
+    assert not by_kind(render({"crds": {"install": False}}), "CustomResourceDefinition")
+
+
+def test_app_version_and_image_tag_follow_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == sluice.__version__
+    deployment = by_kind(render({}), "Deployment")[0]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(f":{sluice.__version__}")
+
+
+def test_the_operator_runs_with_secure_defaults() -> None:
+    pod = by_kind(render({}), "Deployment")[0]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = pod["containers"][0]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["limits"]
+    assert container["resources"]["requests"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_namespaced_mode_grants_roles_only_in_the_watched_namespaces() -> None:
+    docs = render({"watchNamespaces": ["llm", "ml"]})
+    assert {r["metadata"]["namespace"] for r in by_kind(docs, "Role")} == {"llm", "ml"}
+    cluster_roles = by_kind(docs, "ClusterRole")
+    assert [r["metadata"]["name"] for r in cluster_roles] == ["sluice-sluice-discovery"]
+    resources = {res for rule in cluster_roles[0]["rules"] for res in rule["resources"]}
+    assert resources == {"customresourcedefinitions", "namespaces"}
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=llm" in args
+    assert "--namespace=ml" in args
+
+
+def rules_of(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) granted by every Role and ClusterRole."""
+    granted = set()
+    for doc in docs:
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            granted.add((group, resource, verb))
+    return granted
+
+
+def test_no_rule_grants_wildcards_or_writes_to_workloads() -> None:
+    granted = rules_of(render({}))
+    assert not any("*" in part for rule in granted for part in rule)
+    assert not any(
+        resource in ("deployments", "pods", "secrets") and verb not in ("get", "list", "watch")
+        for _, resource, verb in granted
+    )
