@@ -38,7 +38,7 @@ test-fast: venv
 # Regenerate crds/ from the pydantic models (the models are the source; the CRD is the contract).
 crds: venv
 	$(PY) -m sluice crd > crds/inference.sluice.dev_inferencepools.yaml
-	cp crds/inference.sluice.dev_inferencepools.yaml charts/sluice/files/
+	cp crds/inference.sluice.dev_inferencepools.yaml crds/kopf.dev_peerings.yaml charts/sluice/files/
 	$(PY) -m sluice reference > docs/api-reference.md
 
 check-crds: venv

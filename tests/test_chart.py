@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "sluice"
 K8S_VERSION = "1.33.0"
 # Kinds from other operators' CRDs: not in Kubernetes' schemas (the Prometheus operator's).
-EXTERNAL_KINDS = {"ServiceMonitor", "PrometheusRule"}
+EXTERNAL_KINDS = {"ServiceMonitor", "PrometheusRule", "KopfPeering", "ClusterKopfPeering"}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -26,6 +26,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "prometheusRule": {"enabled": True},
         "networkPolicy": {"enabled": True},
     },
+    "ha-namespaced": {"ha": {"enabled": True}, "replicas": 2, "watchNamespaces": ["llm"]},
+    "ha-cluster": {"ha": {"enabled": True, "peeringLifetime": 30}, "replicas": 3},
     "bring-your-own": {
         "crds": {"install": False},
         "serviceAccount": {"create": False, "name": "platform-sa"},
@@ -71,13 +73,22 @@ def test_every_rendered_manifest_is_valid_kubernetes(name: str) -> None:
     "values",
     [
         {"replicas": 2},
+        {"ha": {"enabled": True, "peeringLifetime": 1}},
         {"logLevel": "verbose"},
         {"watchNamespaces": ["Bad_NS"]},
         {"metrics": {"port": 8080}},
         {"unknownKey": True},
         {"image": {"pullPolicy": "Sometimes"}},
     ],
-    ids=["two-replicas", "log-level", "namespace-name", "port-clash", "unknown-key", "pull-policy"],
+    ids=[
+        "two-replicas-without-ha",
+        "short-lifetime",
+        "log-level",
+        "namespace-name",
+        "port-clash",
+        "unknown-key",
+        "pull-policy",
+    ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
     with pytest.raises(helm_python.HelmError):
@@ -146,3 +157,15 @@ def test_no_rule_grants_wildcards_or_writes_to_workloads() -> None:
         resource in ("deployments", "pods", "secrets") and verb not in ("get", "list", "watch")
         for _, resource, verb in granted
     )
+
+
+def test_ha_runs_replicas_with_peering_and_grants_only_peering_on_top() -> None:
+    docs = render({"ha": {"enabled": True}, "replicas": 2, "watchNamespaces": ["llm"]})
+    deployment = by_kind(docs, "Deployment")[0]
+    assert deployment["spec"]["replicas"] == 2
+    assert "--peering=sluice" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [p["metadata"]["namespace"] for p in by_kind(docs, "KopfPeering")] == ["llm"]
+    crds = {c["metadata"]["name"] for c in by_kind(docs, "CustomResourceDefinition")}
+    assert "kopfpeerings.kopf.dev" in crds
+    extra = rules_of(docs) - rules_of(render({"watchNamespaces": ["llm"]}))
+    assert extra == {("kopf.dev", "kopfpeerings", verb) for verb in ("get", "list", "watch", "patch")}

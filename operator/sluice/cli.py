@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,6 +135,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         # Before the kubernetes package is imported: it reads $KUBECONFIG once, at import time.
         os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.peering:
+        os.environ["SLUICE_PEERING"] = args.peering  # read by the handlers module when it is imported
     if args.metrics_port:
         os.environ["SLUICE_METRICS_PORT"] = str(args.metrics_port)
         os.environ["SLUICE_METRICS_ADDRESS"] = args.metrics_address
@@ -150,11 +153,17 @@ def cmd_operator(args: argparse.Namespace) -> int:
     kopf.configure(
         verbose=args.log_level == "debug", log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL
     )
+    peering = {"standalone": True}
+    if args.peering:
+        # High availability: replicas share a KopfPeering; the highest priority acts, the others pause.
+        # Equal priorities would pause everyone, so each replica draws its own unless one is given.
+        priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
+        peering = {"standalone": False, "peering_name": args.peering, "priority": priority}
     kopf.run(
-        standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness,
+        **peering,
     )
     return 0
 
@@ -192,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--metrics-port", type=int, help="serve the operator's Prometheus metrics on this port")
+    run.add_argument("--peering", help="KopfPeering name for high availability (several replicas, one active)")
+    run.add_argument("--priority", type=int, help="this replica's peering priority (default: random)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
     run.set_defaults(handler=cmd_operator)
     bench = commands.add_parser("bench", help="routing-quality benchmark: simulated fleets, strategies side by side")

@@ -34,4 +34,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [networking.istio.io]
   resources: [destinationrules, virtualservices, serviceentries, envoyfilters]
   verbs: [get, patch]
+{{- if .Values.ha.enabled }}
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
 {{- end -}}

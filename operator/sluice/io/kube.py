@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -106,7 +107,7 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
         return k8s.ApiClient(configuration)
 
 
-USER_AGENT = "sluice-operator"
+USER_AGENT = f"sluice-operator/{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}"
 
 
 class KubeIO:

@@ -40,6 +40,9 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="sluice.dev")
     settings.watching.server_timeout = 300
+    # With peering: a replica that stops refreshing its record is replaced after this many seconds.
+    settings.peering.lifetime = int(os.environ.get("SLUICE_PEERING_LIFETIME", "15"))
+    settings.peering.stealth = True
     kube = KubeIO(load_api_client(os.environ.get("KUBECONFIG")))
     memo.kube = kube
     memo.prom = PromIO()
@@ -82,7 +85,12 @@ def _interval(spec: Any) -> float:
         return 5.0
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+# With peering, replicas exchange records at start; the first pass waits so a lower-priority replica has paused
+# before it could write (otherwise two replicas starting together both act once).
+FIRST_PASS_DELAY = 5.0 if os.environ.get("SLUICE_PEERING") else 0.0
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, initial_delay=FIRST_PASS_DELAY)
 async def pool_loop(
     name: str,
     namespace: str | None,
