@@ -153,18 +153,14 @@ def cmd_operator(args: argparse.Namespace) -> int:
     kopf.configure(
         verbose=args.log_level == "debug", log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL
     )
-    peering = {"standalone": True}
+    common = {"clusterwide": not args.namespace, "namespaces": args.namespace, "liveness_endpoint": args.liveness}
     if args.peering:
         # High availability: replicas share a KopfPeering; the highest priority acts, the others pause.
         # Equal priorities would pause everyone, so each replica draws its own unless one is given.
         priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
-        peering = {"standalone": False, "peering_name": args.peering, "priority": priority}
-    kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness,
-        **peering,
-    )
+        kopf.run(standalone=False, peering_name=args.peering, priority=priority, **common)
+    else:
+        kopf.run(standalone=True, **common)
     return 0
 
 
