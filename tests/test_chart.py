@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "metrics": {"port": 9200, "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}},
         "prometheusRule": {"enabled": True},
         "networkPolicy": {"enabled": True},
+        "grafanaDashboard": {"enabled": True},
     },
     "ha-namespaced": {"ha": {"enabled": True}, "replicas": 2, "watchNamespaces": ["llm"]},
     "ha-cluster": {"ha": {"enabled": True, "peeringLifetime": 30}, "replicas": 3},
@@ -169,3 +171,22 @@ def test_ha_runs_replicas_with_peering_and_grants_only_peering_on_top() -> None:
     assert "kopfpeerings.kopf.dev" in crds
     extra = rules_of(docs) - rules_of(render({"watchNamespaces": ["llm"]}))
     assert extra == {("kopf.dev", "kopfpeerings", verb) for verb in ("get", "list", "watch", "patch")}
+
+
+def test_the_dashboard_only_queries_metrics_the_operator_exports() -> None:
+    import re  # noqa: PLC0415
+
+    from sluice.runtime.metrics import OperatorMetrics  # noqa: PLC0415
+
+    config = by_kind(render({"grafanaDashboard": {"enabled": True}}), "ConfigMap")[0]
+    dashboard = json.loads(config["data"]["sluice.json"])
+    exported = {m.name for m in OperatorMetrics().registry.collect()}
+    exported |= {f"{name}_total" for name in exported} | {f"{name}_bucket" for name in exported}
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b(sluice_[a-z_]+)", target["expr"])
+    }
+    assert queried
+    assert queried <= exported, queried - exported
