@@ -6,6 +6,7 @@ One stack for the module; the tests run in file order and build on each other's 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from sluice.devstack.apivalidation import SchemaRegistry
-from sluice.devstack.stack import SHARED_ISTIO, PodSpec, Stack, Traffic, free_port
+from sluice.devstack.stack import ROOT, SHARED_ISTIO, PodSpec, Stack, Traffic, free_port
 from tests.e2e.conftest import BASE_PODS, Background, condition, pool_manifest, rows, start_stack, wait_until
 
 pytestmark = pytest.mark.slow
@@ -197,6 +198,23 @@ def test_events_explain_what_happened(stack: Stack) -> None:
     assert {"CanaryStarted", "CanaryAdvanced", "CanaryPromoted", "MetricsUnavailable", "ObjectNotManaged"} <= reasons
     for event in stack.events():
         assert event["involvedObject"]["kind"] == "InferencePool"
+
+
+def test_the_guides_canary_commands_work_as_written(stack: Stack) -> None:
+    """docs/guide.md section 3, run literally against the local stack (v3 stands in for the guide's v2)."""
+    import re  # noqa: PLC0415
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    section = guide.split("## 3. Canary rollout", 1)[1].split("## 4.", 1)[0]
+    commands = re.findall(r"^kubectl .+$", section, re.M)
+    assert len(commands) == 4
+    stack.add_pod(PodSpec("llama-v3-a100-0", "a100", "v3", "127.0.20.6"))
+    expected = ["Progressing", "Paused", "Progressing", "Idle"]
+    for command, phase in zip(commands, expected, strict=True):
+        args = shlex.split(command.replace('"v2"', '"v3"'))[1:]
+        stack.kubectl(*args)
+        wait_until(lambda p=phase: pool(stack)["status"]["canary"]["phase"] == p, 30, f"{command} -> {phase}")
+    assert "candidateRevision" not in pool(stack)["spec"]["canary"]
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "triton", "tgi"])
