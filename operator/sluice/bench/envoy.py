@@ -40,7 +40,7 @@ from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
 from sluice.core.observed import Observed, ObservedPod
 from sluice.core.reconcile import plan_pass
-from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
+from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port, stream_completion
 from sluice.io.prometheus import PromAuth, PromIO
 
 SERVERS = [
@@ -173,17 +173,7 @@ async def load(
 
     async def one(http: aiohttp.ClientSession, index: int) -> None:
         started = time.monotonic()
-        ttft = None
-        ok = False
-        try:
-            async with http.post(url, json={"prompt": prompt, "max_tokens": max_tokens, "stream": True}) as answer:
-                if answer.status == 200:
-                    async for line in answer.content:
-                        if ttft is None and line.startswith(b"data:"):
-                            ttft = time.monotonic() - started
-                    ok = True
-        except (aiohttp.ClientError, TimeoutError):
-            ok = False
+        ttft, ok = await stream_completion(http, url, prompt, max_tokens)
         results.append(
             {
                 "i": index,

@@ -464,6 +464,24 @@ class Stack:
 # ---------------------------------------------------------------------------------------- traffic
 
 
+async def stream_completion(
+    http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int
+) -> tuple[float | None, bool]:
+    """One streamed completion: (time to the first SSE chunk, whether it completed). Errors are (None, False)."""
+    started = time.monotonic()
+    ttft: float | None = None
+    try:
+        async with http.post(url, json={"prompt": prompt, "max_tokens": max_tokens, "stream": True}) as answer:
+            if answer.status != 200:
+                return None, False
+            async for line in answer.content:
+                if ttft is None and line.startswith(b"data:"):
+                    ttft = time.monotonic() - started
+    except (aiohttp.ClientError, TimeoutError):
+        return ttft, False
+    return ttft, True
+
+
 @dataclass
 class Sample:
     at: float
@@ -557,25 +575,12 @@ class Traffic:
             await asyncio.sleep(0.5)
 
     async def _one(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str, revision: str) -> None:
-        started = time.monotonic()
         self.active[pod] += 1
-        ttft: float | None = None
-        ok = False
         try:
-            async with http.post(
-                f"http://{ip}:8000/v1/completions",
-                json={"prompt": prompt, "max_tokens": self.max_tokens, "stream": True},
-            ) as answer:
-                if answer.status == 200:
-                    async for line in answer.content:
-                        if ttft is None and line.startswith(b"data:"):
-                            ttft = time.monotonic() - started
-                    ok = True
-        except (aiohttp.ClientError, TimeoutError):
-            ok = False
+            ttft, ok = await stream_completion(http, f"http://{ip}:8000/v1/completions", prompt, self.max_tokens)
         finally:
             self.active[pod] -= 1
-            self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok))
+        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok))
 
     def share(self, since: float, key: str = "pod") -> dict[str, float]:
         recent = [s for s in self.samples if s.at >= since]
