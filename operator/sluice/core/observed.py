@@ -25,8 +25,6 @@ SignalName = Literal[
     "loraFailureRate",
 ]
 ALL_SIGNALS: tuple[SignalName, ...] = get_args(SignalName)
-# Gauges a live engine always exports: a pod absent from all of them was not scraped.
-GAUGE_SIGNALS: tuple[SignalName, ...] = ("kvCacheUsage", "queueLength", "runningRequests")
 SIGNAL_FIELD: dict[SignalName, str] = {
     "ttft": "ttft_seconds",
     "ttftP95": "ttft_p95_seconds",

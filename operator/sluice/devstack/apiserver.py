@@ -29,7 +29,14 @@ import kmock
 import yaml
 from kmock._internal import parsing as kmock_parsing
 
-from sluice.devstack.apistore import ApiError, ResourceType, Store, as_table
+from sluice.devstack.apistore import (
+    ApiError,
+    ResourceType,
+    Store,
+    as_table,
+    field_selector_matches,
+    label_selector_matches,
+)
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
@@ -264,7 +271,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 return False
             if request.name and meta.get("name") != request.name:
                 return False
-            return bool(self._selector_ok(labels, meta.get("labels", {})) and self._field_ok(fields, obj))
+            return label_selector_matches(labels, meta.get("labels", {})) and field_selector_matches(fields, obj)
 
         async def send(kind: str, obj: dict[str, Any]) -> None:
             line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
@@ -301,18 +308,6 @@ class ApiServer(kmock.KubernetesScaffold):
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
         return response
-
-    @staticmethod
-    def _selector_ok(selector: str | None, labels: dict[str, str]) -> bool:
-        from sluice.devstack.apistore import label_selector_matches  # noqa: PLC0415
-
-        return label_selector_matches(selector, labels)
-
-    @staticmethod
-    def _field_ok(selector: str | None, obj: dict[str, Any]) -> bool:
-        from sluice.devstack.apistore import field_selector_matches  # noqa: PLC0415
-
-        return field_selector_matches(selector, obj)
 
 
 def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:

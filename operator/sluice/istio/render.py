@@ -197,26 +197,27 @@ def route_patch_value(spec: InferencePoolSpec, plan: Plan, host: str) -> dict[st
     }
 
 
-def render_route_envoy_filter(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
-    vhost = f"{service_host(pool, spec)}:{spec.service_port or spec.target_port}"
-    value = route_patch_value(spec, plan, destination_host(pool, spec))
+def _envoy_filter(
+    pool: PoolRef, spec: InferencePoolSpec, suffix: str, apply_to: str, match: dict[str, Any], value: dict[str, Any]
+) -> dict[str, Any]:
+    """An EnvoyFilter with one MERGE patch per proxy context (sidecars, and gateways when the pool names any)."""
     patches = [
-        {
-            "applyTo": "HTTP_ROUTE",
-            "match": {
-                "context": context,
-                "routeConfiguration": {"vhost": {"name": vhost, "route": {"name": spec.routing.route_name}}},
-            },
-            "patch": {"operation": "MERGE", "value": value},
-        }
+        {"applyTo": apply_to, "match": {"context": context, **match}, "patch": {"operation": "MERGE", "value": value}}
         for context in _contexts(spec)
     ]
     return {
         "apiVersion": "networking.istio.io/v1alpha3",
         "kind": "EnvoyFilter",
-        "metadata": _metadata(pool, "-routes"),
+        "metadata": _metadata(pool, suffix),
         "spec": {"configPatches": patches},
     }
+
+
+def render_route_envoy_filter(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
+    vhost = f"{service_host(pool, spec)}:{spec.service_port or spec.target_port}"
+    match = {"routeConfiguration": {"vhost": {"name": vhost, "route": {"name": spec.routing.route_name}}}}
+    value = route_patch_value(spec, plan, destination_host(pool, spec))
+    return _envoy_filter(pool, spec, "-routes", "HTTP_ROUTE", match, value)
 
 
 def cluster_patch_value(spec: InferencePoolSpec) -> dict[str, Any]:
@@ -245,21 +246,8 @@ def render_cluster_envoy_filter(pool: PoolRef, spec: InferencePoolSpec) -> dict[
     value = cluster_patch_value(spec)
     if not value:
         return None
-    match_cluster = {"service": destination_host(pool, spec), "portNumber": destination_port(spec)}
-    patches = [
-        {
-            "applyTo": "CLUSTER",
-            "match": {"context": context, "cluster": match_cluster},
-            "patch": {"operation": "MERGE", "value": value},
-        }
-        for context in _contexts(spec)
-    ]
-    return {
-        "apiVersion": "networking.istio.io/v1alpha3",
-        "kind": "EnvoyFilter",
-        "metadata": _metadata(pool, "-lb"),
-        "spec": {"configPatches": patches},
-    }
+    match = {"cluster": {"service": destination_host(pool, spec), "portNumber": destination_port(spec)}}
+    return _envoy_filter(pool, spec, "-lb", "CLUSTER", match, value)
 
 
 def needs_virtual_service(spec: InferencePoolSpec, plan: Plan) -> bool:
