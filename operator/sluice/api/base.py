@@ -1,0 +1,55 @@
+"""Shared building blocks of the InferencePool API: the wire conventions, label and name patterns, CEL helpers.
+
+Imported by the spec and status models (`sluice.api.spec`, `sluice.api.status`); nothing here knows a field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+GROUP = "inference.sluice.dev"
+VERSION = "v1alpha1"
+API_VERSION: Literal["inference.sluice.dev/v1alpha1"] = "inference.sluice.dev/v1alpha1"
+KIND = "InferencePool"
+PLURAL = "inferencepools"
+
+Engine = Literal["vllm", "sglang", "trtllm", "triton", "tgi", "custom"]
+WeightsVia = Literal["VirtualService", "EnvoyFilter"]
+EndpointState = Literal["Routable", "Zeroed", "Recovering"]
+CanaryPhase = Literal["Idle", "Waiting", "Progressing", "Paused", "Promoted", "RolledBack"]
+CheckResult = Literal["Pass", "Fail", "Inconclusive"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+QUERY_PLACEHOLDERS = frozenset({"selector", "namespace", "pods", "window", "podLabel"})
+PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class ApiModel(BaseModel):
+    """Base: frozen, camelCase on the wire, unknown fields rejected (like `kubectl apply --validate=strict`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready camelCase dict, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

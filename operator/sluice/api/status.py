@@ -1,0 +1,92 @@
+"""The InferencePool status: what sluice observed and decided, written by the operator and read back.
+
+The status is the controller's whole memory (incident times, ramps, canary steps), so it must parse leniently:
+a status written by another version of sluice never stops the pool.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from sluice.api.base import ApiModel, CanaryPhase, CheckResult, ConditionStatus, EndpointState
+
+
+class StatusModel(ApiModel):
+    """Status is written by sluice and read back; unknown fields from newer versions are ignored, not fatal."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True)
+
+
+class Condition(StatusModel):
+    """A metav1.Condition."""
+
+    type: str = Field(description="Condition type, e.g. Ready, MetricsAvailable.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase machine-readable reason.")
+    message: str = Field(default="", description="Human-readable explanation.")
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(default=None, description="Spec generation this was computed for.")
+
+
+class EndpointSignals(StatusModel):
+    """Per-pod signals as read from Prometheus. A missing signal is null, never 0."""
+
+    ttft_seconds: float | None = Field(default=None, description="Mean TTFT over the window, seconds.")
+    ttft_p95_seconds: float | None = Field(default=None, description="TTFT 95th percentile, seconds.")
+    kv_cache_usage: float | None = Field(default=None, description="KV-cache usage, 0 to 1.")
+    queue_length: float | None = Field(default=None, description="Requests waiting.")
+    running_requests: float | None = Field(default=None, description="Requests running.")
+    request_rate: float | None = Field(default=None, description="Finished requests per second.")
+    error_rate: float | None = Field(default=None, description="Failed share of requests, 0 to 1.")
+    lora_failure_rate: float | None = Field(default=None, description="Failed share of LoRA loads, 0 to 1.")
+
+
+class EndpointStatus(StatusModel):
+    """One pod: its signals, score, published weight, state and the reason for it."""
+
+    pod: str = Field(description="Pod name.")
+    ip: str | None = Field(default=None, description="Pod IP.")
+    revision: str | None = Field(default=None, description="Value of the canary revision label.")
+    hardware_class: str | None = Field(default=None, description="Value of the capacity class label.")
+    capacity: float = Field(default=1.0, description="Capacity coefficient K used.")
+    signals: EndpointSignals = Field(default_factory=EndpointSignals, description="Signals used this pass.")
+    score: float = Field(default=0.0, description="Smoothed score (capacity / latency penalty x health).")
+    weight: int = Field(default=0, description="Published endpoint weight; 0 means removed from routing.")
+    state: EndpointState = Field(description="Routable, Zeroed or Recovering.")
+    reason: str = Field(default="", description="Why the pod has this weight, in words.")
+    since: datetime | None = Field(default=None, description="When the pod entered its state.")
+    ttft_estimate_seconds: float | None = Field(
+        default=None, description="Last known TTFT, used while data is missing."
+    )
+    consecutive_failures: int = Field(default=0, description="Passes in a row below every health band.")
+    restarts: int = Field(default=0, description="Container restarts last seen.")
+    last_incident_at: datetime | None = Field(default=None, description="Last zeroing incident.")
+    incident: str | None = Field(default=None, description="Kind of the last incident, e.g. OOMKilled, ErrorRate.")
+    incident_message: str | None = Field(default=None, description="The last incident, in words.")
+
+
+class CanaryStatus(StatusModel):
+    phase: CanaryPhase = Field(description="Idle, Waiting, Progressing, Paused, Promoted or RolledBack.")
+    stable_revision: str | None = Field(default=None, description="Revision taking the remaining traffic.")
+    candidate_revision: str | None = Field(default=None, description="Revision being rolled out.")
+    step_index: int | None = Field(default=None, description="Index into spec.canary.steps.")
+    weight: int = Field(default=0, description="Candidate traffic percentage now published.")
+    failed_checks: int = Field(default=0, description="Failed checks at this rollout.")
+    step_started_at: datetime | None = Field(default=None, description="When the current step began.")
+    last_check_at: datetime | None = Field(default=None, description="When the last check ran.")
+    last_check: CheckResult | None = Field(default=None, description="Pass, Fail or Inconclusive.")
+    last_check_reason: str = Field(default="", description="Why the last check came out as it did.")
+    message: str = Field(default="", description="What the rollout is doing, in words.")
+
+
+class InferencePoolStatus(StatusModel):
+    observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="metav1.Condition list.")
+    routable: str = Field(default="0/0", description="Routable pods / ready pods, for kubectl get.")
+    revision_weights: dict[str, int] = Field(default_factory=dict, description="Published traffic % per revision.")
+    canary: CanaryStatus | None = Field(default=None, description="Rollout progress.")
+    endpoints: list[EndpointStatus] = Field(default_factory=list, description="One row per pod in the pool.")
+    last_reconcile_time: datetime | None = Field(default=None, description="When the last pass ran.")
