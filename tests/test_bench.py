@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sluice.bench.report import run, targets
 from sluice.bench.scenario import load
 from sluice.bench.sim import STRATEGIES, Edf, Simulation
@@ -19,6 +21,11 @@ def test_smoke_scenario_runs_every_strategy_and_writes_the_report(tmp_path: Path
     for strategy, row in figures.items():
         assert row["completed"] + row["failed"] == 180, strategy  # 200 requests, 10% warm-up
         assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
+    # Two servers, one fast, one slow: round robin halves the traffic by construction; sluice's weights must
+    # keep the slow server far below what least-request (active counts only) sends it.
+    assert figures["round-robin"]["slowest_class_share"] == pytest.approx(0.5, abs=0.01)
+    assert figures["sluice"]["slowest_class_share"] < figures["least-request"]["slowest_class_share"] / 3
+    assert figures["sluice"]["ttft_mean_ms"] < figures["least-request"]["ttft_mean_ms"] / 2
     assert json.loads((tmp_path / "results.json").read_text())["smoke"]
     report = (tmp_path / "report.md").read_text()
     assert "| sluice |" in report

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sluice.api.v1alpha1 import AnalysisSpec
 from sluice.core.canary import RevisionStats, check
 from sluice.core.observed import PodSignals
@@ -175,18 +177,45 @@ def test_no_canary_means_no_split():
     assert plan.status.canary is None
 
 
-def test_check_gates_table():
-    gates = AnalysisSpec(min_requests=10, max_error_rate=0.01, max_ttft_p95=1.0, max_ttft_ratio_to_stable=2.0)
-    stable = RevisionStats(routable_pods=2, requests=500, error_rate=0.0, ttft_p95=0.2)
-    table = [
-        (RevisionStats(1, 100, 0.0, 0.3), True, "Pass"),
-        (RevisionStats(1, 5, 0.0, 0.3), True, "Inconclusive"),
-        (RevisionStats(1, None, None, None), True, "Inconclusive"),
-        (RevisionStats(1, 100, 0.02, 0.3), True, "Fail"),
-        (RevisionStats(1, 100, 0.0, 1.5), True, "Fail"),
-        (RevisionStats(1, 100, 0.0, 0.5), True, "Fail"),  # 2.5x stable
-        (RevisionStats(1, 100, 0.0, 0.3), False, "Inconclusive"),
-        (RevisionStats(1, 100, 0.0, 0.3, incidents=1), True, "Fail"),
-    ]
-    for stats, usable, expected in table:
-        assert check(gates, stats, stable, usable)[0] == expected, stats
+GATES = AnalysisSpec(min_requests=10, max_error_rate=0.01, max_ttft_p95=1.0, max_ttft_ratio_to_stable=2.0)
+STABLE_STATS = RevisionStats(routable_pods=2, healthy_pods=2, requests=500, error_rate=0.0, ttft_p95=0.2)
+
+
+def cand(**fields: object) -> RevisionStats:
+    base: dict[str, object] = {"routable_pods": 1, "healthy_pods": 1, "requests": 100, "error_rate": 0.0}
+    return RevisionStats(**{**base, "ttft_p95": 0.3, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("candidate", "usable", "gates", "stable", "expected", "says"),
+    [
+        (cand(), True, GATES, STABLE_STATS, "Pass", "within every gate"),
+        (cand(requests=5), True, GATES, STABLE_STATS, "Inconclusive", "5 requests"),
+        (cand(requests=None, error_rate=None, ttft_p95=None), True, GATES, STABLE_STATS, "Inconclusive", "0 requests"),
+        (cand(error_rate=0.02), True, GATES, STABLE_STATS, "Fail", "error rate 2.00%"),
+        (cand(ttft_p95=1.5), True, GATES, STABLE_STATS, "Fail", "TTFT p95 1500ms"),
+        (cand(ttft_p95=0.5), True, GATES, STABLE_STATS, "Fail", "2.50x stable"),
+        (cand(), False, GATES, STABLE_STATS, "Inconclusive", "metrics unavailable"),
+        (cand(incidents=1), True, GATES, STABLE_STATS, "Fail", "zeroed for an incident"),
+        # Missing data never passes: each enabled gate must be evaluated on data.
+        (cand(ttft_p95=None), True, GATES, STABLE_STATS, "Inconclusive", "ttftP95 (candidate ttftP95)"),
+        (cand(error_rate=None), True, GATES, STABLE_STATS, "Inconclusive", "errorRate (candidate errorRate)"),
+        (cand(), True, GATES, RevisionStats(routable_pods=2), "Inconclusive", "ttftRatioToStable (stable ttftP95)"),
+        (cand(), True, GATES, None, "Inconclusive", "stable ttftP95"),
+        # ...but a failing gate with data fails even when another gate has none.
+        (cand(ttft_p95=None, error_rate=0.5), True, GATES, STABLE_STATS, "Fail", "error rate 50.00%"),
+        # A gate switched off explicitly is not evaluated.
+        (
+            cand(ttft_p95=None),
+            True,
+            GATES.model_copy(update={"disabled_gates": ["ttftP95", "ttftRatioToStable"]}),
+            STABLE_STATS,
+            "Pass",
+            "(errorRate)",
+        ),
+    ],
+)
+def test_check_gates(candidate, usable, gates, stable, expected, says):
+    result = check(gates, candidate, stable, usable)
+    assert result.result == expected
+    assert says in result.reason

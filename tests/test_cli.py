@@ -142,3 +142,29 @@ def test_crd_command_prints_the_committed_crd():
     assert result.returncode == 0
     committed = yaml.safe_load((ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml").read_text())
     assert yaml.safe_load(result.stdout) == committed
+
+
+def test_a_nan_signal_in_observed_exits_2_naming_the_field(tmp_path):
+    document = yaml.safe_load((EX / "observed" / "heterogeneous.yaml").read_text())
+    document["signals"]["pods"]["llama-a100-0"]["ttftSeconds"] = float("nan")
+    observed = tmp_path / "nan.yaml"
+    observed.write_text(yaml.safe_dump(document))
+    result = sluice("plan", "-f", str(EX / "pools" / "heterogeneous.yaml"), "--observed", str(observed))
+    assert result.returncode == 2
+    assert "signals.pods.llama-a100-0.ttftSeconds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_state_written_by_another_version_is_read_leniently_and_the_drop_is_said(tmp_path):
+    first = tmp_path / "1.json"
+    ok = plan("heterogeneous.yaml", "heterogeneous.yaml", "--now", "2026-12-01T10:00:02Z", "--state-out", str(first))
+    assert ok.returncode == 0, ok.stderr
+    state = json.loads(first.read_text())
+    state["endpoints"][0]["state"] = "Draining"  # a state this version does not know
+    state["canary"] = {"phase": "Shadowing"}
+    first.write_text(json.dumps(state))
+    result = plan("heterogeneous.yaml", "heterogeneous.yaml", "--now", "2026-12-01T10:00:07Z", "--state", str(first))
+    assert result.returncode == 0, result.stderr
+    assert "dropped an unreadable entry" in result.stderr
+    assert "canary: dropped" in result.stderr
+    assert yaml.safe_load_all(result.stdout)

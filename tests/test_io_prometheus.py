@@ -6,6 +6,7 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -14,7 +15,9 @@ import pytest
 from sluice.io.prometheus import PromAuth, PromIO, parse_value, to_snapshot
 from tests.helpers import T0, spec
 
+SAMPLE_TIME = T0.timestamp() - 42.5  # the pod's newest sample, as `timestamp()` reports it
 ANSWERS: dict[str, list[dict[str, Any]]] = {
+    "timestamp(": [{"metric": {"pod": "a"}, "value": [0, str(SAMPLE_TIME)]}],
     "vllm:num_requests_waiting": [
         {"metric": {"pod": "a"}, "value": [0, "3"]},
         {"metric": {"pod": "stranger"}, "value": [0, "9"]},
@@ -67,7 +70,7 @@ def test_queries_carry_the_bearer_token_and_answers_become_signals(prometheus: s
         io.close()
     assert {seen["auth"] for seen in _Handler.seen} == {"Bearer s3cret"}
     queries = {seen["query"] for seen in _Handler.seen}
-    assert len(queries) == 7  # one query per supported vLLM signal, for the whole pool
+    assert len(queries) == 8  # one query per supported vLLM signal and one for sample times, for the whole pool
     a = snapshot.pods["a"]
     assert a.queue_length == 3.0
     assert a.kv_cache_usage == 0.5
@@ -77,6 +80,8 @@ def test_queries_carry_the_bearer_token_and_answers_become_signals(prometheus: s
     assert set(snapshot.failed) == {"requestRate"}  # the 503 is kept, per signal
     assert snapshot.failed["requestRate"] == "gave up after a retry: too many 503 error responses"
     assert snapshot.unsupported == ["loraFailureRate"]
+    assert snapshot.freshness_known
+    assert snapshot.sampled_at == {"a": datetime.fromtimestamp(SAMPLE_TIME, UTC)}  # from the sample, not the query
 
 
 def test_an_unreachable_prometheus_fails_every_signal_quickly() -> None:
@@ -87,7 +92,8 @@ def test_an_unreachable_prometheus_fails_every_signal_quickly() -> None:
         )
     finally:
         io.close()
-    assert len(snapshot.failed) == 7
+    assert len(snapshot.failed) == 8  # every signal and the sample-time query
+    assert "sampleTime" in snapshot.failed
     assert set(snapshot.failed.values()) == {"connection failed: [Errno 111] Connection refused"}
     assert snapshot.pods == {}
 

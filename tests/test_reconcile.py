@@ -204,11 +204,22 @@ def test_pod_missing_from_prometheus_keeps_its_weight_and_is_reported():
     assert condition(plan, "Degraded") == ("True", "PodsUnobserved")
 
 
-def test_new_pod_without_data_gets_default_ttft_estimate_not_zero():
-    plan = run(spec(), HETERO, {k: v for k, v in HETERO_SIGNALS.items() if k != "cpu-0"}, 0)
+def test_pod_with_samples_but_no_ttft_yet_is_scored_from_the_default_ttft_and_reported():
+    no_traffic = {**HETERO_SIGNALS, "cpu-0": sig(ttft=None, p95=None, rps=0.0, errors=None)}
+    plan = run(spec(), HETERO, no_traffic, 0)
     row = next(r for r in plan.status.endpoints if r.pod == "cpu-0")
     assert row.weight >= 1
     assert "(default)" in row.reason
+    assert row.missing_signals == ["ttft", "ttftP95", "errorRate"]
+    assert condition(plan, "Degraded") == ("True", "SignalsMissing")
+
+
+def test_new_pod_without_any_samples_is_not_routed_until_it_has_evidence():
+    plan = run(spec(), HETERO, {k: v for k, v in HETERO_SIGNALS.items() if k != "cpu-0"}, 0)
+    row = next(r for r in plan.status.endpoints if r.pod == "cpu-0")
+    assert (row.weight, row.verdict) == (0, "awaiting")
+    assert "cpu-0" not in {e.pod for e in plan.endpoints}
+    assert condition(plan, "Degraded") == ("True", "AwaitingEvidence")
 
 
 def test_floor_keeps_half_the_pool_routable_and_zeroes_the_worst_first():

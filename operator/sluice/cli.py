@@ -28,6 +28,7 @@ from sluice.core.events import Event
 from sluice.core.observed import Observed
 from sluice.core.presets import build_queries
 from sluice.core.reconcile import plan_pass
+from sluice.core.status import read_status
 from sluice.explain import endpoint_table, summary
 from sluice.istio.render import PoolRef, render
 
@@ -51,9 +52,20 @@ def parse_pool(document: Any) -> InferencePool:
         raise InputError("the pool file must hold one InferencePool object")
     name = str((document.get("metadata") or {}).get("name", ""))
     try:
-        return InferencePool.model_validate(document)
+        pool = InferencePool.model_validate({**document, "status": None})
     except ValidationError as failure:
         raise InputError(format_validation_error("InferencePool", name, failure)) from failure
+    return pool.model_copy(update={"status": _lenient_status(document.get("status"), "the pool's status")})
+
+
+def _lenient_status(raw: Any, where: str) -> InferencePoolStatus | None:
+    """A stored status as far as this version can read it; what it cannot read is dropped and said."""
+    if raw is not None and not isinstance(raw, dict):
+        raise InputError(f"{where} must be a mapping")
+    status, problems = read_status(raw)
+    for problem in problems:
+        sys.stderr.write(f"warning: {where}: {problem}\n")
+    return status
 
 
 def parse_observed(document: Any) -> Observed:
@@ -68,9 +80,9 @@ def parse_state(path: str | None, pool: InferencePool) -> InferencePoolStatus | 
         return pool.status
     try:
         data = json.loads(Path(path).read_text())
-        return InferencePoolStatus.model_validate(data)
-    except (OSError, json.JSONDecodeError, ValidationError) as failure:
+    except (OSError, json.JSONDecodeError) as failure:
         raise InputError(f"cannot use state {path}: {failure}") from failure
+    return _lenient_status(data, f"state {path}")
 
 
 def parse_now(text: str | None) -> datetime:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -333,6 +333,10 @@ class ProtectionSpec(ApiModel):
         return self
 
 
+Gate = Literal["errorRate", "ttftP95", "ttftRatioToStable"]
+"""A canary analysis gate: error rate, absolute TTFT p95, TTFT p95 relative to the stable revision."""
+
+
 class AnalysisSpec(ApiModel):
     interval: Duration = Field(default=30.0, description="Time between two canary checks.")
     max_ttft_p95: Duration | None = Field(default=1.0, description="Candidate TTFT p95 above this fails a check.")
@@ -342,6 +346,12 @@ class AnalysisSpec(ApiModel):
     )
     min_requests: int = Field(
         default=20, ge=0, description="Candidate requests in the window below which a check is Inconclusive."
+    )
+    disabled_gates: list[Gate] = Field(
+        default_factory=list,
+        max_length=3,
+        description="Gates switched off explicitly. A gate that is on and has no data makes the check "
+        "Inconclusive (never Pass), so an engine without a TTFT histogram needs ttftP95 and ttftRatioToStable here.",
     )
 
 

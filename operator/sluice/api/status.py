@@ -32,7 +32,11 @@ class Condition(StatusModel):
 
 
 class EndpointSignals(StatusModel):
-    """Per-pod signals as read from Prometheus. A missing signal is null, never 0."""
+    """Per-pod signals as read from Prometheus. A missing signal is null, never 0; NaN and infinities are refused."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True, allow_inf_nan=False
+    )
 
     ttft_seconds: float | None = Field(default=None, description="Mean TTFT over the window, seconds.")
     ttft_p95_seconds: float | None = Field(default=None, description="TTFT 95th percentile, seconds.")
@@ -66,6 +70,25 @@ class EndpointStatus(StatusModel):
     last_incident_at: datetime | None = Field(default=None, description="Last zeroing incident.")
     incident: str | None = Field(default=None, description="Kind of the last incident, e.g. OOMKilled, ErrorRate.")
     incident_message: str | None = Field(default=None, description="The last incident, in words.")
+    verdict: str | None = Field(
+        default=None,
+        description="What the pass concluded from the pod's evidence: scored, ramping, frozen (no fresh samples, "
+        "last weight kept), awaiting (no samples yet), quiet (zeroed after an incident) or excluded (not routable).",
+    )
+    floor_held: bool = Field(
+        default=False,
+        description="sluice would zero this pod (or has no evidence for it) but protection.minRoutablePercent "
+        "keeps it routable at minWeight.",
+    )
+    missing_signals: list[str] = Field(
+        default_factory=list,
+        description="Signals the engine provides that had no series for this pod this pass (never read as 0).",
+    )
+    class_known: bool = Field(
+        default=True,
+        description="False when capacity.classes is set and the pod's hardware class is missing from it "
+        "(capacity.default is used).",
+    )
 
 
 class CanaryStatus(StatusModel):
@@ -73,7 +96,13 @@ class CanaryStatus(StatusModel):
     stable_revision: str | None = Field(default=None, description="Revision taking the remaining traffic.")
     candidate_revision: str | None = Field(default=None, description="Revision being rolled out.")
     step_index: int | None = Field(default=None, description="Index into spec.canary.steps.")
-    weight: int = Field(default=0, description="Candidate traffic percentage now published.")
+    weight: int = Field(default=0, description="Candidate traffic percentage now published (the real split).")
+    step_weight: int | None = Field(
+        default=None, description="Candidate percentage the current step asks for; differs from weight when forced."
+    )
+    split_forced: str | None = Field(
+        default=None, description="Why the published split differs from the step (no healthy pod on one side)."
+    )
     failed_checks: int = Field(default=0, description="Failed checks at this rollout.")
     step_started_at: datetime | None = Field(default=None, description="When the current step began.")
     last_check_at: datetime | None = Field(default=None, description="When the last check ran.")

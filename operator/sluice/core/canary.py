@@ -1,29 +1,35 @@
 """Canary: staged rollout of a candidate revision with analysis gates and automatic rollback. Pure.
 
-One function, `step_canary`, takes the spec, the previous `status.canary` and this pass's per-revision figures and
-returns the next `status.canary`, the revision traffic split and events. All rollout state lives in the status,
-so an operator restart resumes at the same step.
+`step_canary` takes the spec, the previous `status.canary` and this pass's per-revision figures and returns the
+next `status.canary` and the traffic split actually published. All rollout state lives in the status, so an
+operator restart resumes at the same step. Events are derived from the previous and next status elsewhere
+(`sluice.core.events`).
 
-Rules: a check runs at most once per `analysis.interval`; too little traffic is Inconclusive, never Pass; a step
-advances only after `stepInterval` at that step *and* a passing check at that step; `maxFailedChecks` failed
-checks roll the candidate back to 0, where it stays until the candidate revision changes; a new candidate
-restarts at the first step; a candidate with no routable pods gets no traffic (phase Waiting).
+Rules: a check runs at most once per `analysis.interval` (at once on a candidate incident); too little traffic,
+or an enabled gate without data, is Inconclusive — never Pass; a step advances only after `stepInterval` at that
+step *and* a passing check at that step; `maxFailedChecks` failed checks roll the candidate back, where it stays
+until the candidate revision changes; a new candidate restarts at the first step; a candidate with no routable
+pods waits with no traffic. When one side of the split has no healthy routable pod, the published split is
+forced to the other side, `splitForced` says why, and the rollout does not advance while it lasts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
-from sluice.api.v1alpha1 import AnalysisSpec, CanarySpec, CanaryStatus, CheckResult
-from sluice.core.events import Event
+from sluice.api.v1alpha1 import AnalysisSpec, CanaryPhase, CanarySpec, CanaryStatus, CheckResult, Gate
+
+ACTIVE_PHASES: tuple[CanaryPhase, ...] = ("Progressing", "Paused", "Waiting")
 
 
 @dataclass(frozen=True)
 class RevisionStats:
-    """One revision's figures this pass, aggregated over its routable pods (request-weighted)."""
+    """One revision's figures this pass: pod counts, and request-weighted signals over its pods with data."""
 
     routable_pods: int = 0
+    healthy_pods: int = 0
+    """Routable pods that the floor does not merely keep."""
     requests: float | None = None
     error_rate: float | None = None
     ttft_p95: float | None = None
@@ -34,8 +40,13 @@ class RevisionStats:
 class CanaryOutcome:
     status: CanaryStatus | None
     weights: dict[str, int]
-    """Traffic % per revision; empty means no split (route to every pod of the pool)."""
-    events: tuple[Event, ...] = ()
+    """Traffic % per revision as published; empty means no split (route to every pod of the pool)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    result: CheckResult
+    reason: str
 
 
 def pick_stable(spec: CanarySpec, previous: CanaryStatus | None, revisions: dict[str, RevisionStats]) -> str | None:
@@ -50,38 +61,88 @@ def pick_stable(spec: CanarySpec, previous: CanaryStatus | None, revisions: dict
     return others[0][1] if others else None
 
 
+def _gate(gate: Gate, analysis: AnalysisSpec, cand: RevisionStats, stable: RevisionStats | None) -> str | None:
+    """None when the gate holds; the failure in words when it does not; raises LookupError naming missing data."""
+    if gate == "errorRate":
+        if cand.error_rate is None:
+            raise LookupError("candidate errorRate")
+        if cand.error_rate > analysis.max_error_rate:
+            return f"error rate {cand.error_rate:.2%} > {analysis.max_error_rate:.2%}"
+        return None
+    limit = analysis.max_ttft_p95 if gate == "ttftP95" else analysis.max_ttft_ratio_to_stable
+    if limit is None:
+        return None
+    if cand.ttft_p95 is None:
+        raise LookupError("candidate ttftP95")
+    if gate == "ttftP95":
+        if cand.ttft_p95 > limit:
+            return f"TTFT p95 {cand.ttft_p95 * 1000:.0f}ms > {limit * 1000:.0f}ms"
+        return None
+    if stable is None or not stable.ttft_p95:
+        raise LookupError("stable ttftP95")
+    ratio = cand.ttft_p95 / stable.ttft_p95
+    return f"TTFT p95 {ratio:.2f}x stable > {limit:.2f}x" if ratio > limit else None
+
+
+GATES: tuple[Gate, ...] = ("errorRate", "ttftP95", "ttftRatioToStable")
+
+
+def enabled_gates(analysis: AnalysisSpec) -> tuple[Gate, ...]:
+    limits = {"ttftP95": analysis.max_ttft_p95, "ttftRatioToStable": analysis.max_ttft_ratio_to_stable}
+    return tuple(g for g in GATES if g not in analysis.disabled_gates and (g == "errorRate" or limits[g] is not None))
+
+
 def check(
     analysis: AnalysisSpec, candidate: RevisionStats, stable: RevisionStats | None, metrics_usable: bool
-) -> tuple[CheckResult, str]:
-    """One analysis check of the candidate, with the reason in words."""
+) -> Check:
+    """One analysis check of the candidate. Pass only when every enabled gate was evaluated on data."""
     if candidate.incidents:
-        return "Fail", f"{candidate.incidents} candidate pod(s) zeroed for an incident"
+        return Check("Fail", f"{candidate.incidents} candidate pod(s) zeroed for an incident")
     if not metrics_usable:
-        return "Inconclusive", "metrics unavailable"
+        return Check("Inconclusive", "metrics unavailable")
     if candidate.requests is None or candidate.requests < analysis.min_requests:
         seen = 0 if candidate.requests is None else round(candidate.requests)
-        return "Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}"
-    if candidate.error_rate is not None and candidate.error_rate > analysis.max_error_rate:
-        return "Fail", f"error rate {candidate.error_rate:.2%} > {analysis.max_error_rate:.2%}"
-    p95 = candidate.ttft_p95
-    if p95 is not None and analysis.max_ttft_p95 is not None and p95 > analysis.max_ttft_p95:
-        return "Fail", f"TTFT p95 {p95 * 1000:.0f}ms > {analysis.max_ttft_p95 * 1000:.0f}ms"
-    ratio_limit = analysis.max_ttft_ratio_to_stable
-    if p95 is not None and ratio_limit is not None and stable is not None and stable.ttft_p95:
-        ratio = p95 / stable.ttft_p95
-        if ratio > ratio_limit:
-            return "Fail", f"TTFT p95 {ratio:.2f}x stable > {ratio_limit:.2f}x"
-    return "Pass", "within every gate"
+        return Check("Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}")
+    failures: list[str] = []
+    missing: list[str] = []
+    for gate in enabled_gates(analysis):
+        try:
+            failure = _gate(gate, analysis, candidate, stable)
+        except LookupError as lack:
+            missing.append(f"{gate} ({lack.args[0]})")
+            continue
+        if failure:
+            failures.append(failure)
+    if failures:
+        return Check("Fail", "; ".join(failures))
+    if missing:
+        return Check("Inconclusive", "no data for gate " + ", ".join(missing))
+    gates = ", ".join(enabled_gates(analysis)) or "none enabled"
+    return Check("Pass", f"within every gate ({gates})")
 
 
-def _split(stable: str | None, candidate: str, weight: int, revisions: dict[str, RevisionStats]) -> dict[str, int]:
-    if weight <= 0:
-        return {stable: 100} if stable else {}
-    stable_up = stable is not None and revisions.get(stable, RevisionStats()).routable_pods > 0
-    if weight >= 100 or stable is None or not stable_up:
-        # Sending the stable share to a subset with no endpoints would fail those requests outright.
-        return {candidate: 100}
-    return {stable: 100 - weight, candidate: weight}
+def forced_split(
+    stable: str | None, candidate: str, revisions: dict[str, RevisionStats]
+) -> tuple[str | None, str | None]:
+    """(revision that must take all traffic, why), or (None, None) when both sides can carry their share."""
+    empty = RevisionStats()
+    stable_ok = stable is not None and revisions.get(stable, empty).healthy_pods > 0
+    candidate_ok = revisions.get(candidate, empty).healthy_pods > 0
+    if not stable_ok and candidate_ok:
+        return candidate, f"stable revision {stable or '(none)'} has no healthy routable pod"
+    if stable_ok and not candidate_ok and revisions.get(candidate, empty).routable_pods > 0:
+        return stable, f"candidate {candidate} has no healthy routable pod"
+    return None, None
+
+
+def _split(stable: str | None, candidate: str, planned: int, forced_to: str | None) -> dict[str, int]:
+    if forced_to is not None:
+        return {forced_to: 100}
+    if planned >= 100 or stable is None:
+        return {candidate: 100} if planned > 0 else {}
+    if planned <= 0:
+        return {stable: 100}
+    return {stable: 100 - planned, candidate: planned}
 
 
 def step_canary(
@@ -96,52 +157,39 @@ def step_canary(
     stable = pick_stable(spec, previous, revisions)
     candidate = spec.candidate_revision
     if candidate is None or candidate == stable:
-        events: tuple[Event, ...] = ()
-        phase = "Idle"
-        if previous is not None and previous.phase == "Promoted" and previous.stable_revision == stable:
-            phase = "Promoted"
-        elif previous is not None and previous.phase in ("Progressing", "Paused", "Waiting") and candidate is None:
-            events = (
-                Event(
-                    "Normal",
-                    "CanaryAborted",
-                    f"candidate {previous.candidate_revision} removed: traffic back to {stable}",
-                ),
-            )
-        status = CanaryStatus(
-            phase=phase,
-            stable_revision=stable,
-            candidate_revision=stable if phase == "Promoted" else None,
-            weight=100 if phase == "Promoted" else 0,
-            message=f"all traffic to {stable}" if stable else "no revision has routable pods",
-        )
-        return CanaryOutcome(status, {stable: 100} if stable else {}, events)
-
+        return _settled(stable, previous)
     if previous is None or previous.candidate_revision != candidate:
-        restarted = previous is not None and previous.phase in ("Progressing", "Paused", "Waiting")
-        reason = "CanaryRestarted" if restarted else "CanaryStarted"
-        state = CanaryStatus(
-            phase="Progressing",
-            stable_revision=stable,
-            candidate_revision=candidate,
-            step_index=0,
-            weight=spec.steps[0],
-            step_started_at=now,
+        previous = CanaryStatus(
+            phase="Progressing", stable_revision=stable, candidate_revision=candidate, step_index=0, step_started_at=now
         )
-        start_event = Event("Normal", reason, f"rolling out {candidate} over {stable}: steps {spec.steps}")
-        outcome = _advance(spec, state, revisions, metrics_usable, now)
-        return replace(outcome, events=(start_event, *outcome.events))
-
     if previous.phase == "RolledBack":
-        return CanaryOutcome(previous, _split(stable, candidate, 0, revisions))
-    return _advance(spec, replace_status(previous, stable_revision=stable), revisions, metrics_usable, now)
+        forced_to, why = forced_split(stable, candidate, revisions)
+        forced_to = forced_to if forced_to == candidate else None  # serving beats a 503, nothing else overrides
+        status = previous.model_copy(
+            update={
+                "stable_revision": stable,
+                "weight": 100 if forced_to else 0,
+                "split_forced": why if forced_to else None,
+            }
+        )
+        return CanaryOutcome(status, _split(stable, candidate, 0, forced_to))
+    return _progress(spec, previous.model_copy(update={"stable_revision": stable}), revisions, metrics_usable, now)
 
 
-def replace_status(status: CanaryStatus, **changes: object) -> CanaryStatus:
-    return status.model_copy(update=changes)
+def _settled(stable: str | None, previous: CanaryStatus | None) -> CanaryOutcome:
+    """No rollout in flight: all traffic to the stable revision (Promoted if it got there by a rollout)."""
+    promoted = previous is not None and previous.phase == "Promoted" and previous.stable_revision == stable
+    status = CanaryStatus(
+        phase="Promoted" if promoted else "Idle",
+        stable_revision=stable,
+        candidate_revision=stable if promoted else None,
+        weight=100 if promoted else 0,
+        message=f"all traffic to {stable}" if stable else "no revision has routable pods",
+    )
+    return CanaryOutcome(status, {stable: 100} if stable else {})
 
 
-def _advance(
+def _progress(
     spec: CanarySpec,
     state: CanaryStatus,
     revisions: dict[str, RevisionStats],
@@ -151,131 +199,97 @@ def _advance(
     candidate = state.candidate_revision or ""
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
-    step_index = state.step_index or 0
-    step_weight = spec.steps[min(step_index, len(spec.steps) - 1)]
-    events: list[Event] = []
-
     due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= spec.analysis.interval
-    result, why = state.last_check, state.last_check_reason
-    failed = state.failed_checks
-    last_check_at = state.last_check_at
+    ran: Check | None = None
     # An incident on a candidate pod is a failed check at once, even if it leaves the candidate without pods.
     if cand.incidents or (due and cand.routable_pods > 0):
-        stable_stats = revisions.get(stable) if stable else None
-        result, why = check(spec.analysis, cand, stable_stats, metrics_usable)
-        last_check_at = now
-        if result == "Fail":
-            failed += 1
-            events.append(
-                Event(
-                    "Warning",
-                    "CanaryCheckFailed",
-                    f"{candidate} at {step_weight}%: {why} ({failed}/{spec.max_failed_checks})",
-                )
-            )
-
-    if failed >= spec.max_failed_checks:
-        rolled = replace_status(
-            state,
-            phase="RolledBack",
-            weight=0,
-            failed_checks=failed,
-            last_check=result,
-            last_check_reason=why,
-            last_check_at=last_check_at,
-            message=f"rolled back {candidate} after {failed} failed checks: {why}",
-        )
-        events.append(Event("Warning", "CanaryRolledBack", rolled.message))
-        return CanaryOutcome(rolled, _split(stable, candidate, 0, revisions), tuple(events))
-
-    if cand.routable_pods == 0:
-        waiting = replace_status(
-            state,
-            phase="Waiting",
-            weight=0,
-            failed_checks=failed,
-            last_check=result,
-            last_check_reason=why,
-            last_check_at=last_check_at,
-            step_started_at=None,
-            message=f"candidate {candidate} has no routable pods: it gets no traffic until it has",
-        )
-        return CanaryOutcome(waiting, _split(stable, candidate, 0, revisions), tuple(events))
-
-    step_started = state.step_started_at or now
-    if state.phase in ("Paused", "Waiting") and not spec.paused:
-        step_started = now  # a full step interval is observed at this weight after a pause or a wait
-
-    at_step_for = (now - step_started).total_seconds()
-    if spec.paused:
-        paused = replace_status(
-            state,
-            phase="Paused",
-            step_index=step_index,
-            weight=step_weight,
-            failed_checks=failed,
-            last_check=result,
-            last_check_reason=why,
-            last_check_at=last_check_at,
-            step_started_at=step_started,
-            message=f"paused at {step_weight}% (last check {result or 'none'}: {why})",
-        )
-        return CanaryOutcome(paused, _split(stable, candidate, step_weight, revisions), tuple(events))
-
-    if at_step_for >= spec.step_interval and result == "Pass":
-        if step_index >= len(spec.steps) - 1:
-            promoted = CanaryStatus(
-                phase="Promoted",
-                stable_revision=candidate,
-                candidate_revision=candidate,
-                weight=100,
-                last_check=result,
-                last_check_reason=why,
-                last_check_at=last_check_at,
-                message=f"{candidate} promoted: it is now the stable revision",
-            )
-            events.append(Event("Normal", "CanaryPromoted", promoted.message))
-            return CanaryOutcome(promoted, {candidate: 100}, tuple(events))
-        step_index += 1
-        step_weight = spec.steps[step_index]
-        events.append(
-            Event(
-                "Normal",
-                "CanaryAdvanced",
-                f"{candidate} to {step_weight}% (step {step_index + 1}/{len(spec.steps)})",
-            )
-        )
-        progressing = replace_status(
-            state,
-            phase="Progressing",
-            step_index=step_index,
-            weight=step_weight,
-            failed_checks=failed,
-            last_check=None,
-            last_check_reason="",
-            last_check_at=last_check_at,
-            step_started_at=now,
-            message=f"at {step_weight}%: waiting for a passing check",
-        )
-        return CanaryOutcome(progressing, _split(stable, candidate, step_weight, revisions), tuple(events))
-
-    remaining = max(0.0, spec.step_interval - at_step_for)
-    message = (
-        f"at {step_weight}% for {at_step_for:.0f}s of {spec.step_interval:.0f}s; "
-        f"last check {result or 'pending'}: {why}"
-    )
-    if remaining == 0 and result != "Pass":
-        message = f"at {step_weight}%: holding until a check passes (last {result or 'pending'}: {why})"
-    progressing = replace_status(
-        state,
-        phase="Progressing",
+        ran = check(spec.analysis, cand, revisions.get(stable) if stable else None, metrics_usable)
+    failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
+    result = ran.result if ran else state.last_check
+    reason = ran.reason if ran else state.last_check_reason
+    forced_to, forced_why = forced_split(stable, candidate, revisions)
+    phase, step_index, started = _next_step(spec, state, cand, result, failed, forced_why, now)
+    if phase == "Promoted":
+        return _promoted(candidate, result, reason, now if ran else state.last_check_at)
+    planned = 0 if phase in ("RolledBack", "Waiting") else spec.steps[step_index]
+    if phase in ("RolledBack", "Waiting"):
+        forced_to = forced_to if forced_to == candidate else None
+        forced_why = forced_why if forced_to else None
+    weights = _split(stable, candidate, planned, forced_to)
+    advanced = step_index != state.step_index
+    status = CanaryStatus(
+        phase=phase,
+        stable_revision=stable,
+        candidate_revision=candidate,
         step_index=step_index,
-        weight=step_weight,
+        weight=weights.get(candidate, 0),
+        step_weight=planned,
+        split_forced=forced_why,
         failed_checks=failed,
-        last_check=result,
-        last_check_reason=why,
-        last_check_at=last_check_at,
-        step_started_at=step_started,
-        message=message,
+        step_started_at=started,
+        last_check_at=now if ran else state.last_check_at,
+        last_check=None if advanced else result,
+        last_check_reason="" if advanced else reason,
     )
-    return CanaryOutcome(progressing, _split(stable, candidate, step_weight, revisions), tuple(events))
+    return CanaryOutcome(status.model_copy(update={"message": _message(spec, status, now)}), weights)
+
+
+def _promoted(candidate: str, result: CheckResult | None, reason: str, checked_at: datetime | None) -> CanaryOutcome:
+    status = CanaryStatus(
+        phase="Promoted",
+        stable_revision=candidate,
+        candidate_revision=candidate,
+        weight=100,
+        step_weight=100,
+        last_check=result,
+        last_check_reason=reason,
+        last_check_at=checked_at,
+        message=f"{candidate} promoted: it is now the stable revision",
+    )
+    return CanaryOutcome(status, {candidate: 100})
+
+
+def _next_step(
+    spec: CanarySpec,
+    state: CanaryStatus,
+    cand: RevisionStats,
+    result: CheckResult | None,
+    failed: int,
+    forced_why: str | None,
+    now: datetime,
+) -> tuple[CanaryPhase, int, datetime | None]:
+    """(phase, step index, when the step's clock started) after this pass."""
+    index = state.step_index or 0
+    if failed >= spec.max_failed_checks:
+        return "RolledBack", index, state.step_started_at
+    if cand.routable_pods == 0:
+        return "Waiting", index, None
+    started = state.step_started_at or now
+    if state.phase in ("Paused", "Waiting") and not spec.paused:
+        started = now  # a full step interval is observed at this weight after a pause or a wait
+    if spec.paused:
+        return "Paused", index, started
+    if forced_why is not None:
+        return "Progressing", index, now  # the step's clock runs only while its split is really published
+    if (now - started).total_seconds() >= spec.step_interval and result == "Pass":
+        if index >= len(spec.steps) - 1:
+            return "Promoted", index, None
+        return "Progressing", index + 1, now
+    return "Progressing", index, started
+
+
+def _message(spec: CanarySpec, status: CanaryStatus, now: datetime) -> str:
+    candidate, step = status.candidate_revision, status.step_weight
+    last = f"last check {status.last_check or 'pending'}: {status.last_check_reason or 'none yet'}"
+    if status.phase == "RolledBack":
+        return f"rolled back {candidate} after {status.failed_checks} failed checks: {status.last_check_reason}"
+    if status.phase == "Waiting":
+        return f"candidate {candidate} has no routable pods: it gets no traffic until it has"
+    if status.split_forced:
+        return f"step {step}% not applied, {candidate} at {status.weight}%: {status.split_forced}; holding"
+    if status.phase == "Paused":
+        return f"paused at {step}% ({last})"
+    at_step = (now - status.step_started_at).total_seconds() if status.step_started_at else 0.0
+    if at_step >= spec.step_interval and status.last_check != "Pass":
+        return f"at {step}%: holding until a check passes ({last})"
+    return f"at {step}% for {at_step:.0f}s of {spec.step_interval:g}s; {last}"

@@ -1,9 +1,19 @@
-"""Kubernetes Events the core asks the shell to emit. Pure data."""
+"""Kubernetes Events, derived in one place from the previous and the next status. Pure.
+
+Nothing else in sluice creates an Event: a pass computes its next status, and `derive_events(previous, next)`
+names what changed — a condition's transition, a pod's state change, a rollout's step. So an Event can never
+say something the status does not, and replaying a pass with the same inputs emits the same Events.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+from sluice.api.v1alpha1 import CanaryStatus, Condition, EndpointStatus, InferencePoolStatus
+
+ACTIVE = ("Progressing", "Paused", "Waiting")
 
 
 @dataclass(frozen=True)
@@ -11,3 +21,113 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+
+
+def derive_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> tuple[Event, ...]:
+    return (
+        *_condition_events(previous, next_),
+        *_endpoint_events(previous, next_),
+        *_canary_events(previous.canary if previous else None, next_.canary),
+    )
+
+
+def _cond(status: InferencePoolStatus | None, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None) if status else None
+
+
+def _condition_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
+    def became(type_: str) -> tuple[Condition | None, Condition | None]:
+        return _cond(previous, type_), _cond(next_, type_)
+
+    before, after = became("SpecValid")
+    if after is not None and after.status == "False" and (before is None or before.message != after.message):
+        yield Event("Warning", "InvalidSpec", after.message)
+    if after is not None and after.reason == "GatesWithoutData" and (before is None or before.message != after.message):
+        yield Event("Warning", "GatesWithoutData", after.message)
+    before, after = became("MetricsAvailable")
+    if after is not None:
+        if after.status == "False" and (before.status == "True" if before else previous is not None):
+            yield Event("Warning", "MetricsUnavailable", after.message)
+        elif after.status == "True" and before is not None and before.status == "False":
+            yield Event("Normal", "MetricsRestored", "signals are fresh again; weights follow them")
+    before, after = became("Ready")
+    if after is not None and after.reason == "ReconcileFailed" and (before is None or before.message != after.message):
+        yield Event("Warning", "ReconcileFailed", after.message)
+    before, after = became("SplitForced")
+    if after is not None and after.status == "True" and (before is None or before.status != "True"):
+        yield Event("Warning", "SplitForced", after.message)
+    elif after is not None and after.status == "False" and before is not None and before.status == "True":
+        yield Event("Normal", "SplitRestored", after.message)
+    before, after = became("IstioSynced")
+    if after is not None and after.status == "False" and (before is None or before.reason != after.reason):
+        yield Event("Warning", after.reason, after.message)
+    yield from _class_events(previous, next_)
+
+
+def _class_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
+    known_before = {row.pod for row in previous.endpoints if not row.class_known} if previous else set()
+    fresh: dict[str, list[str]] = {}
+    for row in next_.endpoints:
+        if not row.class_known and row.pod not in known_before:
+            fresh.setdefault(row.hardware_class or "(no label)", []).append(row.pod)
+    for value, pods in sorted(fresh.items()):
+        yield Event(
+            "Warning",
+            "UnknownHardwareClass",
+            f"hardware class {value!r} is not in capacity.classes, capacity.default used: {', '.join(pods)}",
+        )
+
+
+def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
+    before: dict[str, EndpointStatus] = {row.pod: row for row in previous.endpoints} if previous else {}
+    for row in next_.endpoints:
+        prev = before.get(row.pod)
+        incident_is_new = row.last_incident_at is not None and row.last_incident_at != (
+            prev.last_incident_at if prev else None
+        )
+        if incident_is_new and row.weight == 0:
+            yield Event("Warning", "PodZeroed", f"{row.pod}: {row.incident_message or row.incident}")
+        if row.floor_held and not (prev is not None and prev.floor_held):
+            yield Event("Warning", "FloorHeld", f"{row.pod}: {row.reason}")
+        if prev is None:
+            continue
+        if prev.state == "Zeroed" and row.state == "Recovering":
+            yield Event("Normal", "PodRecovering", f"{row.pod}: {row.reason}")
+        elif prev.state == "Recovering" and row.state == "Routable" and row.verdict == "scored":
+            yield Event("Normal", "PodRecovered", f"{row.pod}: back to normal scoring (weight {row.weight})")
+
+
+def _canary_events(previous: CanaryStatus | None, next_: CanaryStatus | None) -> Iterator[Event]:
+    if next_ is None:
+        return
+    was_active = previous is not None and previous.phase in ACTIVE
+    candidate = next_.candidate_revision
+    same = previous is not None and previous.candidate_revision == candidate
+    if next_.phase == "Idle":
+        if was_active and previous is not None:
+            yield Event(
+                "Normal",
+                "CanaryAborted",
+                f"candidate {previous.candidate_revision} removed: traffic back to {next_.stable_revision}",
+            )
+        return
+    if next_.phase == "Promoted":
+        if previous is None or previous.phase != "Promoted":
+            yield Event("Normal", "CanaryPromoted", next_.message)
+        return
+    if not same:
+        reason = "CanaryRestarted" if was_active else "CanaryStarted"
+        yield Event("Normal", reason, f"rolling out {candidate} over {next_.stable_revision}")
+    failed_before = previous.failed_checks if same and previous else 0
+    if next_.failed_checks > failed_before:
+        yield Event(
+            "Warning",
+            "CanaryCheckFailed",
+            f"{candidate} at {next_.weight}%: {next_.last_check_reason} ({next_.failed_checks} failed)",
+        )
+    if next_.phase == "RolledBack" and not (same and previous is not None and previous.phase == "RolledBack"):
+        yield Event("Warning", "CanaryRolledBack", next_.message)
+    if same and previous is not None and (next_.step_index or 0) > (previous.step_index or 0):
+        yield Event(
+            "Normal", "CanaryAdvanced", f"{candidate} to {next_.step_weight}% (step {(next_.step_index or 0) + 1})"
+        )

@@ -62,6 +62,16 @@ class SignalSnapshot(ApiModel):
         default_factory=list, description="Signals the engine cannot provide (and no override supplies)."
     )
     pods: dict[str, PodSignals] = Field(default_factory=dict, description="Pod name -> its signals.")
+    sampled_at: dict[str, datetime] = Field(
+        default_factory=dict,
+        description="Pod name -> timestamp of its newest scraped sample (Prometheus `timestamp()`), the evidence of "
+        "freshness; a pod absent here while the engine has a freshness query has no fresh samples.",
+    )
+    freshness_known: bool = Field(
+        default=False,
+        description="Whether sampledAt was measured (the engine preset has a freshness query). Without it, "
+        "freshness falls back to collectedAt, the time the queries were answered.",
+    )
 
 
 class Observed(ApiModel):

@@ -24,8 +24,22 @@ POD_REGEX_LIMIT = 200
 
 
 def _ratio(numerator: str, denominator: str) -> str:
-    """failed/total per pod: traffic but no failure series yet reads 0; no traffic at all reads nothing."""
+    """failed/total per pod. The denominator counts every request, failed ones included, and a failure would
+    create the failure series; so a pod with traffic and no failure series has measurably failed 0 requests.
+    A pod with no traffic reads nothing (0/0), never 0."""
     return f"(({numerator}) or (0 * ({denominator}))) / ({denominator})"
+
+
+def _all_requests(succeeded: str, failed: str) -> str:
+    """succeeded + failed per pod, also for a pod whose failure series does not exist yet (vector `+` would
+    drop it, leaving the error rate of a pod with traffic and no failures missing)."""
+    return f"({succeeded}) + (({failed}) or (0 * ({succeeded})))"
+
+
+def _worst_of(*queries: str) -> str:
+    """The highest of several per-pod ratios (each labelled by its source so `or` keeps them all)."""
+    tagged = [f'label_replace({query}, "sluice_source", "{i}", "", "")' for i, query in enumerate(queries)]
+    return "max by ($podLabel) (" + " or ".join(tagged) + ")"
 
 
 def _mean_of_histogram(name: str, scale: str = "") -> str:
@@ -58,9 +72,19 @@ PRESETS: dict[Engine, dict[SignalName, str]] = {
         "queueLength": "sum by ($podLabel) (vllm:num_requests_waiting{$selector})",
         "runningRequests": "sum by ($podLabel) (vllm:num_requests_running{$selector})",
         "requestRate": _rate("vllm:request_success_total"),
-        "errorRate": _ratio(
-            _rate("vllm:request_success_total", ',finished_reason="error"'),
-            _rate("vllm:request_success_total"),
+        # Two views of failure, the worse one counts: HTTP 5xx answers of the OpenAI server (vLLM instruments it
+        # with prometheus-fastapi-instrumentator, statuses grouped as "5xx"; a request refused or crashed before
+        # the engine finished it appears only here), and requests the engine finished with reason "error" (a
+        # stream that fails after its 200 header appears only there).
+        "errorRate": _worst_of(
+            _ratio(
+                _rate("http_requests_total", ',handler=~"/v1/.+",status="5xx"'),
+                _rate("http_requests_total", ',handler=~"/v1/.+"'),
+            ),
+            _ratio(
+                _rate("vllm:request_success_total", ',finished_reason="error"'),
+                _rate("vllm:request_success_total"),
+            ),
         ),
     },
     "sglang": {
@@ -82,7 +106,7 @@ PRESETS: dict[Engine, dict[SignalName, str]] = {
         "requestRate": _rate("trtllm_request_success_total"),
         "errorRate": _ratio(
             _rate("trtllm_request_error_total"),
-            f"{_rate('trtllm_request_success_total')} + {_rate('trtllm_request_error_total')}",
+            _all_requests(_rate("trtllm_request_success_total"), _rate("trtllm_request_error_total")),
         ),
     },
     "triton": {
@@ -97,7 +121,7 @@ PRESETS: dict[Engine, dict[SignalName, str]] = {
         "requestRate": _rate("nv_inference_request_success"),
         "errorRate": _ratio(
             _rate("nv_inference_request_failure"),
-            f"{_rate('nv_inference_request_success')} + {_rate('nv_inference_request_failure')}",
+            _all_requests(_rate("nv_inference_request_success"), _rate("nv_inference_request_failure")),
         ),
     },
     "tgi": {
@@ -106,11 +130,32 @@ PRESETS: dict[Engine, dict[SignalName, str]] = {
         "runningRequests": "sum by ($podLabel) (tgi_batch_current_size{$selector})",
         "requestRate": _rate("tgi_request_success"),
         "errorRate": _ratio(
-            _rate("tgi_request_failure"), f"{_rate('tgi_request_success')} + {_rate('tgi_request_failure')}"
+            _rate("tgi_request_failure"), _all_requests(_rate("tgi_request_success"), _rate("tgi_request_failure"))
         ),
     },
     "custom": {},
 }
+
+
+# One gauge per engine that every live server exports on every scrape: `timestamp()` of it is the time of the
+# pod's newest sample, the evidence that signals are fresh (rates and quantiles carry the query's time instead).
+FRESHNESS: dict[Engine, str] = {
+    "vllm": "max by ($podLabel) (timestamp(vllm:num_requests_running{$selector}))",
+    "sglang": "max by ($podLabel) (timestamp(sglang:num_running_reqs{$selector}))",
+    "trtllm": "max by ($podLabel) (timestamp(trtllm_num_requests_running{$selector}))",
+    "triton": "max by ($podLabel) (timestamp(nv_trt_llm_request_metrics{$selector}))",
+    "tgi": "max by ($podLabel) (timestamp(tgi_queue_size{$selector}))",
+}
+
+
+def supported_signals(spec: InferencePoolSpec) -> tuple[SignalName, ...]:
+    """Signals the pool can have: the engine preset's, plus any per-signal override."""
+    preset = PRESETS[spec.engine]
+    return tuple(
+        signal
+        for signal in ALL_SIGNALS
+        if signal in preset or getattr(spec.metrics.queries, SIGNAL_FIELD_OVERRIDE[signal]) is not None
+    )
 
 
 def escape_string(value: str) -> str:
@@ -134,6 +179,8 @@ class QueryPlan:
     queries: dict[SignalName, str]
     unsupported: tuple[SignalName, ...]
     filters_pods_client_side: bool
+    freshness: str | None = None
+    """`timestamp()` of a gauge per pod; None for engines without a preset (custom)."""
 
 
 def build_queries(spec: InferencePoolSpec, namespace: str, pod_names: list[str]) -> QueryPlan:
@@ -161,4 +208,10 @@ def build_queries(spec: InferencePoolSpec, namespace: str, pod_names: list[str])
             unsupported.append(signal)
             continue
         queries[signal] = Template(template).substitute(values)
-    return QueryPlan(queries=queries, unsupported=tuple(unsupported), filters_pods_client_side=not by_pod)
+    freshness = FRESHNESS.get(spec.engine)
+    return QueryPlan(
+        queries=queries,
+        unsupported=tuple(unsupported),
+        filters_pods_client_side=not by_pod,
+        freshness=Template(freshness).substitute(values) if freshness else None,
+    )

@@ -73,12 +73,19 @@ class Score(NamedTuple):
         return " ".join(parts)
 
 
-def capacity_of(spec: InferencePoolSpec, labels: dict[str, str]) -> tuple[str | None, float]:
-    """The pod's hardware class and its capacity coefficient K."""
+def capacity_of(spec: InferencePoolSpec, labels: dict[str, str]) -> tuple[str | None, float, bool]:
+    """The pod's hardware class, its capacity coefficient K, and whether the class is one `classes` lists.
+
+    With `capacity.classes` empty every pod has the default K by design (known); with classes listed, a pod
+    whose label is missing or not listed (say `A100` for `a100`) gets the default and is reported.
+    """
+    classes = spec.capacity.classes
     hardware_class = labels.get(spec.capacity.class_label)
     if hardware_class is None:
-        return None, spec.capacity.default
-    return hardware_class, spec.capacity.classes.get(hardware_class, spec.capacity.default)
+        return None, spec.capacity.default, not classes
+    if hardware_class in classes:
+        return hardware_class, classes[hardware_class], True
+    return hardware_class, spec.capacity.default, not classes
 
 
 def latency_penalty(scoring: ScoringSpec, ttft: float) -> float:

@@ -1,53 +1,214 @@
-"""Status helpers: metav1.Condition bookkeeping and the spec-invalid status. Pure.
+"""Status: conditions as metav1.Condition, one small builder per concern, one aggregator; lenient reading. Pure.
 
 Conditions are computed as a whole every pass (a merge patch replaces lists); a condition keeps its
-lastTransitionTime while its status does not change.
+lastTransitionTime while its status does not change. The core builds every condition of a pass; the runtime
+adds the ones only it can know (`IstioSynced`, a failed pass) through `with_condition`, the same builder.
+`read_status` parses a stored status leniently: what another version of sluice wrote never stops the pool.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sluice.api.v1alpha1 import Condition, ConditionStatus, InferencePoolStatus
+from pydantic import ValidationError
 
-CONDITION_TYPES = ("Ready", "SpecValid", "MetricsAvailable", "Degraded", "Progressing")
+from sluice.api.v1alpha1 import (
+    CanaryStatus,
+    Condition,
+    ConditionStatus,
+    EndpointStatus,
+    InferencePoolStatus,
+)
+
+CONDITION_TYPES = ("Ready", "SpecValid", "MetricsAvailable", "Degraded", "Progressing", "SplitForced", "IstioSynced")
 
 
-def make_condition(
-    type_: str,
-    status: ConditionStatus,
-    reason: str,
-    message: str,
-    generation: int | None,
-    previous: list[Condition],
-    now: datetime,
-) -> Condition:
-    before = next((c for c in previous if c.type == type_), None)
-    since = before.last_transition_time if before is not None and before.status == status else now
+@dataclass(frozen=True)
+class Want:
+    """A condition as a pass wants it; `conditions` turns it into a metav1.Condition."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def make_condition(want: Want, generation: int | None, previous: Iterable[Condition], now: datetime) -> Condition:
+    before = find(list(previous), want.type)
+    since = before.last_transition_time if before is not None and before.status == want.status else now
     return Condition(
-        type=type_,
-        status=status,
-        reason=reason,
-        message=message,
+        type=want.type,
+        status=want.status,
+        reason=want.reason,
+        message=want.message,
         last_transition_time=since,
         observed_generation=generation,
     )
 
 
-def find(conditions: list[Condition], type_: str) -> Condition | None:
-    return next((c for c in conditions if c.type == type_), None)
+def conditions(
+    wants: Iterable[Want], generation: int | None, previous: list[Condition], now: datetime
+) -> list[Condition]:
+    """The whole condition list, in a stable order."""
+    built = [make_condition(want, generation, previous, now) for want in wants]
+    return sorted(built, key=lambda c: _order(c.type))
 
 
-def invalid_spec_status(
-    previous: InferencePoolStatus | None, generation: int | None, message: str, now: datetime
+def with_condition(
+    status: InferencePoolStatus, want: Want, generation: int | None, previous: list[Condition], now: datetime
 ) -> InferencePoolStatus:
-    """The status of a pool whose spec does not parse: SpecValid=False; everything else (weights) kept as it was."""
-    base = previous or InferencePoolStatus()
-    others = [c for c in base.conditions if c.type != "SpecValid"]
-    spec_valid = make_condition("SpecValid", "False", "InvalidSpec", message, generation, base.conditions, now)
-    conditions = sorted([*others, spec_valid], key=lambda c: _order(c.type))
-    return base.model_copy(update={"conditions": conditions, "last_reconcile_time": now})
+    """The status with one condition set (added or replaced), its transition time kept from `previous`."""
+    others = [c for c in status.conditions if c.type != want.type]
+    merged = sorted([*others, make_condition(want, generation, previous, now)], key=lambda c: _order(c.type))
+    return status.model_copy(update={"conditions": merged})
+
+
+def find(conditions_: list[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions_ if c.type == type_), None)
 
 
 def _order(type_: str) -> int:
     return CONDITION_TYPES.index(type_) if type_ in CONDITION_TYPES else len(CONDITION_TYPES)
+
+
+# ------------------------------------------------------------------------------------ one builder per concern
+
+
+def ready(routable: int, eligible: int) -> Want:
+    if routable:
+        return Want("Ready", "True", "WeightsPublished", f"{routable} of {eligible} ready pods routable")
+    if eligible:
+        return Want(
+            "Ready",
+            "False",
+            "NothingRoutable",
+            "no pod can be routed on evidence: the mesh keeps its last configuration",
+        )
+    return Want("Ready", "False", "NoReadyPods", "no pod is ready: the mesh keeps its last configuration")
+
+
+def spec_valid(gate_warnings: list[str]) -> Want:
+    if gate_warnings:
+        return Want("SpecValid", "True", "GatesWithoutData", "; ".join(gate_warnings))
+    return Want("SpecValid", "True", "Valid", "spec accepted")
+
+
+def metrics_available(usable: bool, reason: str, message: str) -> Want:
+    return Want("MetricsAvailable", "True" if usable else "False", reason, message)
+
+
+def degraded(rows: list[EndpointStatus], class_label: str, metrics_usable: bool) -> Want:
+    """The worst thing wrong with the pool's pods first; every finding listed."""
+    findings: list[tuple[str, str]] = []
+
+    def names(pick: Any) -> list[str]:
+        return [row.pod for row in rows if pick(row)]
+
+    groups = [
+        ("FloorHeld", "held by the floor", names(lambda r: r.floor_held)),
+        ("PodsZeroed", "zeroed", names(lambda r: r.verdict == "quiet" and not r.floor_held)),
+        ("PodsRecovering", "recovering", names(lambda r: r.state == "Recovering")),
+        (
+            "PodsUnobserved",
+            "no fresh samples (weight frozen)",
+            names(lambda r: metrics_usable and r.verdict == "frozen"),
+        ),
+        (
+            "AwaitingEvidence",
+            "no samples yet (not routed)",
+            names(lambda r: r.verdict == "awaiting" and not r.floor_held),
+        ),
+    ]
+    for reason, label, pods in groups:
+        if pods:
+            findings.append((reason, f"{label}: {', '.join(pods)}"))
+    unknown: dict[str, list[str]] = {}
+    for row in rows:
+        if not row.class_known:
+            unknown.setdefault(row.hardware_class or "(no label)", []).append(row.pod)
+    if unknown:
+        listed = "; ".join(f"{value}: {', '.join(pods)}" for value, pods in sorted(unknown.items()))
+        findings.append(
+            ("UnknownHardwareClass", f"{class_label} not in capacity.classes, capacity.default used ({listed})")
+        )
+    missing = [f"{row.pod} ({', '.join(row.missing_signals)})" for row in rows if row.missing_signals]
+    if missing:
+        findings.append(("SignalsMissing", f"no series for {'; '.join(missing)}"))
+    if not findings:
+        return Want("Degraded", "False", "AllHealthy", "every ready pod is scored normally")
+    return Want("Degraded", "True", findings[0][0], "; ".join(text for _, text in findings))
+
+
+def progressing(canary: CanaryStatus) -> Want:
+    active = canary.phase in ("Progressing", "Paused", "Waiting")
+    return Want("Progressing", "True" if active else "False", canary.phase, canary.message)
+
+
+def split_forced(canary: CanaryStatus) -> Want:
+    if canary.split_forced:
+        return Want("SplitForced", "True", "NoHealthyPods", canary.split_forced)
+    return Want("SplitForced", "False", "AsPlanned", f"the published split is the step's ({canary.weight}% candidate)")
+
+
+def istio_synced(refused: list[str], failed: list[str], written: int, total: int) -> Want:
+    if refused:
+        message = "; ".join(refused) + " (set spec.routing.adoptExisting to take it over)"
+        return Want("IstioSynced", "False", "ObjectNotManaged", message)
+    if failed:
+        return Want("IstioSynced", "False", "WriteFailed", "; ".join(failed))
+    message = f"{total} objects in sync" + (f", {written} written this pass" if written else "")
+    return Want("IstioSynced", "True", "Synced", message)
+
+
+NOTHING_TO_PUBLISH = Want(
+    "IstioSynced", "Unknown", "NothingToPublish", "no routable pod: the mesh keeps its last configuration"
+)
+
+
+def reconcile_failed(message: str) -> Want:
+    return Want("Ready", "False", "ReconcileFailed", f"the pass failed and published nothing: {message}")
+
+
+def invalid_spec(message: str) -> Want:
+    return Want("SpecValid", "False", "InvalidSpec", message)
+
+
+# ------------------------------------------------------------------------------------ reading a stored status
+
+
+def read_status(raw: dict[str, Any] | None) -> tuple[InferencePoolStatus | None, list[str]]:
+    """Parse a stored status, dropping (and reporting) the parts this version cannot read."""
+    if not raw:
+        return None, []
+    try:
+        return InferencePoolStatus.model_validate(raw), []
+    except ValidationError:
+        pass
+    problems: list[str] = []
+    kept: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in ("conditions", "endpoints"):
+            model = Condition if key == "conditions" else EndpointStatus
+            items = []
+            for item in value if isinstance(value, list) else []:
+                try:
+                    items.append(model.model_validate(item))
+                except ValidationError as failure:
+                    problems.append(f"{key}: dropped an unreadable entry ({_first_error(failure)})")
+            kept[key] = items
+            continue
+        try:
+            InferencePoolStatus.model_validate({key: value})
+            kept[key] = value
+        except ValidationError as failure:
+            problems.append(f"{key}: dropped ({_first_error(failure)})")
+    return InferencePoolStatus.model_validate(kept), problems
+
+
+def _first_error(failure: ValidationError) -> str:
+    error = failure.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else error["msg"]

@@ -11,9 +11,14 @@ modelled completion paces the rest, so TTFT grows with load as the model says, n
   `vllm:request_success_total{finished_reason}`, `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
   `vllm:num_preemptions_total`) plus, since no engine has a standard one, `sluice_sim_lora_loads_total` and
   `sluice_sim_lora_load_failures_total`;
-- `GET /health`; `POST /admin/faults` to inject faults: `errorRate` (HTTP 500, finished_reason="error"),
-  `slowdown` (multiplies modelled latency), `loraFailureRate` (adapter loads fail), `oom: true` (the process
-  exits with status 137, which the local kubelet reports as OOMKilled).
+- like vLLM's OpenAI server (instrumented with prometheus-fastapi-instrumentator), `http_requests_total{handler,
+  method,status}` with statuses grouped as `2xx`/`4xx`/`5xx` for every API request;
+- `GET /health`; `POST /admin/faults` to inject faults: `errorRate` (HTTP 500 before the engine finishes the
+  request — as with real vLLM it shows only in `http_requests_total{status="5xx"}`, not in
+  `vllm:request_success_total`), `slowdown` (multiplies modelled latency), `loraFailureRate` (adapter loads fail),
+  `stallMetrics: true` (`/metrics` keeps answering the last exposition with its original sample timestamps, as a
+  stuck exporter or a lagging federation does: Prometheus keeps old samples and no staleness marker),
+  `oom: true` (the process exits with status 137, which the local kubelet reports as OOMKilled).
 
     python -m sluice.devstack.modelserver --host 127.0.0.11 --port 8000 --hardware a100 --model llama
 """
@@ -33,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from fleet_sim.core.instance import Instance
 from fleet_sim.core.request import Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -49,6 +55,7 @@ class Faults:
     error_rate: float = 0.0
     slowdown: float = 1.0
     lora_failure_rate: float = 0.0
+    stall_metrics: bool = False
 
 
 @dataclass
@@ -97,6 +104,13 @@ class Engine:
         return min(1.0, used / total)
 
 
+def with_timestamps(exposition: bytes, at: float) -> bytes:
+    """The exposition with an explicit timestamp (ms) on every sample line, as federation and some exporters send."""
+    stamp = f" {int(at * 1000)}".encode()
+    lines = [line if not line or line.startswith(b"#") else line + stamp for line in exposition.split(b"\n")]
+    return b"\n".join(lines)
+
+
 class ModelServer:
     def __init__(self, hardware: str, model: str, seed: int | None = None) -> None:
         self.engine = Engine(PROFILES[hardware])
@@ -136,14 +150,34 @@ class ModelServer:
         self.lora_loads = Counter("sluice_sim_lora_loads", "LoRA adapter loads.", labels, registry=r).labels(
             **self.label_values
         )
+        self.http_requests = Counter(
+            "http_requests",
+            "Total number of requests by method, status and handler.",
+            ["method", "status", "handler"],
+            registry=r,
+        )
+        self._stalled_exposition: bytes | None = None
         self.lora_failures = Counter(
             "sluice_sim_lora_load_failures", "LoRA adapter loads that failed.", labels, registry=r
         ).labels(**self.label_values)
 
     # ------------------------------------------------------------------------------------ http
 
+    @web.middleware
+    async def _count_http(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """`http_requests_total` as prometheus-fastapi-instrumentator counts it in vLLM (status grouped by class)."""
+        if not request.path.startswith("/v1/"):
+            return await handler(request)
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        finally:
+            self.http_requests.labels(request.method, f"{status // 100}xx", request.path).inc()
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._count_http])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/health", self.health)
@@ -167,7 +201,14 @@ class ModelServer:
         return web.json_response({"status": "ok"})
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
+        body = generate_latest(self.registry)
+        if self.faults.stall_metrics:
+            if self._stalled_exposition is None:
+                self._stalled_exposition = with_timestamps(body, time.time())
+            body = self._stalled_exposition
+        else:
+            self._stalled_exposition = None
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def set_faults(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -178,12 +219,14 @@ class ModelServer:
             error_rate=float(body.get("errorRate", self.faults.error_rate)),
             slowdown=float(body.get("slowdown", self.faults.slowdown)),
             lora_failure_rate=float(body.get("loraFailureRate", self.faults.lora_failure_rate)),
+            stall_metrics=bool(body.get("stallMetrics", self.faults.stall_metrics)),
         )
         return web.json_response(
             {
                 "errorRate": self.faults.error_rate,
                 "slowdown": self.faults.slowdown,
                 "loraFailureRate": self.faults.lora_failure_rate,
+                "stallMetrics": self.faults.stall_metrics,
             }
         )
 
@@ -203,7 +246,7 @@ class ModelServer:
                 self.lora_failures.inc()
                 return web.json_response({"error": {"message": f"failed to load LoRA adapter {model}"}}, status=400)
         if self.random.random() < self.faults.error_rate:
-            self._finished("error")
+            # Fails before the engine finishes it: counted by the HTTP instrumentation only, as in real vLLM.
             return web.json_response({"error": {"message": "internal engine error (injected)"}}, status=500)
         flight = self.engine.submit(l_in, l_out)
         if flight is None:

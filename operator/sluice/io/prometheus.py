@@ -15,8 +15,8 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, cast
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -26,6 +26,9 @@ from urllib3.util.retry import Retry
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
 from sluice.core.presets import build_queries
+
+FRESHNESS_KEY = "sampleTime"
+"""Name under which the freshness query's failure is reported (it is not a signal)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,17 @@ def parse_value(sample: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def sample_times(series: list[dict[str, Any]] | None, pods: set[str], pod_label: str) -> dict[str, datetime]:
+    """Pod -> time of its newest sample, from the answer of the freshness query (`timestamp()` values)."""
+    out: dict[str, datetime] = {}
+    for item in series or []:
+        pod = item.get("metric", {}).get(pod_label)
+        stamp = parse_value(item.get("value"))
+        if pod in pods and stamp is not None:
+            out[pod] = datetime.fromtimestamp(stamp, UTC)
+    return out
+
+
 def to_snapshot(
     answers: dict[SignalName, list[dict[str, Any]]],
     failed: dict[str, str],
@@ -53,8 +67,13 @@ def to_snapshot(
     pods: set[str],
     pod_label: str,
     collected_at: datetime,
+    freshness: list[dict[str, Any]] | None = None,
 ) -> SignalSnapshot:
-    """Per-pod signals from the raw query answers, keeping only the pool's pods. Pure."""
+    """Per-pod signals from the raw query answers, keeping only the pool's pods. Pure.
+
+    `freshness` is the answer of the freshness query, or None when the engine has none (then sample age is
+    unknown and the core judges freshness by `collected_at`).
+    """
     values: dict[str, dict[str, float]] = {}
     for signal, series in answers.items():
         field = SIGNAL_FIELD[signal]
@@ -70,6 +89,8 @@ def to_snapshot(
         failed=failed,
         unsupported=list(unsupported),
         pods={pod: PodSignals.model_validate(fields) for pod, fields in values.items()},
+        sampled_at=sample_times(freshness, pods, pod_label),
+        freshness_known=freshness is not None,
     )
 
 
@@ -139,12 +160,21 @@ class PromIO:
             result = client.custom_query(query, params=params)
             return list(result) if isinstance(result, list) else []
 
-        futures = {signal: self._pool.submit(run, query) for signal, query in plan.queries.items()}
-        answers: dict[SignalName, list[dict[str, Any]]] = {}
+        queries: dict[str, str] = {str(name): query for name, query in plan.queries.items()}
+        if plan.freshness is not None:
+            queries[FRESHNESS_KEY] = plan.freshness
+        futures = {signal: self._pool.submit(run, query) for signal, query in queries.items()}
+        answers: dict[str, list[dict[str, Any]]] = {}
         failed: dict[str, str] = {}
         for signal, future in futures.items():
             try:
                 answers[signal] = future.result(timeout=spec.metrics.timeout + 2)
             except (PrometheusApiClientException, requests.RequestException, TimeoutError, ValueError) as failure:
                 failed[signal] = describe_failure(failure)
-        return to_snapshot(answers, failed, plan.unsupported, set(pod_names), spec.metrics.pod_label, now)
+        freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness is not None else None
+        if plan.freshness is not None and freshness is None:
+            freshness = []  # the freshness query failed: it is in `failed`, which freezes the pool
+        signal_answers = {cast(SignalName, name): series for name, series in answers.items()}
+        return to_snapshot(
+            signal_answers, failed, plan.unsupported, set(pod_names), spec.metrics.pod_label, now, freshness
+        )

@@ -4,11 +4,15 @@ The only orchestration function; the kopf handlers call it in a worker thread an
 modes, each visible in the pool's status:
 - the spec does not parse: `SpecValid=False` with the API-server-style message, an `InvalidSpec` Event, and no
   Istio object is touched;
+- the stored status does not parse (written by another version): the unreadable parts are dropped and reported
+  in a `StatusPartlyUnreadable` Event; the pool keeps running;
 - Prometheus fails (or a Secret is missing): the core freezes weights (`MetricsAvailable=False`);
 - an Istio object of the same name is not sluice's: it is left alone, `IstioSynced=False (ObjectNotManaged)`;
-- the API rejects a write: `IstioSynced=False (WriteFailed)`, retried next pass.
-State lives in the status; the in-memory copy of the last status written only covers the moments before the
-watch delivers it back.
+- the API rejects a write: `IstioSynced=False (WriteFailed)`, retried next pass;
+- the pass itself raises: `Ready=False (ReconcileFailed)` with the error, and the exception goes on to kopf.
+Events are derived from the status written before and the status written now (`sluice.core.events`), nowhere
+else. State lives in the status; the in-memory copy of the last status written only covers the moments before
+the watch delivers it back.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from pydantic import ValidationError
 
 from sluice.api.errors import format_validation_error
 from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec, InferencePoolStatus
-from sluice.core.events import Event
+from sluice.core import status as conditions
+from sluice.core.events import Event, derive_events
 from sluice.core.observed import Observed, SignalSnapshot
-from sluice.core.reconcile import plan_pass
-from sluice.core.status import find, invalid_spec_status, make_condition
+from sluice.core.reconcile import Plan, plan_pass
 from sluice.io.kube import KubeIO, WriteResult, observed_pod
 from sluice.io.prometheus import PromAuth, PromIO
 from sluice.istio.render import PoolRef, render
@@ -47,17 +51,6 @@ class PassReport:
     result: str = "ok"
     prometheus_seconds: float | None = None
     signal_failures: dict[str, str] = field(default_factory=dict)
-
-
-def _status_of(body: dict[str, Any]) -> InferencePoolStatus | None:
-    raw = body.get("status")
-    if not raw:
-        return None
-    try:
-        return InferencePoolStatus.model_validate(raw)
-    except ValidationError:
-        log.warning("ignoring an unreadable status on %s", body.get("metadata", {}).get("name"))
-        return None
 
 
 def _comparable(status: dict[str, Any]) -> dict[str, Any]:
@@ -86,47 +79,52 @@ class Reconciler:
     def run(self, body: dict[str, Any], now: datetime) -> PassReport:
         started = time.monotonic()
         meta = body.get("metadata", {})
-        name, namespace, uid = meta.get("name", ""), meta.get("namespace", "default"), meta.get("uid")
+        name, namespace = meta.get("name", ""), meta.get("namespace", "default")
         generation = meta.get("generation")
-        previous_raw = self._previous(body)
-        previous = _status_of({"status": previous_raw, "metadata": meta})
+        previous, problems = conditions.read_status(self._previous(body))
         report = PassReport(pool=f"{namespace}/{name}", status={})
+        if problems:
+            report.events.append(Event("Warning", "StatusPartlyUnreadable", "; ".join(problems)[:1000]))
         try:
-            pool = InferencePool.model_validate(body)
+            pool = InferencePool.model_validate({**body, "status": None})
         except ValidationError as failure:
             message = format_validation_error("InferencePool", name, failure)
-            status = invalid_spec_status(previous, generation, message, now)
-            before = find(previous.conditions, "SpecValid") if previous else None
-            if before is None or before.status != "False" or before.message != message:
-                report.events.append(Event("Warning", "InvalidSpec", message))
+            base = previous or InferencePoolStatus()
+            status = conditions.with_condition(
+                base, conditions.invalid_spec(message), generation, base.conditions, now
+            ).model_copy(update={"last_reconcile_time": now})
             report.result = "invalid_spec"
-            self._finish(report, body, status, now)
+            self._finish(report, body, previous, status, now)
             report.seconds = time.monotonic() - started
             return report
-
-        spec = pool.spec
-        pods = [observed_pod(p) for p in self.kube.list_pods(namespace, spec.selector.match_labels)]
-        queried = time.monotonic()
-        signals = self._signals(spec, namespace, [p.name for p in pods], now)
-        report.prometheus_seconds = time.monotonic() - queried
-        report.signal_failures = dict(signals.failed)
-        plan = plan_pass(spec, generation, Observed(pods=pods, signals=signals), previous, now)
-        report.events.extend(plan.events)
-        synced = make_condition(
-            "IstioSynced",
-            "Unknown",
-            "NothingToPublish",
-            "no routable pod: the mesh keeps its last configuration",
-            generation,
-            previous.conditions if previous else [],
-            now,
-        )
-        if plan.publish:
-            synced = self._publish(report, PoolRef(name, namespace, uid), spec, plan, generation, previous, now)
-        status = plan.status.model_copy(update={"conditions": [*plan.status.conditions, synced]})
-        self._finish(report, body, status, now)
+        try:
+            status = self._reconcile(report, pool, previous, now)
+        except Exception as failure:
+            report.result = "error"
+            base = previous or InferencePoolStatus()
+            want = conditions.reconcile_failed(f"{type(failure).__name__}: {failure}"[:500])
+            status = conditions.with_condition(base, want, generation, base.conditions, now)
+            self._finish(report, body, previous, status.model_copy(update={"last_reconcile_time": now}), now)
+            raise
+        self._finish(report, body, previous, status, now)
         report.seconds = time.monotonic() - started
         return report
+
+    def _reconcile(
+        self, report: PassReport, pool: InferencePool, previous: InferencePoolStatus | None, now: datetime
+    ) -> InferencePoolStatus:
+        spec, meta = pool.spec, pool.metadata
+        pods = [observed_pod(p) for p in self.kube.list_pods(meta.namespace, spec.selector.match_labels)]
+        queried = time.monotonic()
+        signals = self._signals(spec, meta.namespace, [p.name for p in pods], now)
+        report.prometheus_seconds = time.monotonic() - queried
+        report.signal_failures = dict(signals.failed)
+        plan = plan_pass(spec, meta.generation, Observed(pods=pods, signals=signals), previous, now)
+        synced = conditions.NOTHING_TO_PUBLISH
+        if plan.publish:
+            synced = self._publish(report, PoolRef(meta.name, meta.namespace, meta.uid), spec, plan)
+        before = previous.conditions if previous else []
+        return conditions.with_condition(plan.status, synced, meta.generation, before, now)
 
     def _signals(self, spec: InferencePoolSpec, namespace: str, pods: list[str], now: datetime) -> SignalSnapshot:
         try:
@@ -148,17 +146,7 @@ class Reconciler:
             ca = self.kube.read_secret_key(namespace, ref.name, ref.key)
         return PromAuth(bearer_token=token, ca_pem=ca, insecure_skip_verify=auth.insecure_skip_verify)
 
-    def _publish(
-        self,
-        report: PassReport,
-        ref: PoolRef,
-        spec: InferencePoolSpec,
-        plan: Any,
-        generation: int | None,
-        previous: InferencePoolStatus | None,
-        now: datetime,
-    ) -> Any:
-        before = previous.conditions if previous else []
+    def _publish(self, report: PassReport, ref: PoolRef, spec: InferencePoolSpec, plan: Plan) -> conditions.Want:
         refused: list[str] = []
         failed: list[str] = []
         for desired in render(ref, spec, plan):
@@ -170,31 +158,31 @@ class Reconciler:
             report.writes.append(result)
             if result.action == "refused":
                 refused.append(result.message)
-        prior = find(before, "IstioSynced")
-        if refused:
-            message = "; ".join(refused) + " (set spec.routing.adoptExisting to take it over)"
-            if prior is None or prior.reason != "ObjectNotManaged":
-                report.events.append(Event("Warning", "ObjectNotManaged", message))
-            return make_condition("IstioSynced", "False", "ObjectNotManaged", message, generation, before, now)
-        if failed:
-            return make_condition("IstioSynced", "False", "WriteFailed", "; ".join(failed), generation, before, now)
-        changed = [w for w in report.writes if w.action in ("created", "updated")]
-        message = f"{len(report.writes)} objects in sync" + (f", {len(changed)} written this pass" if changed else "")
-        return make_condition("IstioSynced", "True", "Synced", message, generation, before, now)
+        written = sum(1 for w in report.writes if w.action in ("created", "updated"))
+        return conditions.istio_synced(refused, failed, written, len(report.writes))
 
-    def _finish(self, report: PassReport, body: dict[str, Any], status: InferencePoolStatus, now: datetime) -> None:
+    def _finish(
+        self,
+        report: PassReport,
+        body: dict[str, Any],
+        previous: InferencePoolStatus | None,
+        status: InferencePoolStatus,
+        now: datetime,
+    ) -> None:
         meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+        report.events.extend(derive_events(previous, status))
         wire = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         report.status = wire
-        previous = self._previous(body) or {}
-        last = previous.get("lastReconcileTime")
+        last_wire = self._previous(body) or {}
+        last = last_wire.get("lastReconcileTime")
         stale = last is None or now - datetime.fromisoformat(str(last).replace("Z", "+00:00")) >= HEARTBEAT
-        if _comparable(wire) != _comparable(previous) or stale:
-            self.kube.write_status(meta.get("namespace", "default"), meta.get("name", ""), wire)
+        if _comparable(wire) != _comparable(last_wire) or stale:
+            self.kube.write_status(namespace, name, wire)
             self._last_written[meta.get("uid", "")] = wire
             report.status_written = True
         for event in report.events:
             try:
-                self.kube.emit_event(meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid"), event)
+                self.kube.emit_event(namespace, name, meta.get("uid"), event)
             except ApiException as failure:
                 log.warning("could not emit event %s: %s", event.reason, failure.reason)

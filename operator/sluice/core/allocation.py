@@ -1,0 +1,91 @@
+"""Allocation: verdicts become endpoint weights, one revision subset at a time, then the floor. Pure.
+
+Endpoint weights are relative inside a subset (each DestinationRule subset is its own Envoy cluster), so scaling,
+hysteresis, the recovery ramp and the `minRoutablePercent` floor all work per subset. A pod the floor keeps is
+marked `floor_held` — a typed fact the status, the Events and the revision split read, never prose.
+Called by `sluice.core.reconcile`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sluice.api.v1alpha1 import EndpointState, ScoringSpec
+from sluice.core.protection import floor_keep, spare_order
+from sluice.core.verdicts import PodVerdict
+from sluice.core.weights import ramp, scale, with_hysteresis
+
+
+@dataclass(frozen=True)
+class Allocation:
+    weight: int
+    state: EndpointState
+    scored_weight: int | None = None
+    """The weight scoring asked for, before hysteresis or the ramp (None when not scored)."""
+    floor_held: bool = False
+
+    @property
+    def routable(self) -> bool:
+        return self.weight > 0
+
+    @property
+    def healthy(self) -> bool:
+        """Routable on its own merits, not only because the floor keeps it."""
+        return self.weight > 0 and not self.floor_held
+
+
+def allocate(scoring: ScoringSpec, min_routable_percent: int, verdicts: Iterable[PodVerdict]) -> dict[str, Allocation]:
+    subsets: dict[str | None, list[PodVerdict]] = {}
+    for verdict in verdicts:
+        subsets.setdefault(verdict.revision, []).append(verdict)
+    out: dict[str, Allocation] = {}
+    for members in subsets.values():
+        out.update(_allocate_subset(scoring, min_routable_percent, members))
+    return out
+
+
+def _allocate_subset(
+    scoring: ScoringSpec, min_routable_percent: int, members: list[PodVerdict]
+) -> dict[str, Allocation]:
+    live = [v for v in members if v.kind in ("scored", "ramping", "frozen")]
+    # Frozen pods take part with their last score, so fresh pods are scaled on the same basis.
+    targets = scale({v.name: v.smoothed for v in live}, scoring) if live else {}
+    out = {v.name: _weigh(scoring, v, targets.get(v.name)) for v in members}
+    return _apply_floor(scoring, min_routable_percent, members, out)
+
+
+def _weigh(scoring: ScoringSpec, verdict: PodVerdict, target: int | None) -> Allocation:
+    previous = verdict.previous
+    if verdict.kind == "frozen" and previous is not None:
+        held = min(scoring.max_weight, max(scoring.min_weight, previous.weight))
+        return Allocation(held, "Recovering" if previous.state == "Recovering" else "Routable")
+    if target is None:
+        return Allocation(0, "Zeroed")
+    if verdict.kind == "ramping" and verdict.ramp_percent is not None:
+        return Allocation(ramp(target, verdict.ramp_percent, scoring), "Recovering", target)
+    was_routable = previous is not None and previous.state == "Routable"
+    weight = with_hysteresis(target, previous.weight if was_routable and previous else None, scoring.hysteresis_percent)
+    return Allocation(weight, "Routable", target)
+
+
+def _apply_floor(
+    scoring: ScoringSpec, min_routable_percent: int, members: list[PodVerdict], out: dict[str, Allocation]
+) -> dict[str, Allocation]:
+    eligible = [v for v in members if v.eligible]
+    short = floor_keep(len(eligible), min_routable_percent) - sum(1 for v in eligible if out[v.name].routable)
+    if short <= 0:
+        return out
+    # A pod the floor already keeps stays kept (no churn without new facts); then pods without evidence of
+    # harm; then the mildest, oldest incident.
+    spare = sorted(
+        (v for v in eligible if not out[v.name].routable),
+        key=lambda v: (
+            not (v.previous is not None and v.previous.floor_held),
+            v.kind != "awaiting",
+            *spare_order(v.memory.incident, v.signals.error_rate, v.memory.last_incident_at),
+        ),
+    )
+    for verdict in spare[:short]:
+        out[verdict.name] = Allocation(scoring.min_weight, "Routable", floor_held=True)
+    return out

@@ -1,0 +1,173 @@
+"""Events are derived from (previous status, next status) in one function: one table row per Event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sluice.api.v1alpha1 import InferencePoolStatus
+from sluice.core.events import derive_events
+from tests.helpers import T0, at
+
+NOW = at(5)
+
+
+def cond(type_: str, status: str, reason: str, message: str = "m") -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": T0}
+
+
+def row(pod: str = "p", **fields: Any) -> dict[str, Any]:
+    return {"pod": pod, "state": "Routable", "weight": 10, **fields}
+
+
+def canary(phase: str, **fields: Any) -> dict[str, Any]:
+    return {"phase": phase, "stableRevision": "v1", "candidateRevision": "v2", "stepIndex": 0, **fields}
+
+
+def status(**fields: Any) -> InferencePoolStatus:
+    return InferencePoolStatus.model_validate(fields)
+
+
+INCIDENT = {"lastIncidentAt": NOW, "incident": "ErrorRate", "incidentMessage": "error rate 50.0% >= 10.0%"}
+TABLE: list[tuple[str, dict[str, Any] | None, dict[str, Any], str, str]] = [
+    ("InvalidSpec", {}, {"conditions": [cond("SpecValid", "False", "InvalidSpec", "bad")]}, "Warning", "bad"),
+    (
+        "GatesWithoutData",
+        {"conditions": [cond("SpecValid", "True", "Valid")]},
+        {"conditions": [cond("SpecValid", "True", "GatesWithoutData", "no ttft")]},
+        "Warning",
+        "no ttft",
+    ),
+    (
+        "MetricsUnavailable",
+        {"conditions": [cond("MetricsAvailable", "True", "Fresh")]},
+        {"conditions": [cond("MetricsAvailable", "False", "Stale", "old")]},
+        "Warning",
+        "old",
+    ),
+    (
+        "MetricsRestored",
+        {"conditions": [cond("MetricsAvailable", "False", "Stale")]},
+        {"conditions": [cond("MetricsAvailable", "True", "Fresh")]},
+        "Normal",
+        "fresh again",
+    ),
+    (
+        "ReconcileFailed",
+        {"conditions": [cond("Ready", "True", "WeightsPublished")]},
+        {"conditions": [cond("Ready", "False", "ReconcileFailed", "boom")]},
+        "Warning",
+        "boom",
+    ),
+    (
+        "SplitForced",
+        {"conditions": [cond("SplitForced", "False", "AsPlanned")]},
+        {"conditions": [cond("SplitForced", "True", "NoHealthyPods", "stable down")]},
+        "Warning",
+        "stable down",
+    ),
+    (
+        "SplitRestored",
+        {"conditions": [cond("SplitForced", "True", "NoHealthyPods")]},
+        {"conditions": [cond("SplitForced", "False", "AsPlanned", "as planned")]},
+        "Normal",
+        "as planned",
+    ),
+    (
+        "ObjectNotManaged",
+        {"conditions": [cond("IstioSynced", "True", "Synced")]},
+        {"conditions": [cond("IstioSynced", "False", "ObjectNotManaged", "not ours")]},
+        "Warning",
+        "not ours",
+    ),
+    (
+        "WriteFailed",
+        {"conditions": [cond("IstioSynced", "True", "Synced")]},
+        {"conditions": [cond("IstioSynced", "False", "WriteFailed", "409")]},
+        "Warning",
+        "409",
+    ),
+    ("UnknownHardwareClass", {}, {"endpoints": [row(hardwareClass="A100", classKnown=False)]}, "Warning", "'A100'"),
+    (
+        "PodZeroed",
+        {"endpoints": [row()]},
+        {"endpoints": [row(state="Zeroed", weight=0, **INCIDENT)]},
+        "Warning",
+        "50.0%",
+    ),
+    ("FloorHeld", {"endpoints": [row()]}, {"endpoints": [row(floorHeld=True, reason="kept")]}, "Warning", "p: kept"),
+    (
+        "PodRecovering",
+        {"endpoints": [row(state="Zeroed", weight=0)]},
+        {"endpoints": [row(state="Recovering", weight=1, reason="ramp")]},
+        "Normal",
+        "p: ramp",
+    ),
+    (
+        "PodRecovered",
+        {"endpoints": [row(state="Recovering", weight=1)]},
+        {"endpoints": [row(verdict="scored")]},
+        "Normal",
+        "back to normal",
+    ),
+    ("CanaryStarted", {}, {"canary": canary("Progressing")}, "Normal", "rolling out v2 over v1"),
+    (
+        "CanaryRestarted",
+        {"canary": canary("Progressing", candidateRevision="v3")},
+        {"canary": canary("Progressing")},
+        "Normal",
+        "rolling out v2",
+    ),
+    (
+        "CanaryAdvanced",
+        {"canary": canary("Progressing")},
+        {"canary": canary("Progressing", stepIndex=1, stepWeight=25)},
+        "Normal",
+        "v2 to 25% (step 2)",
+    ),
+    (
+        "CanaryCheckFailed",
+        {"canary": canary("Progressing")},
+        {"canary": canary("Progressing", failedChecks=1, lastCheckReason="slow", weight=5)},
+        "Warning",
+        "v2 at 5%: slow (1 failed)",
+    ),
+    (
+        "CanaryRolledBack",
+        {"canary": canary("Progressing", failedChecks=1)},
+        {"canary": canary("RolledBack", failedChecks=1, message="rolled back v2")},
+        "Warning",
+        "rolled back v2",
+    ),
+    (
+        "CanaryPromoted",
+        {"canary": canary("Progressing", stepIndex=3)},
+        {"canary": canary("Promoted", stableRevision="v2", message="v2 promoted")},
+        "Normal",
+        "v2 promoted",
+    ),
+    (
+        "CanaryAborted",
+        {"canary": canary("Progressing")},
+        {"canary": {"phase": "Idle", "stableRevision": "v1"}},
+        "Normal",
+        "candidate v2 removed: traffic back to v1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("reason", "before", "after", "kind", "says"), TABLE, ids=[row[0] for row in TABLE])
+def test_each_event_comes_from_its_transition(reason, before, after, kind, says):
+    previous = status(**before) if before is not None else None
+    events = derive_events(previous, status(**after))
+    matching = [e for e in events if e.reason == reason]
+    assert len(matching) == 1, events
+    assert matching[0].type == kind
+    assert says in matching[0].message
+
+
+@pytest.mark.parametrize(("reason", "before", "after", "kind", "says"), TABLE, ids=[row[0] for row in TABLE])
+def test_no_event_when_nothing_changed(reason, before, after, kind, says):
+    same = status(**after)
+    assert [e.reason for e in derive_events(same, same)] == []

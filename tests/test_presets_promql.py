@@ -1,0 +1,278 @@
+"""Every engine preset, run by the real Prometheus against known series: each signal comes out as expected.
+
+The series are written as OpenMetrics, turned into TSDB blocks by the real `promtool`, and served by the real
+`prometheus`; the queries go through sluice's own Prometheus I/O. So a preset that reads the wrong metric, a
+ratio that divides by the wrong thing, or a histogram read the wrong way gives a wrong number here.
+Three pods per engine: `ok` (TTFT 50 ms, no failure series at all), `bad` (TTFT 300 ms, 40 % failures),
+`idle` (gauges only, no traffic: every rate-based signal must be missing, never 0).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from sluice.core.observed import SignalSnapshot
+from sluice.devstack.stack import free_port
+from sluice.io.prometheus import PromAuth, PromIO
+from tests.helpers import spec
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("promtool") is None, reason="needs the Prometheus package (make stack-deps)"),
+]
+
+NAMESPACE = "llm"
+STEP = 10  # seconds between samples
+SPAN = 180  # seconds of history
+T_END = int(time.time()) // STEP * STEP
+PODS = ("ok", "bad", "idle")
+
+# Per pod: TTFT buckets reached per second (le -> cumulative rate), sum rate, requests/s ok and failed.
+TTFT = {"ok": ({0.1: 1.0, 0.5: 1.0}, 0.05), "bad": ({0.1: 0.0, 0.5: 1.0}, 0.3)}
+GAUGES = {"kv": {"ok": 0.4, "bad": 0.9, "idle": 0.1}, "queue": {"ok": 2, "bad": 7, "idle": 0}}
+GAUGES["running"] = {"ok": 3, "bad": 5, "idle": 0}
+GOOD = {"ok": 1.0, "bad": 0.6, "idle": 0.0}
+FAILED = {"bad": 0.4}  # "ok" has no failure series at all: a failure would have created it
+
+
+def line(name: str, labels: dict[str, str], value: float, at: int) -> str:
+    rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{rendered}}} {value} {at}"
+
+
+def series(engine: str) -> list[tuple[str, dict[str, str], str, float]]:
+    """(metric, labels, kind, per-second rate or gauge value) for the engine's exported metrics."""
+    out: list[tuple[str, dict[str, str], str, float]] = []
+    names = {
+        "vllm": ("vllm:time_to_first_token_seconds", "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"),
+        "sglang": ("sglang:time_to_first_token_seconds", "sglang:token_usage", "sglang:num_queue_reqs"),
+        "trtllm": ("trtllm_time_to_first_token_seconds", "trtllm_kv_cache_utilization", "trtllm_num_requests_waiting"),
+        "triton": (
+            "nv_inference_first_response_histogram_ms",
+            "nv_trt_llm_kv_cache_block_metrics",
+            "nv_trt_llm_request_metrics",
+        ),
+        "tgi": ("", "", "tgi_queue_size"),
+    }[engine]
+    running = {
+        "vllm": ("vllm:num_requests_running", {}),
+        "sglang": ("sglang:num_running_reqs", {}),
+        "trtllm": ("trtllm_num_requests_running", {}),
+        "triton": ("nv_trt_llm_request_metrics", {"request_type": "active"}),
+        "tgi": ("tgi_batch_current_size", {}),
+    }[engine]
+    scale = 1000.0 if engine == "triton" else 1.0
+    for pod in PODS:
+        base = {"namespace": NAMESPACE, "pod": pod}
+        if pod in TTFT and names[0]:
+            buckets, mean = TTFT[pod]
+            for le, rate in [*buckets.items(), (float("inf"), 1.0)]:
+                bound = "+Inf" if le == float("inf") else f"{le * scale:g}"
+                out.append((f"{names[0]}_bucket", {**base, "le": bound}, "counter", rate))
+            out.append((f"{names[0]}_sum", base, "counter", mean * scale))
+            out.append((f"{names[0]}_count", base, "counter", 1.0))
+        if names[1]:
+            kv_name = "vllm:gpu_cache_usage_perc" if engine == "vllm" and pod == "bad" else names[1]  # the old name
+            extra = {"kv_cache_block_type": "fraction"} if engine == "triton" else {}
+            out.append((kv_name, {**base, **extra}, "gauge", GAUGES["kv"][pod]))
+        queue_extra = {"request_type": "waiting"} if engine == "triton" else {}
+        out.append((names[2], {**base, **queue_extra}, "gauge", GAUGES["queue"][pod]))
+        out.append((running[0], {**base, **running[1]}, "gauge", GAUGES["running"][pod]))
+        out.extend(_requests(engine, base, pod))
+    return out
+
+
+def _requests(engine: str, base: dict[str, str], pod: str) -> list[tuple[str, dict[str, str], str, float]]:
+    good, failed = GOOD[pod], FAILED.get(pod)
+    if engine == "vllm":
+        # HTTP view (instrumentator, grouped statuses) and engine view; the engine counts only what it finished.
+        rows = [
+            ("http_requests_total", {**base, "handler": "/v1/completions", "method": "POST", "status": "2xx"}, good)
+        ]
+        rows.append(("vllm:request_success_total", {**base, "finished_reason": "length"}, good))
+        if failed:
+            rows.append(
+                (
+                    "http_requests_total",
+                    {**base, "handler": "/v1/completions", "method": "POST", "status": "5xx"},
+                    failed,
+                )
+            )
+        return [(n, labels, "counter", v) for n, labels, v in rows]
+    if engine == "sglang":
+        rows = [("sglang:num_requests_total", base, good + (failed or 0.0))]
+        rows.append(("istio_requests_total", {**base, "reporter": "destination", "response_code": "200"}, good))
+        if failed:
+            rows.append(("istio_requests_total", {**base, "reporter": "destination", "response_code": "503"}, failed))
+        return [(n, labels, "counter", v) for n, labels, v in rows]
+    ok_name, bad_name = {
+        "trtllm": ("trtllm_request_success_total", "trtllm_request_error_total"),
+        "triton": ("nv_inference_request_success", "nv_inference_request_failure"),
+        "tgi": ("tgi_request_success", "tgi_request_failure"),
+    }[engine]
+    rows = [(ok_name, base, good)] + ([(bad_name, base, failed)] if failed else [])
+    return [(n, labels, "counter", v) for n, labels, v in rows]
+
+
+def openmetrics() -> str:
+    lines = []
+    for engine in ("vllm", "sglang", "trtllm", "triton", "tgi"):
+        for name, labels, kind, value in series(engine):
+            for at in range(T_END - SPAN, T_END + 1, STEP):
+                sample = value * (at - (T_END - SPAN)) if kind == "counter" else value
+                lines.append(line(name, {**labels, "engine": engine}, round(sample, 6), at))
+    return (
+        "\n".join(sorted(set(lines), key=lambda text: (text.split(" ")[0], int(text.rsplit(" ", 1)[1])))) + "\n# EOF\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    work = tmp_path_factory.mktemp("promql")
+    (work / "series.om").write_text(openmetrics())
+    data = work / "data"
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(work / "series.om"), str(data)], check=True
+    )
+    (work / "prometheus.yml").write_text("global: {}\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={data}",
+            "--storage.tsdb.retention.time=1d",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(work / "prometheus.log").open("w"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def read(url: str, engine: str, **metrics: Any) -> SignalSnapshot:
+    io = PromIO()
+    try:
+        pool = spec(
+            engine=engine, metrics={"prometheusUrl": url, "window": "1m", "extraLabels": {"engine": engine}, **metrics}
+        )
+        return io.read_signals(pool, NAMESPACE, list(PODS), PromAuth(), datetime.now(UTC))
+    finally:
+        io.close()
+
+
+EXPECTED = {
+    # engine: {pod: {field: value}}; a field absent from a row must be missing (None)
+    "vllm": {
+        "ok": {
+            "ttft_seconds": 0.05,
+            "ttft_p95_seconds": 0.095,
+            "kv_cache_usage": 0.4,
+            "queue_length": 2,
+            "running_requests": 3,
+            "request_rate": 1.0,
+            "error_rate": 0.0,
+        },
+        "bad": {
+            "ttft_seconds": 0.3,
+            "ttft_p95_seconds": 0.48,
+            "kv_cache_usage": 0.9,
+            "queue_length": 7,
+            "running_requests": 5,
+            "request_rate": 0.6,
+            "error_rate": 0.4,
+        },
+        "idle": {"kv_cache_usage": 0.1, "queue_length": 0, "running_requests": 0, "request_rate": 0.0},
+    },
+    "sglang": {
+        "ok": {
+            "ttft_seconds": 0.05,
+            "ttft_p95_seconds": 0.095,
+            "kv_cache_usage": 0.4,
+            "queue_length": 2,
+            "running_requests": 3,
+            "request_rate": 1.0,
+            "error_rate": 0.0,
+        },
+        "bad": {
+            "ttft_seconds": 0.3,
+            "ttft_p95_seconds": 0.48,
+            "kv_cache_usage": 0.9,
+            "queue_length": 7,
+            "running_requests": 5,
+            "request_rate": 1.0,
+            "error_rate": 0.4,
+        },
+        "idle": {"kv_cache_usage": 0.1, "queue_length": 0, "running_requests": 0, "request_rate": 0.0},
+    },
+}
+for _engine in ("trtllm", "triton"):
+    EXPECTED[_engine] = {
+        "ok": {**EXPECTED["vllm"]["ok"]},
+        "bad": {**EXPECTED["vllm"]["bad"]},
+        "idle": {"kv_cache_usage": 0.1, "queue_length": 0, "running_requests": 0, "request_rate": 0.0},
+    }
+EXPECTED["tgi"] = {
+    "ok": {"queue_length": 2, "running_requests": 3, "request_rate": 1.0, "error_rate": 0.0},
+    "bad": {"queue_length": 7, "running_requests": 5, "request_rate": 0.6, "error_rate": 0.4},
+    "idle": {"queue_length": 0, "running_requests": 0, "request_rate": 0.0},
+}
+FIELDS = (
+    "ttft_seconds",
+    "ttft_p95_seconds",
+    "kv_cache_usage",
+    "queue_length",
+    "running_requests",
+    "request_rate",
+    "error_rate",
+)
+
+
+@pytest.mark.parametrize("engine", sorted(EXPECTED))
+def test_each_preset_reads_the_expected_signals_from_real_prometheus(prometheus: str, engine: str) -> None:
+    snapshot = read(prometheus, engine)
+    assert snapshot.failed == {}
+    for pod, expected in EXPECTED[engine].items():
+        got = snapshot.pods[pod]
+        for field in FIELDS:
+            value = getattr(got, field)
+            if field in expected:
+                assert value == pytest.approx(expected[field], rel=0.02, abs=1e-6), (engine, pod, field)
+            else:
+                assert value is None, (engine, pod, field, "no traffic must read as missing, not 0")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "triton", "tgi"])
+def test_sample_times_are_the_samples_own_timestamps(prometheus: str, engine: str) -> None:
+    snapshot = read(prometheus, engine)
+    assert snapshot.freshness_known
+    assert set(snapshot.sampled_at) == set(PODS)
+    assert {stamp.timestamp() for stamp in snapshot.sampled_at.values()} == {float(T_END)}
+
+
+def test_an_override_is_run_as_written(prometheus: str) -> None:
+    snapshot = read(
+        prometheus, "vllm", queries={"queueLength": "max by ($podLabel) (vllm:num_requests_waiting{$selector}) * 10"}
+    )
+    assert snapshot.pods["bad"].queue_length == pytest.approx(70)
