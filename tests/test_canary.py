@@ -186,6 +186,14 @@ def cand(**fields: object) -> RevisionStats:
     return RevisionStats(**{**base, "ttft_p95": 0.3, **fields})  # type: ignore[arg-type]
 
 
+def test_the_ratio_to_stable_does_not_apply_where_the_stable_revision_takes_no_traffic():
+    slower = cand(ttft_p95=0.9)  # 4.5x the stable p95, within maxTtftP95
+    assert check(GATES, slower, STABLE_STATS, True).result == "Fail"
+    at_100 = check(GATES, slower, STABLE_STATS, True, stable_serves=False)
+    assert at_100.result == "Pass"
+    assert "ttftRatioToStable does not apply" in at_100.reason
+
+
 @pytest.mark.parametrize(
     ("candidate", "usable", "gates", "stable", "expected", "says"),
     [

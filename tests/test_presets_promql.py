@@ -32,7 +32,6 @@ pytestmark = [
 NAMESPACE = "llm"
 STEP = 10  # seconds between samples
 SPAN = 180  # seconds of history
-T_END = int(time.time()) // STEP * STEP
 PODS = ("ok", "bad", "idle")
 
 # Per pod: TTFT buckets reached per second (le -> cumulative rate), sum rate, requests/s ok and failed.
@@ -122,12 +121,12 @@ def _requests(engine: str, base: dict[str, str], pod: str) -> list[tuple[str, di
     return [(n, labels, "counter", v) for n, labels, v in rows]
 
 
-def openmetrics() -> str:
+def openmetrics(t_end: int) -> str:
     lines = []
     for engine in ("vllm", "sglang", "trtllm", "triton", "tgi"):
         for name, labels, kind, value in series(engine):
-            for at in range(T_END - SPAN, T_END + 1, STEP):
-                sample = value * (at - (T_END - SPAN)) if kind == "counter" else value
+            for at in range(t_end - SPAN, t_end + 1, STEP):
+                sample = value * (at - (t_end - SPAN)) if kind == "counter" else value
                 lines.append(line(name, {**labels, "engine": engine}, round(sample, 6), at))
     return (
         "\n".join(sorted(set(lines), key=lambda text: (text.split(" ")[0], int(text.rsplit(" ", 1)[1])))) + "\n# EOF\n"
@@ -135,9 +134,15 @@ def openmetrics() -> str:
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def history_end() -> int:
+    """The time of the newest sample: now, so the queries below see it as fresh (and inside the lookback)."""
+    return int(time.time()) // STEP * STEP
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory, history_end: int) -> Iterator[str]:
     work = tmp_path_factory.mktemp("promql")
-    (work / "series.om").write_text(openmetrics())
+    (work / "series.om").write_text(openmetrics(history_end))
     data = work / "data"
     subprocess.run(
         ["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(work / "series.om"), str(data)], check=True
@@ -264,11 +269,11 @@ def test_each_preset_reads_the_expected_signals_from_real_prometheus(prometheus:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "triton", "tgi"])
-def test_sample_times_are_the_samples_own_timestamps(prometheus: str, engine: str) -> None:
+def test_sample_times_are_the_samples_own_timestamps(prometheus: str, history_end: int, engine: str) -> None:
     snapshot = read(prometheus, engine)
     assert snapshot.freshness_known
     assert set(snapshot.sampled_at) == set(PODS)
-    assert {stamp.timestamp() for stamp in snapshot.sampled_at.values()} == {float(T_END)}
+    assert {stamp.timestamp() for stamp in snapshot.sampled_at.values()} == {float(history_end)}
 
 
 def test_an_override_is_run_as_written(prometheus: str) -> None:

@@ -37,8 +37,10 @@ class Background:
         self.thread.join(timeout=10)
 
 
-def wait_until(check: Callable[[], Any], seconds: float, what: str, every: float = 0.5) -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` after `seconds`."""
+def wait_until(
+    check: Callable[[], Any], seconds: float, what: str, every: float = 0.5, show: Callable[[], Any] | None = None
+) -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` (and what `show` returns) after `seconds`."""
     end = time.monotonic() + seconds
     last_error: Exception | None = None
     while time.monotonic() < end:
@@ -49,7 +51,10 @@ def wait_until(check: Callable[[], Any], seconds: float, what: str, every: float
         if result:
             return result
         time.sleep(every)
-    pytest.fail(f"not seen within {seconds:.0f}s: {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+    seen = f"; last seen: {show()!r}" if show is not None else ""
+    pytest.fail(
+        f"not seen within {seconds:.0f}s: {what}" + (f" (last error: {last_error!r})" if last_error else "") + seen
+    )
 
 
 def rows(pool: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -172,7 +172,12 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
     if canary["phase"] == "Progressing" and canary["weight"] == 50:
         assert canary["stepStartedAt"] == step_started  # the same step, not restarted
     assert not any(e["reason"] == "CanaryRestarted" for e in stack.events())
-    wait_until(lambda: pool(stack)["status"]["canary"]["phase"] == "Promoted", 60, "promotion after the restart")
+    wait_until(
+        lambda: pool(stack)["status"]["canary"]["phase"] == "Promoted",
+        60,
+        "promotion after the restart",
+        show=lambda: pool(stack)["status"]["canary"],
+    )
 
 
 def test_the_operator_serves_its_own_metrics(stack: Stack) -> None:

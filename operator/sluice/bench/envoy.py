@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     real: dict[str, dict[str, Any]] = {}
-    stack = Stack(out / "stack", deadline_seconds=900)
+    # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
+    stack = Stack(out / "stack", namespace="bench", deadline_seconds=900)
     stack.workdir.mkdir(parents=True, exist_ok=True)
     try:
         stack.start_prometheus()

@@ -93,9 +93,17 @@ def enabled_gates(analysis: AnalysisSpec) -> tuple[Gate, ...]:
 
 
 def check(
-    analysis: AnalysisSpec, candidate: RevisionStats, stable: RevisionStats | None, metrics_usable: bool
+    analysis: AnalysisSpec,
+    candidate: RevisionStats,
+    stable: RevisionStats | None,
+    metrics_usable: bool,
+    stable_serves: bool = True,
 ) -> Check:
-    """One analysis check of the candidate. Pass only when every enabled gate was evaluated on data."""
+    """One analysis check of the candidate. Pass only when every enabled gate was evaluated on data.
+
+    The ratio to stable compares two revisions serving side by side; at a step where the stable revision takes
+    no traffic (100 %) there is nothing to compare with, so that gate does not apply (and the reason says so).
+    """
     if candidate.incidents:
         return Check("Fail", f"{candidate.incidents} candidate pod(s) zeroed for an incident")
     if not metrics_usable:
@@ -105,7 +113,8 @@ def check(
         return Check("Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}")
     failures: list[str] = []
     missing: list[str] = []
-    for gate in enabled_gates(analysis):
+    gates = [g for g in enabled_gates(analysis) if stable_serves or g != "ttftRatioToStable"]
+    for gate in gates:
         try:
             failure = _gate(gate, analysis, candidate, stable)
         except LookupError as lack:
@@ -117,8 +126,10 @@ def check(
         return Check("Fail", "; ".join(failures))
     if missing:
         return Check("Inconclusive", "no data for gate " + ", ".join(missing))
-    gates = ", ".join(enabled_gates(analysis)) or "none enabled"
-    return Check("Pass", f"within every gate ({gates})")
+    applied = ", ".join(gates) or "none enabled"
+    skipped = "" if stable_serves or "ttftRatioToStable" not in enabled_gates(analysis) else "; ttftRatioToStable "
+    skipped += "does not apply: the stable revision takes no traffic at this step" if skipped else ""
+    return Check("Pass", f"within every gate ({applied}){skipped}")
 
 
 def forced_split(
@@ -203,7 +214,9 @@ def _progress(
     ran: Check | None = None
     # An incident on a candidate pod is a failed check at once, even if it leaves the candidate without pods.
     if cand.incidents or (due and cand.routable_pods > 0):
-        ran = check(spec.analysis, cand, revisions.get(stable) if stable else None, metrics_usable)
+        planned_now = spec.steps[min(state.step_index or 0, len(spec.steps) - 1)]
+        stable_stats = revisions.get(stable) if stable else None
+        ran = check(spec.analysis, cand, stable_stats, metrics_usable, stable_serves=planned_now < 100)
     failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
     result = ran.result if ran else state.last_check
     reason = ran.reason if ran else state.last_check_reason

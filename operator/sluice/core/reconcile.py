@@ -151,9 +151,14 @@ def _aggregate(window: float, items: list[PodVerdict], allocations: dict[str, Al
 
 
 def _weighted(items: list[PodVerdict], field_name: str) -> float | None:
-    """The request-weighted mean over the pods that have the signal; None when any rated pod lacks it."""
-    pairs = [(getattr(v.signals, field_name), v.signals.request_rate or 0.0) for v in items]
-    if not pairs or any(value is None for value, _ in pairs):
+    """The request-weighted mean over the pods that measured the signal in the window; None when none did.
+
+    A pod with finished requests but no TTFT sample in the window (its first tokens came before it) has nothing
+    to contribute; it is not counted as 0."""
+    pairs = [
+        (value, v.signals.request_rate or 0.0) for v in items if (value := getattr(v.signals, field_name)) is not None
+    ]
+    if not pairs:
         return None
     total = sum(weight for _, weight in pairs)
     return sum(value * weight for value, weight in pairs) / total if total > 0 else None

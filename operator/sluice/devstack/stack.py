@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -230,6 +232,12 @@ class Stack:
 
     def resume_prometheus(self, process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGCONT)
+
+    def prometheus_query(self, query: str) -> list[dict[str, Any]]:
+        """An instant query against the stack's Prometheus: the result vector, as its HTTP API returns it."""
+        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return cast(list[dict[str, Any]], json.loads(answer.read())["data"]["result"])
 
     def write_targets(self) -> None:
         groups = [
