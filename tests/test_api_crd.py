@@ -7,16 +7,20 @@ the pydantic models (what the operator and `sluice plan` use). Both must refuse,
 from __future__ import annotations
 
 import copy
+import typing
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sluice.api.crd import build_crd
 from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
+from sluice.api.rules import Rule
 from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
@@ -111,20 +115,37 @@ def test_api_server_defaults_equal_model_defaults(registry):
 
 
 BAD = [
-    ("steps not increasing", {"canary": {"steps": [5, 50, 40, 100]}}, "steps must be strictly increasing"),
-    ("steps repeat", {"canary": {"steps": [5, 5, 100]}}, "steps must be strictly increasing"),
-    ("last step not 100", {"canary": {"steps": [5, 50]}}, "the last step must be 100"),
-    ("step out of range", {"canary": {"steps": [0, 100]}}, "steps must be between 1 and 100"),
+    (
+        "steps not increasing",
+        {"canary": {"steps": [5, 50, 40, 100]}},
+        "spec.canary.steps",
+        "steps must be strictly increasing",
+    ),
+    ("steps repeat", {"canary": {"steps": [5, 5, 100]}}, "spec.canary.steps", "steps must be strictly increasing"),
+    ("last step not 100", {"canary": {"steps": [5, 50]}}, "spec.canary.steps", "the last step must be 100"),
+    ("step out of range", {"canary": {"steps": [0, 100]}}, "spec.canary.steps", "steps must be between 1 and 100"),
     (
         "candidate equals stable",
         {"canary": {"stableRevision": "v1", "candidateRevision": "v1"}},
+        "spec.canary.candidateRevision",
         "candidateRevision must differ from stableRevision",
     ),
-    ("min above max weight", {"scoring": {"minWeight": 50, "maxWeight": 10}}, "minWeight must not exceed maxWeight"),
-    ("floor above baseline", {"scoring": {"ttftFloor": "1s"}}, "ttftFloor must not exceed ttftBaseline"),
+    (
+        "min above max weight",
+        {"scoring": {"minWeight": 50, "maxWeight": 10}},
+        "spec.scoring.minWeight",
+        "minWeight must not exceed maxWeight",
+    ),
+    (
+        "floor above baseline",
+        {"scoring": {"ttftFloor": "1s"}},
+        "spec.scoring.ttftFloor",
+        "ttftFloor must not exceed ttftBaseline",
+    ),
     (
         "recovery start above cap",
         {"protection": {"recovery": {"initialPercent": 60, "capPercent": 50}}},
+        "spec.protection.recovery.initialPercent",
         "initialPercent must not exceed capPercent",
     ),
     (
@@ -134,43 +155,107 @@ BAD = [
                 "bands": [{"maxErrorRate": 0.01, "weightPercent": 100}, {"maxErrorRate": 0.01, "weightPercent": 50}]
             }
         },
+        "spec.protection.bands",
         "bands must have distinct maxErrorRate values",
     ),
-    ("custom engine without queries", {"engine": "custom"}, "engine 'custom' needs at least one load query"),
+    (
+        "custom engine without queries",
+        {"engine": "custom"},
+        "spec.metrics.queries",
+        "engine 'custom' needs at least one load query",
+    ),
     (
         "selector pins the revision label",
         {"selector": {"matchLabels": {"app": "llama", "sluice.dev/revision": "v1"}}, "canary": {}},
+        "spec.selector.matchLabels",
         "selector.matchLabels must not pin canary.revisionLabel",
     ),
-    ("interval below 1s", {"interval": "500ms"}, "interval must be at least 1s"),
+    ("interval below 1s", {"interval": "500ms"}, "spec.interval", "interval must be at least 1s"),
     (
         "affinity and least-request together",
         {"routing": {"sessionAffinity": {"header": "x-session-id"}, "leastRequest": {}}},
+        "spec.routing.sessionAffinity",
         "sessionAffinity (consistent hash) replaces least-request",
     ),
-    ("capacity coefficient zero", {"capacity": {"classes": {"cpu": 0}}}, "capacity coefficients must be > 0"),
+    (
+        "capacity coefficient zero",
+        {"capacity": {"classes": {"cpu": 0}}},
+        "spec.capacity.classes",
+        "capacity coefficients must be > 0",
+    ),
     (
         "unknown query placeholder",
         {"metrics": {"queries": {"loraFailureRate": 'rate(x{pod=~"$pod"}[$window])'}}},
+        "spec.metrics.queries.loraFailureRate",
         "unknown placeholder",
     ),
     (
         "braced placeholder",
         {"metrics": {"queries": {"queueLength": "sum by ($podLabel) (q{${selector}})"}}},
+        "spec.metrics.queries.queueLength",
         "unknown placeholder",
     ),
 ]
 
 
-@pytest.mark.parametrize(("case", "spec", "message"), BAD, ids=[b[0] for b in BAD])
-def test_bad_pool_is_rejected_by_crd_and_models_with_the_same_rule(registry, case, spec, message):
-    document = base_pool(**spec)
+def _server_refuses(registry: SchemaRegistry, document: dict[str, Any], path: str, message: str) -> None:
     with pytest.raises(ValidationFailed) as by_server:
         registry.validate(document)
-    assert message in str(by_server.value), str(by_server.value)
+    matching = [error for error in by_server.value.errors if error.path == path and message in error.detail]
+    assert matching, str(by_server.value)
+
+
+def _models_refuse(document: dict[str, Any], path: str, message: str) -> None:
     with pytest.raises(ValidationError) as by_models:
         InferencePool.model_validate(document)
-    assert message in format_validation_error("InferencePool", "p", by_models.value)
+    text = format_validation_error("InferencePool", document["metadata"]["name"], by_models.value)
+    details = text.split(" is invalid: ", 1)[1].split("; ")
+    assert any(detail.startswith(f"{path}: Invalid value: ") and message in detail for detail in details), text
+
+
+@pytest.mark.parametrize(("case", "spec", "path", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_pool_is_rejected_by_crd_and_models_at_the_same_field_with_the_same_rule(
+    registry, case, spec, path, message
+):
+    document = base_pool(**spec)
+    _server_refuses(registry, document, path, message)
+    _models_refuse(document, path, message)
+
+
+def _declared_rules(model: type[BaseModel]) -> Iterator[Rule]:
+    """Every Rule of `model` and of the models its fields hold, each model once."""
+    seen: set[type[BaseModel]] = set()
+    pending = [model]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        yield from getattr(current, "rules", ())
+        for info in current.model_fields.values():
+            for candidate in [info.annotation, *typing.get_args(info.annotation)]:
+                for inner in [candidate, *typing.get_args(candidate)]:
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        pending.append(inner)
+
+
+def test_every_cel_rule_of_the_crd_has_exactly_one_python_twin_with_the_same_message():
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    emitted = Counter(
+        (entry["rule"], entry["message"], entry.get("fieldPath", ""))
+        for _, node in _walk(root, "")
+        for entry in node.get("x-kubernetes-validations", [])
+    )
+    declared = Counter((rule.cel, rule.message, rule.field_path) for rule in _declared_rules(InferencePool))
+    assert emitted, "the CRD has no CEL rules"
+    assert emitted == declared
+
+
+def test_every_cross_field_rule_reports_at_a_field():
+    """A rule on an object names the field to fix (fieldPath), so the message points at one line of YAML."""
+    object_rules = [rule for rule in _declared_rules(InferencePool) if rule.on is None]
+    assert object_rules
+    assert all(rule.field_path for rule in object_rules), [rule.message for rule in object_rules if not rule.field_path]
 
 
 SCHEMA_BAD = [

@@ -1,14 +1,16 @@
-"""Shared building blocks of the InferencePool API: the wire conventions, label and name patterns, CEL helpers.
+"""Shared building blocks of the InferencePool API: the wire conventions, label and name patterns and rules.
 
 Imported by the spec and status models (`sluice.api.spec`, `sluice.api.status`); nothing here knows a field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
+
+from sluice.api.rules import Rule, check_rules, emit_rules
 
 GROUP = "inference.sluice.dev"
 VERSION = "v1alpha1"
@@ -33,22 +35,22 @@ QUERY_PLACEHOLDERS = frozenset({"selector", "namespace", "pods", "window", "podL
 PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry."""
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = field_path
-    return entry
-
-
-def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(rules)}
-
-
 class ApiModel(BaseModel):
-    """Base: frozen, camelCase on the wire, unknown fields rejected (like `kubectl apply --validate=strict`)."""
+    """Base: frozen, camelCase on the wire, unknown fields rejected (like `kubectl apply --validate=strict`).
 
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    A model's cross-field and field-level rules are listed once in `rules` (see `sluice.api.rules`): checked here
+    after the fields parse, and emitted into the JSON schema (hence the CRD) as CEL.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True, json_schema_extra=emit_rules
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Self:
+        check_rules(self)
+        return self
 
     def wire(self) -> dict[str, Any]:
         """The JSON-ready camelCase dict, without unset optional fields."""

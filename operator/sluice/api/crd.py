@@ -3,6 +3,7 @@
 The models are the single source of truth; `crds/` holds this function's output (`make crds`), and a test fails
 when the two drift. The output is a *structural* schema as Kubernetes requires: every node typed, no `$ref`,
 no `anyOf` with null, a description everywhere, defaults on nested objects so the API server fills them in.
+The models' rules (`sluice.api.rules`) arrive as `x-kubernetes-validations` in the pydantic schema.
 """
 
 from __future__ import annotations

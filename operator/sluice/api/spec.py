@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from sluice.api.base import (
     DNS_LABEL,
@@ -21,10 +21,9 @@ from sluice.api.base import (
     ApiModel,
     Engine,
     WeightsVia,
-    cel,
-    cel_rules,
 )
 from sluice.api.durations import Duration
+from sluice.api.rules import Rule
 
 
 class LabelSelector(ApiModel):
@@ -53,21 +52,26 @@ class MetricsAuth(ApiModel):
 
 
 _PLACEHOLDER_RE = "[$][A-Za-z_][A-Za-z0-9_]*"
+_UNKNOWN_PLACEHOLDER = "unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel"
+
+
+def _known_placeholders(query: str) -> bool:
+    names = {found[1:] for found in re.findall(_PLACEHOLDER_RE, query)}
+    return "${" not in query and names <= QUERY_PLACEHOLDERS
+
+
+def _placeholder_rule(field: str) -> Rule:
+    known = ", ".join(f"'${name}'" for name in sorted(QUERY_PLACEHOLDERS))
+    return Rule(
+        cel=f"!self.contains('${{') && self.findAll('{_PLACEHOLDER_RE}').all(p, p in [{known}])",
+        message=_UNKNOWN_PLACEHOLDER,
+        check=_known_placeholders,
+        on=field,
+    )
 
 
 def _query_field(description: str) -> Any:
-    known = ", ".join(f"'${name}'" for name in sorted(QUERY_PLACEHOLDERS))
-    return Field(
-        default=None,
-        min_length=1,
-        description=description,
-        json_schema_extra=cel_rules(
-            cel(
-                f"!self.contains('${{') && self.findAll('{_PLACEHOLDER_RE}').all(p, p in [{known}])",
-                "unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel",
-            )
-        ),
-    )
+    return Field(default=None, min_length=1, description=description)
 
 
 class QueryOverrides(ApiModel):
@@ -76,6 +80,20 @@ class QueryOverrides(ApiModel):
     A query must return an instant vector with one series per pod, carrying the pod label named by
     `spec.metrics.podLabel`. `$selector`, `$namespace`, `$pods`, `$window` and `$podLabel` are substituted (escaped).
     """
+
+    rules: ClassVar[tuple[Rule, ...]] = tuple(
+        _placeholder_rule(field)
+        for field in (
+            "ttft",
+            "ttft_p95",
+            "kv_cache_usage",
+            "queue_length",
+            "running_requests",
+            "request_rate",
+            "error_rate",
+            "lora_failure_rate",
+        )
+    )
 
     ttft: str | None = _query_field("Mean time to first token over the window, seconds.")
     ttft_p95: str | None = _query_field("95th percentile time to first token, seconds.")
@@ -87,15 +105,6 @@ class QueryOverrides(ApiModel):
     lora_failure_rate: str | None = _query_field(
         "Share of LoRA adapter loads that failed, 0 to 1 (no engine has a standard metric)."
     )
-
-    @model_validator(mode="after")
-    def _known_placeholders(self) -> QueryOverrides:
-        for _, query in self:
-            text = query or ""
-            names = {found[1:] for found in re.findall(_PLACEHOLDER_RE, text)}
-            if "${" in text or not names <= QUERY_PLACEHOLDERS:
-                raise ValueError("unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel")
-        return self
 
 
 class MetricsSpec(ApiModel):
@@ -125,6 +134,15 @@ class MetricsSpec(ApiModel):
 
 
 class CapacitySpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.all(k, self[k] > 0.0)",
+            message="capacity coefficients must be > 0",
+            check=lambda classes: all(k > 0 for k in classes.values()),
+            on="classes",
+        ),
+    )
+
     class_label: str = Field(
         default="sluice.dev/hardware-class",
         pattern=LABEL_KEY,
@@ -133,26 +151,24 @@ class CapacitySpec(ApiModel):
     classes: dict[str, float] = Field(
         default_factory=dict,
         description="Capacity coefficient K per hardware class, e.g. {a100: 10, rtx4090: 4, cpu: 1}.",
-        json_schema_extra=cel_rules(cel("self.all(k, self[k] > 0.0)", "capacity coefficients must be > 0")),
     )
     default: float = Field(default=1.0, gt=0, description="K for pods whose class is missing or not listed.")
 
-    @model_validator(mode="after")
-    def _positive(self) -> CapacitySpec:
-        if any(k <= 0 for k in self.classes.values()):
-            raise ValueError("capacity coefficients must be > 0")
-        return self
-
 
 class ScoringSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("self.minWeight <= self.maxWeight", "minWeight must not exceed maxWeight", ".minWeight"),
-            cel(
-                "duration(self.ttftFloor) <= duration(self.ttftBaseline)",
-                "ttftFloor must not exceed ttftBaseline",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.minWeight <= self.maxWeight",
+            message="minWeight must not exceed maxWeight",
+            check=lambda scoring: scoring.min_weight <= scoring.max_weight,
+            field_path=".minWeight",
+        ),
+        Rule(
+            cel="duration(self.ttftFloor) <= duration(self.ttftBaseline)",
+            message="ttftFloor must not exceed ttftBaseline",
+            check=lambda scoring: scoring.ttft_floor <= scoring.ttft_baseline,
+            field_path=".ttftFloor",
+        ),
     )
 
     alpha: float = Field(
@@ -210,14 +226,6 @@ class ScoringSpec(ApiModel):
         default=1000, ge=1, le=100000, description="Weight of the best pod; others scale below (resolution)."
     )
 
-    @model_validator(mode="after")
-    def _bounds(self) -> ScoringSpec:
-        if self.min_weight > self.max_weight:
-            raise ValueError("minWeight must not exceed maxWeight")
-        if self.ttft_floor > self.ttft_baseline:
-            raise ValueError("ttftFloor must not exceed ttftBaseline")
-        return self
-
 
 class HealthBand(ApiModel):
     """A pod whose error rate (and TTFT p95, if set) is within the limits keeps weightPercent of its weight."""
@@ -237,10 +245,13 @@ def _default_bands() -> list[HealthBand]:
 
 
 class RecoverySpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("self.initialPercent <= self.capPercent", "initialPercent must not exceed capPercent"),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.initialPercent <= self.capPercent",
+            message="initialPercent must not exceed capPercent",
+            check=lambda recovery: recovery.initial_percent <= recovery.cap_percent,
+            field_path=".initialPercent",
+        ),
     )
 
     quiet_period: Duration = Field(default=30.0, description="Time without incidents before a zeroed pod recovers.")
@@ -256,12 +267,6 @@ class RecoverySpec(ApiModel):
         default=50.0, gt=0, le=100, description="Recovery ends (normal scoring resumes) past this percentage."
     )
 
-    @model_validator(mode="after")
-    def _ordered(self) -> RecoverySpec:
-        if self.initial_percent > self.cap_percent:
-            raise ValueError("initialPercent must not exceed capPercent")
-        return self
-
 
 class OutlierDetectionSpec(ApiModel):
     enabled: bool = Field(default=True, description="Render Istio outlierDetection, Envoy's sub-second ejection.")
@@ -272,14 +277,13 @@ class OutlierDetectionSpec(ApiModel):
 
 
 class ProtectionSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "size(self.bands) < 2 || self.bands.all(a, self.bands.exists_one(b, b.maxErrorRate == a.maxErrorRate))",
-                "bands must have distinct maxErrorRate values",
-                ".bands",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="size(self.bands) < 2 || self.bands.all(a, self.bands.exists_one(b, b.maxErrorRate == a.maxErrorRate))",
+            message="bands must have distinct maxErrorRate values",
+            check=lambda protection: len({band.max_error_rate for band in protection.bands}) == len(protection.bands),
+            field_path=".bands",
+        ),
     )
 
     fast_zero_error_rate: float = Field(
@@ -325,13 +329,6 @@ class ProtectionSpec(ApiModel):
         """The first band a pod fits applies, so bands are kept sorted by maxErrorRate."""
         return sorted(bands, key=lambda band: band.max_error_rate)
 
-    @model_validator(mode="after")
-    def _distinct_bands(self) -> ProtectionSpec:
-        rates = [band.max_error_rate for band in self.bands]
-        if len(set(rates)) != len(rates):
-            raise ValueError("bands must have distinct maxErrorRate values")
-        return self
-
 
 class AnalysisSpec(ApiModel):
     interval: Duration = Field(default=30.0, description="Time between two canary checks.")
@@ -345,15 +342,37 @@ class AnalysisSpec(ApiModel):
     )
 
 
+def _distinct_revisions(canary: CanarySpec) -> bool:
+    return canary.candidate_revision is None or canary.candidate_revision != canary.stable_revision
+
+
 class CanarySpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "!has(self.candidateRevision) || !has(self.stableRevision) "
-                "|| self.candidateRevision != self.stableRevision",
-                "candidateRevision must differ from stableRevision",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.candidateRevision) || !has(self.stableRevision) "
+            "|| self.candidateRevision != self.stableRevision",
+            message="candidateRevision must differ from stableRevision",
+            check=_distinct_revisions,
+            field_path=".candidateRevision",
+        ),
+        Rule(
+            cel="self.all(s, s >= 1 && s <= 100)",
+            message="steps must be between 1 and 100",
+            check=lambda steps: all(1 <= step <= 100 for step in steps),
+            on="steps",
+        ),
+        Rule(
+            cel="self.isSorted() && self.all(s, self.exists_one(t, t == s))",
+            message="steps must be strictly increasing",
+            check=lambda steps: all(a < b for a, b in itertools.pairwise(steps)),
+            on="steps",
+        ),
+        Rule(
+            cel="self[size(self) - 1] == 100",
+            message="the last step must be 100",
+            check=lambda steps: steps[-1] == 100,
+            on="steps",
+        ),
     )
 
     revision_label: str = Field(
@@ -374,36 +393,11 @@ class CanarySpec(ApiModel):
         min_length=1,
         max_length=20,
         description="Candidate traffic percentages, strictly increasing, ending at 100.",
-        json_schema_extra=cel_rules(
-            cel("self.all(s, s >= 1 && s <= 100)", "steps must be between 1 and 100"),
-            cel(
-                "self.isSorted() && self.all(s, self.exists_one(t, t == s))",
-                "steps must be strictly increasing",
-            ),
-            cel("self[size(self) - 1] == 100", "the last step must be 100"),
-        ),
     )
     step_interval: Duration = Field(default=60.0, description="Minimum time spent at each step.")
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Checks that gate each step.")
     max_failed_checks: int = Field(default=3, ge=1, le=100, description="Failed checks that roll the candidate back.")
     paused: bool = Field(default=False, description="Hold the current step; checks still run and can roll back.")
-
-    @field_validator("steps")
-    @classmethod
-    def _steps(cls, steps: list[int]) -> list[int]:
-        if any(step < 1 or step > 100 for step in steps):
-            raise ValueError("steps must be between 1 and 100")
-        if any(a >= b for a, b in itertools.pairwise(steps)):
-            raise ValueError("steps must be strictly increasing")
-        if steps and steps[-1] != 100:
-            raise ValueError("the last step must be 100")
-        return steps
-
-    @model_validator(mode="after")
-    def _distinct_revisions(self) -> CanarySpec:
-        if self.candidate_revision is not None and self.candidate_revision == self.stable_revision:
-            raise ValueError("candidateRevision must differ from stableRevision")
-        return self
 
 
 class SessionAffinitySpec(ApiModel):
@@ -430,13 +424,13 @@ class LeastRequestSpec(ApiModel):
 
 
 class RoutingSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "!has(self.sessionAffinity) || !has(self.leastRequest)",
-                "sessionAffinity (consistent hash) replaces least-request: set one of them",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.sessionAffinity) || !has(self.leastRequest)",
+            message="sessionAffinity (consistent hash) replaces least-request: set one of them",
+            check=lambda routing: routing.session_affinity is None or routing.least_request is None,
+            field_path=".sessionAffinity",
+        ),
     )
 
     weights_via: WeightsVia = Field(
@@ -468,33 +462,39 @@ class RoutingSpec(ApiModel):
         default=False, description="Take over Istio objects of the same names that sluice did not create."
     )
 
-    @model_validator(mode="after")
-    def _affinity_xor_lr(self) -> RoutingSpec:
-        if self.session_affinity is not None and self.least_request is not None:
-            raise ValueError("sessionAffinity (consistent hash) replaces least-request: set one of them")
-        return self
+
+_LOAD_QUERIES = ("ttft", "kv_cache_usage", "queue_length", "running_requests")
 
 
-_QUERY_FIELDS = ("ttft", "kvCacheUsage", "queueLength", "runningRequests")
+def _has_load_query(spec: InferencePoolSpec) -> bool:
+    return any(getattr(spec.metrics.queries, field) is not None for field in _LOAD_QUERIES)
 
 
 class InferencePoolSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "self.engine != 'custom' || ("
-                + " || ".join(f"has(self.metrics.queries.{name})" for name in _QUERY_FIELDS)
-                + ")",
-                "engine 'custom' needs at least one load query in metrics.queries "
-                "(ttft, kvCacheUsage, queueLength or runningRequests)",
-                ".metrics.queries",
-            ),
-            cel(
-                "!has(self.canary) || !(self.canary.revisionLabel in self.selector.matchLabels)",
-                "selector.matchLabels must not pin canary.revisionLabel, or candidate pods fall outside the pool",
-                ".selector.matchLabels",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="duration(self) >= duration('1s')",
+            message="interval must be at least 1s",
+            check=lambda seconds: seconds >= 1.0,
+            on="interval",
+        ),
+        Rule(
+            cel="self.engine != 'custom' || ("
+            + " || ".join(
+                f"has(self.metrics.queries.{QueryOverrides.model_fields[field].alias})" for field in _LOAD_QUERIES
+            )
+            + ")",
+            message="engine 'custom' needs at least one load query in metrics.queries "
+            "(ttft, kvCacheUsage, queueLength or runningRequests)",
+            check=lambda spec: spec.engine != "custom" or _has_load_query(spec),
+            field_path=".metrics.queries",
+        ),
+        Rule(
+            cel="!has(self.canary) || !(self.canary.revisionLabel in self.selector.matchLabels)",
+            message="selector.matchLabels must not pin canary.revisionLabel, or candidate pods fall outside the pool",
+            check=lambda spec: spec.canary is None or spec.canary.revision_label not in spec.selector.match_labels,
+            field_path=".selector.matchLabels",
+        ),
     )
 
     selector: LabelSelector = Field(description="Which pods belong to the pool.")
@@ -509,7 +509,6 @@ class InferencePoolSpec(ApiModel):
     interval: Duration = Field(
         default=5.0,
         description="Time between two reconcile passes.",
-        json_schema_extra=cel_rules(cel("duration(self) >= duration('1s')", "interval must be at least 1s")),
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Where and how signals are read.")
     capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="Static capacity per hardware class.")
@@ -519,21 +518,3 @@ class InferencePoolSpec(ApiModel):
     )
     canary: CanarySpec | None = Field(default=None, description="Staged rollout of a candidate revision.")
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="How weights reach Istio.")
-
-    @model_validator(mode="after")
-    def _cross_field(self) -> InferencePoolSpec:
-        if self.interval < 1.0:
-            raise ValueError("interval must be at least 1s")
-        queries = self.metrics.queries
-        if self.engine == "custom" and not any(
-            (queries.ttft, queries.kv_cache_usage, queries.queue_length, queries.running_requests)
-        ):
-            raise ValueError(
-                "engine 'custom' needs at least one load query in metrics.queries "
-                "(ttft, kvCacheUsage, queueLength or runningRequests)"
-            )
-        if self.canary is not None and self.canary.revision_label in self.selector.match_labels:
-            raise ValueError(
-                "selector.matchLabels must not pin canary.revisionLabel, or candidate pods fall outside the pool"
-            )
-        return self

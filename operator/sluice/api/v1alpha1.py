@@ -30,9 +30,8 @@ from sluice.api.base import (
     EndpointState,
     Engine,
     WeightsVia,
-    cel,
-    cel_rules,
 )
+from sluice.api.rules import Rule
 from sluice.api.spec import (
     AnalysisSpec,
     CanarySpec,
@@ -126,11 +125,10 @@ __all__ = [
     "QueryOverrides",
     "RecoverySpec",
     "RoutingSpec",
+    "Rule",
     "ScoringSpec",
     "SecretKeyRef",
     "SessionAffinitySpec",
     "StatusModel",
     "WeightsVia",
-    "cel",
-    "cel_rules",
 ]
