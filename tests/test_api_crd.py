@@ -197,6 +197,30 @@ BAD = [
     ),
 ]
 
+# Durations that divide, sleep or time out: zero would divide by zero, spin the loop or never wait.
+POSITIVE_DURATIONS = [
+    ("scoring", "ttftBaseline", {"scoring": {"ttftBaseline": "0s", "ttftFloor": "0s"}}),
+    ("scoring", "ttftFloor", {"scoring": {"ttftFloor": "0s", "alpha": 1}}),
+    ("scoring", "defaultTtft", {"scoring": {"defaultTtft": "0s"}}),
+    ("scoring", "ttftTimeout", {"scoring": {"ttftTimeout": "0ms"}}),
+    ("protection.recovery", "quietPeriod", {"protection": {"recovery": {"quietPeriod": "0s"}}}),
+    ("protection.recovery", "stepInterval", {"protection": {"recovery": {"stepInterval": "0s"}}}),
+    ("metrics", "window", {"metrics": {"window": "0s"}}),
+    ("metrics", "timeout", {"metrics": {"timeout": "0s"}}),
+    ("metrics", "staleAfter", {"metrics": {"staleAfter": "0m"}}),
+    ("canary.analysis", "interval", {"canary": {"analysis": {"interval": "0s"}}}),
+    ("protection.outlierDetection", "interval", {"protection": {"outlierDetection": {"interval": "0s"}}}),
+    (
+        "protection.outlierDetection",
+        "baseEjectionTime",
+        {"protection": {"outlierDetection": {"baseEjectionTime": "0s"}}},
+    ),
+]
+BAD += [
+    (f"{section}.{name} zero", spec, f"spec.{section}.{name}", "must be greater than 0s")
+    for section, name, spec in POSITIVE_DURATIONS
+]
+
 
 def _server_refuses(registry: SchemaRegistry, document: dict[str, Any], path: str, message: str) -> None:
     with pytest.raises(ValidationFailed) as by_server:

@@ -47,6 +47,16 @@ class Rule:
         return entry
 
 
+def positive_duration(field: str) -> Rule:
+    """A duration field that must be strictly positive (a zero period would spin or divide by zero)."""
+    return Rule(
+        cel="duration(self) > duration('0s')",
+        message="must be greater than 0s",
+        check=lambda seconds: seconds > 0,
+        on=field,
+    )
+
+
 def _wire_name(model: type[BaseModel], field: str) -> str:
     info = model.model_fields[field]
     return info.alias or field

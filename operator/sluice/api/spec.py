@@ -23,7 +23,7 @@ from sluice.api.base import (
     WeightsVia,
 )
 from sluice.api.durations import Duration
-from sluice.api.rules import Rule
+from sluice.api.rules import Rule, positive_duration
 
 
 class LabelSelector(ApiModel):
@@ -108,6 +108,12 @@ class QueryOverrides(ApiModel):
 
 
 class MetricsSpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (
+        positive_duration("window"),
+        positive_duration("timeout"),
+        positive_duration("stale_after"),
+    )
+
     prometheus_url: str = Field(
         default="http://prometheus.monitoring.svc:9090",
         pattern=r"^https?://",
@@ -169,6 +175,11 @@ class ScoringSpec(ApiModel):
             check=lambda scoring: scoring.ttft_floor <= scoring.ttft_baseline,
             field_path=".ttftFloor",
         ),
+        # The penalty divides by the baseline and by the (floored) TTFT: zero would divide by zero.
+        positive_duration("ttft_baseline"),
+        positive_duration("ttft_floor"),
+        positive_duration("default_ttft"),
+        positive_duration("ttft_timeout"),
     )
 
     alpha: float = Field(
@@ -252,6 +263,8 @@ class RecoverySpec(ApiModel):
             check=lambda recovery: recovery.initial_percent <= recovery.cap_percent,
             field_path=".initialPercent",
         ),
+        positive_duration("quiet_period"),
+        positive_duration("step_interval"),
     )
 
     quiet_period: Duration = Field(default=30.0, description="Time without incidents before a zeroed pod recovers.")
@@ -269,6 +282,8 @@ class RecoverySpec(ApiModel):
 
 
 class OutlierDetectionSpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("interval"), positive_duration("base_ejection_time"))
+
     enabled: bool = Field(default=True, description="Render Istio outlierDetection, Envoy's sub-second ejection.")
     consecutive_5xx_errors: int = Field(default=5, ge=0, description="5xx responses in a row that eject a host.")
     interval: Duration = Field(default=10.0, description="Ejection sweep interval.")
@@ -331,6 +346,8 @@ class ProtectionSpec(ApiModel):
 
 
 class AnalysisSpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("interval"),)
+
     interval: Duration = Field(default=30.0, description="Time between two canary checks.")
     max_ttft_p95: Duration | None = Field(default=1.0, description="Candidate TTFT p95 above this fails a check.")
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Candidate error rate above this fails.")

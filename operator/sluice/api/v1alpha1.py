@@ -31,7 +31,7 @@ from sluice.api.base import (
     Engine,
     WeightsVia,
 )
-from sluice.api.rules import Rule
+from sluice.api.rules import Rule, positive_duration
 from sluice.api.spec import (
     AnalysisSpec,
     CanarySpec,
@@ -131,4 +131,5 @@ __all__ = [
     "SessionAffinitySpec",
     "StatusModel",
     "WeightsVia",
+    "positive_duration",
 ]
