@@ -195,6 +195,42 @@ BAD = [
         "spec.metrics.queries.queueLength",
         "unknown placeholder",
     ),
+    (
+        "selector key with a space",
+        {"selector": {"matchLabels": {"my app": "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "selector key with two slashes",
+        {"selector": {"matchLabels": {"example.com/team/app": "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "selector key name longer than 63",
+        {"selector": {"matchLabels": {"example.com/" + "a" * 64: "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "selector key prefix longer than 253",
+        {"selector": {"matchLabels": {"a" * 63 + ".b" * 96 + "/app": "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "extra label not a Prometheus label name",
+        {"metrics": {"extraLabels": {"k8s-job": "vllm"}}},
+        "spec.metrics.extraLabels",
+        "extraLabels keys must be Prometheus label names",
+    ),
+    (
+        "hardware class not a label value",
+        {"capacity": {"classes": {"a100 80gb": 10}}},
+        "spec.capacity.classes",
+        "hardware classes must be label values",
+    ),
 ]
 
 # Durations that divide, sleep or time out: zero would divide by zero, spin the loop or never wait.
@@ -246,6 +282,50 @@ def test_bad_pool_is_rejected_by_crd_and_models_at_the_same_field_with_the_same_
     _models_refuse(document, path, message)
 
 
+RFC_1123_LABEL = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'"
+BAD_NAMES = [
+    ("upper case", "Llama", RFC_1123_LABEL),
+    ("underscore", "llama_70b", RFC_1123_LABEL),
+    ("dot", "llama.70b", RFC_1123_LABEL),
+    ("leading dash", "-llama", RFC_1123_LABEL),
+    ("trailing dash", "llama-", RFC_1123_LABEL),
+    ("64 characters", "a" * 64, "must be no more than 63 characters"),
+]
+
+
+@pytest.mark.parametrize(("case", "name", "message"), BAD_NAMES, ids=[b[0] for b in BAD_NAMES])
+def test_pool_name_the_cluster_cannot_use_as_a_label_is_rejected_by_crd_and_models(registry, case, name, message):
+    document = base_pool()
+    document["metadata"]["name"] = name
+    _server_refuses(registry, document, "metadata.name", message)
+    _models_refuse(document, "metadata.name", message)
+
+
+@pytest.mark.parametrize("name", ["p", "7b-llama", "a" * 63, "llama-3-70b"])
+def test_dns_1123_label_pool_names_are_accepted_by_crd_and_models(registry, name):
+    document = base_pool()
+    document["metadata"]["name"] = name
+    registry.validate(copy.deepcopy(document))
+    InferencePool.model_validate(document)
+
+
+def test_label_keys_and_values_the_cluster_accepts_are_accepted_by_crd_and_models(registry):
+    document = base_pool(
+        selector={
+            "matchLabels": {
+                "app": "llama",
+                "app.kubernetes.io/name": "Llama_3.1-70B",
+                "example.com/" + "n" * 63: "v" * 63,
+                "a" * 63 + ".b" * 95 + "/app": "",
+            }
+        },
+        metrics={"extraLabels": {"job": "vllm", "_team": "ml", "Zone2": "eu"}},
+        capacity={"classes": {"a100": 10, "RTX_4090.24g": 4, "c" * 63: 1}},
+    )
+    registry.validate(copy.deepcopy(document))
+    InferencePool.model_validate(document)
+
+
 def _declared_rules(model: type[BaseModel]) -> Iterator[Rule]:
     """Every Rule of `model` and of the models its fields hold, each model once."""
     seen: set[type[BaseModel]] = set()
@@ -292,6 +372,19 @@ SCHEMA_BAD = [
     ("negative window", {"metrics": {"window": "-1m"}}, "spec.metrics.window", ""),
     ("error rate above 1", {"protection": {"fastZeroErrorRate": 2}}, "spec.protection.fastZeroErrorRate", ""),
     ("bad weightsVia", {"routing": {"weightsVia": "Gateway"}}, "spec.routing.weightsVia", "VirtualService"),
+    (
+        "selector value with a space",
+        {"selector": {"matchLabels": {"app": "llama 70b"}}},
+        "spec.selector.matchLabels.app",
+        "",
+    ),
+    (
+        "selector value longer than 63",
+        {"selector": {"matchLabels": {"app": "l" * 64}}},
+        "spec.selector.matchLabels.app",
+        "",
+    ),
+    ("revision longer than 63", {"canary": {"candidateRevision": "v" * 64}}, "spec.canary.candidateRevision", ""),
 ]
 
 

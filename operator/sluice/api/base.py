@@ -5,12 +5,13 @@ Imported by the spec and status models (`sluice.api.spec`, `sluice.api.status`);
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
-from sluice.api.rules import Rule, check_rules, emit_rules
+from sluice.api.rules import Rule, cel_string, check_rules, emit_rules
 
 GROUP = "inference.sluice.dev"
 VERSION = "v1alpha1"
@@ -26,6 +27,7 @@ CheckResult = Literal["Pass", "Fail", "Inconclusive"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_KEY = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -33,6 +35,33 @@ LABEL_KEY = (
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 QUERY_PLACEHOLDERS = frozenset({"selector", "namespace", "pods", "window", "podLabel"})
 PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+LABEL_VALUE_MAX_LENGTH = 63
+# The DNS-subdomain prefix of a label key (before '/') may be 253 characters; LABEL_KEY bounds the name part.
+LABEL_KEY_PREFIX_MAX_LENGTH = 253
+
+LABEL_KEY_MESSAGE = (
+    "label keys must be an optional DNS subdomain prefix of at most 253 characters and '/', then a name of at most "
+    "63 alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric character "
+    "(e.g. 'app' or 'example.com/my-name')"
+)
+
+
+def is_label_key(key: str) -> bool:
+    return re.fullmatch(LABEL_KEY, key) is not None and key.find("/") <= LABEL_KEY_PREFIX_MAX_LENGTH
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= LABEL_VALUE_MAX_LENGTH and re.fullmatch(LABEL_VALUE, value) is not None
+
+
+def label_keys_rule(field: str, message: str = LABEL_KEY_MESSAGE) -> Rule:
+    """Every key of the map `field` is a Kubernetes label key."""
+    return Rule(
+        cel=f"self.all(k, k.matches({cel_string(LABEL_KEY)}) && k.indexOf('/') <= {LABEL_KEY_PREFIX_MAX_LENGTH})",
+        message=message,
+        check=lambda labels: all(is_label_key(key) for key in labels),
+        on=field,
+    )
 
 
 class ApiModel(BaseModel):

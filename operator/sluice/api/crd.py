@@ -3,7 +3,8 @@
 The models are the single source of truth; `crds/` holds this function's output (`make crds`), and a test fails
 when the two drift. The output is a *structural* schema as Kubernetes requires: every node typed, no `$ref`,
 no `anyOf` with null, a description everywhere, defaults on nested objects so the API server fills them in.
-The models' rules (`sluice.api.rules`) arrive as `x-kubernetes-validations` in the pydantic schema.
+The models' rules (`sluice.api.rules`) arrive as `x-kubernetes-validations` in the pydantic schema; the
+object-level rules of `InferencePool` (on metadata.name) become the root rules.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.api.durations import DURATION_PATTERN, format_duration
-from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec, InferencePoolStatus
+from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePool, InferencePoolSpec, InferencePoolStatus
 
 _KEEP = {
     "type",
@@ -215,10 +216,16 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version."},
                                 "kind": {"type": "string", "description": "Kind."},
-                                "metadata": {"type": "object", "description": "Standard object metadata."},
+                                "metadata": {
+                                    "type": "object",
+                                    "description": "Standard object metadata.",
+                                    # Declared so the root rules' fieldPath `.metadata.name` names a known field.
+                                    "properties": {"name": {"type": "string", "description": "Pool name."}},
+                                },
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },
+                            "x-kubernetes-validations": [rule.entry() for rule in InferencePool.rules],
                         }
                     },
                 }

@@ -47,6 +47,11 @@ class Rule:
         return entry
 
 
+def cel_string(text: str) -> str:
+    """`text` as a CEL string literal (regular expressions carry backslashes, which CEL unescapes once)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def positive_duration(field: str) -> Rule:
     """A duration field that must be strictly positive (a zero period would spin or divide by zero)."""
     return Rule(

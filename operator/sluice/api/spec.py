@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -16,18 +16,25 @@ from sluice.api.base import (
     DNS_LABEL,
     LABEL_KEY,
     LABEL_VALUE,
+    LABEL_VALUE_MAX_LENGTH,
     PROM_LABEL_NAME,
     QUERY_PLACEHOLDERS,
     ApiModel,
     Engine,
     WeightsVia,
+    is_label_value,
+    label_keys_rule,
 )
 from sluice.api.durations import Duration
-from sluice.api.rules import Rule, positive_duration
+from sluice.api.rules import Rule, cel_string, positive_duration
+
+LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE)]
 
 
 class LabelSelector(ApiModel):
-    match_labels: dict[str, str] = Field(
+    rules: ClassVar[tuple[Rule, ...]] = (label_keys_rule("match_labels"),)
+
+    match_labels: dict[str, LabelValue] = Field(
         min_length=1,
         description="Labels a pod must carry to belong to the pool (GIE-compatible name). At least one label.",
     )
@@ -112,6 +119,13 @@ class MetricsSpec(ApiModel):
         positive_duration("window"),
         positive_duration("timeout"),
         positive_duration("stale_after"),
+        Rule(
+            cel=f"self.all(k, k.matches({cel_string(PROM_LABEL_NAME)}))",
+            message="extraLabels keys must be Prometheus label names: letters, digits and '_', "
+            "not starting with a digit",
+            check=lambda labels: all(re.fullmatch(PROM_LABEL_NAME, key) for key in labels),
+            on="extra_labels",
+        ),
     )
 
     prometheus_url: str = Field(
@@ -145,6 +159,13 @@ class CapacitySpec(ApiModel):
             cel="self.all(k, self[k] > 0.0)",
             message="capacity coefficients must be > 0",
             check=lambda classes: all(k > 0 for k in classes.values()),
+            on="classes",
+        ),
+        Rule(
+            cel=f"self.all(k, size(k) <= {LABEL_VALUE_MAX_LENGTH} && k.matches({cel_string(LABEL_VALUE)}))",
+            message="hardware classes must be label values: at most 63 alphanumeric characters, '-', '_' or '.', "
+            "starting and ending with an alphanumeric character",
+            check=lambda classes: all(is_label_value(name) for name in classes),
             on="classes",
         ),
     )
@@ -397,11 +418,13 @@ class CanarySpec(ApiModel):
     )
     stable_revision: str | None = Field(
         default=None,
+        max_length=LABEL_VALUE_MAX_LENGTH,
         pattern=LABEL_VALUE,
         description="Revision taking traffic before the first rollout. Afterwards status.canary.stableRevision rules.",
     )
     candidate_revision: str | None = Field(
         default=None,
+        max_length=LABEL_VALUE_MAX_LENGTH,
         pattern=LABEL_VALUE,
         description="Revision to roll out. Changing it restarts the rollout at the first step; removing it aborts.",
     )
