@@ -245,7 +245,7 @@ class ScoringSpec(ApiModel):
         le=4,
         description="Exponent applied to scores before they become weights. Envoy's weighted least-request shares "
         "traffic in proportion to weight/(active+1); above 1 it keeps slow pods nearly idle until faster ones fill "
-        "up. 1 is seed 000's linear score.",
+        "up. 1 makes weights proportional to scores.",
     )
     hysteresis_percent: float = Field(
         default=10.0,
@@ -268,8 +268,8 @@ class HealthBand(ApiModel):
 
 
 def _default_bands() -> list[HealthBand]:
-    # Seed 003's bands, on errors only by default: TTFT already shapes the score, and an absolute TTFT band
-    # would permanently penalise slower hardware classes.
+    # On errors only by default: TTFT already shapes the score, and an absolute TTFT band would permanently
+    # penalise slower hardware classes.
     return [
         HealthBand(max_error_rate=0.005, weight_percent=100),
         HealthBand(max_error_rate=0.02, weight_percent=75),
