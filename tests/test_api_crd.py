@@ -426,6 +426,12 @@ def test_valid_full_featured_pool_passes_both(registry):
     InferencePool.model_validate(document)
 
 
+def test_outlier_detection_spells_consecutive_5xx_errors_as_istio_does(registry):
+    document = base_pool(protection={"outlierDetection": {"consecutive5xxErrors": 7}})
+    registry.validate(copy.deepcopy(document))
+    assert InferencePool.model_validate(document).spec.protection.outlier_detection.consecutive_5xx_errors == 7
+
+
 def test_field_reference_doc_is_generated_from_the_crd():
     committed = (ROOT / "docs" / "api-reference.md").read_text()
     assert committed == render_reference(), "run `make crds` after changing the models"

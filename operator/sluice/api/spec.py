@@ -306,7 +306,10 @@ class OutlierDetectionSpec(ApiModel):
     rules: ClassVar[tuple[Rule, ...]] = (positive_duration("interval"), positive_duration("base_ejection_time"))
 
     enabled: bool = Field(default=True, description="Render Istio outlierDetection, Envoy's sub-second ejection.")
-    consecutive_5xx_errors: int = Field(default=5, ge=0, description="5xx responses in a row that eject a host.")
+    # Spelled as in Istio's DestinationRule (the camelCase generator would write consecutive5XxErrors).
+    consecutive_5xx_errors: int = Field(
+        default=5, ge=0, alias="consecutive5xxErrors", description="5xx responses in a row that eject a host."
+    )
     interval: Duration = Field(default=10.0, description="Ejection sweep interval.")
     base_ejection_time: Duration = Field(default=30.0, description="Minimum ejection time, multiplied per ejection.")
     max_ejection_percent: int = Field(default=50, ge=0, le=100, description="Most of the pool Envoy may eject.")
