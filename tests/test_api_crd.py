@@ -385,6 +385,25 @@ SCHEMA_BAD = [
         "",
     ),
     ("revision longer than 63", {"canary": {"candidateRevision": "v" * 64}}, "spec.canary.candidateRevision", ""),
+    (
+        "more than 64 selector labels",
+        {"selector": {"matchLabels": {f"l{i}": "x" for i in range(65)}}},
+        "spec.selector.matchLabels",
+        "at most 64",
+    ),
+    (
+        "more than 64 extra labels",
+        {"metrics": {"extraLabels": {f"l{i}": "x" for i in range(65)}}},
+        "spec.metrics.extraLabels",
+        "at most 64",
+    ),
+    (
+        "more than 64 hardware classes",
+        {"capacity": {"classes": {f"c{i}": 1 for i in range(65)}}},
+        "spec.capacity.classes",
+        "at most 64",
+    ),
+    ("query longer than 8192", {"metrics": {"queries": {"ttft": "q" * 8193}}}, "spec.metrics.queries.ttft", "8192"),
 ]
 
 

@@ -29,6 +29,7 @@ _KEEP = {
     "minItems",
     "maxItems",
     "minProperties",
+    "maxProperties",
     "format",
     "x-kubernetes-validations",
 }
@@ -220,7 +221,10 @@ def build_crd() -> dict[str, Any]:
                                     "type": "object",
                                     "description": "Standard object metadata.",
                                     # Declared so the root rules' fieldPath `.metadata.name` names a known field.
-                                    "properties": {"name": {"type": "string", "description": "Pool name."}},
+                                    # maxLength is the API server's own limit; it bounds the rules' cost estimate.
+                                    "properties": {
+                                        "name": {"type": "string", "description": "Pool name.", "maxLength": 253}
+                                    },
                                 },
                                 "spec": spec_schema,
                                 "status": status_schema,

@@ -30,12 +30,18 @@ from sluice.api.rules import Rule, cel_string, positive_duration
 
 LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE)]
 
+# Bounds on what CEL rules iterate: without them the API server estimates a rule's cost for a request-sized map
+# or string and refuses the CRD ("estimated rule cost exceeds budget").
+MAX_LABELS = 64
+MAX_QUERY_LENGTH = 8192
+
 
 class LabelSelector(ApiModel):
     rules: ClassVar[tuple[Rule, ...]] = (label_keys_rule("match_labels"),)
 
     match_labels: dict[str, LabelValue] = Field(
         min_length=1,
+        max_length=MAX_LABELS,
         description="Labels a pod must carry to belong to the pool (GIE-compatible name). At least one label.",
     )
 
@@ -78,7 +84,7 @@ def _placeholder_rule(field: str) -> Rule:
 
 
 def _query_field(description: str) -> Any:
-    return Field(default=None, min_length=1, description=description)
+    return Field(default=None, min_length=1, max_length=MAX_QUERY_LENGTH, description=description)
 
 
 class QueryOverrides(ApiModel):
@@ -146,6 +152,7 @@ class MetricsSpec(ApiModel):
     )
     extra_labels: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_LABELS,
         description="Extra equality label matchers added to every preset query, e.g. {job: vllm}.",
     )
     queries: QueryOverrides = Field(
@@ -177,6 +184,7 @@ class CapacitySpec(ApiModel):
     )
     classes: dict[str, float] = Field(
         default_factory=dict,
+        max_length=MAX_LABELS,
         description="Capacity coefficient K per hardware class, e.g. {a100: 10, rtx4090: 4, cpu: 1}.",
     )
     default: float = Field(default=1.0, gt=0, description="K for pods whose class is missing or not listed.")
