@@ -180,6 +180,24 @@ def _printer_columns() -> list[dict[str, Any]]:
     ]
 
 
+def _metadata_schema() -> dict[str, Any]:
+    """metadata as the root rules see it: name and generateName, both declared.
+
+    The API server types the root rules' `self.metadata` from this schema only when both are declared strings;
+    their maxLength (its own limit for names) then bounds the rules' cost estimate, and the rules' fieldPath
+    `.metadata.name` names a declared field. Nothing else of metadata may be constrained by a CRD.
+    """
+    name = {"type": "string", "maxLength": 253}
+    return {
+        "type": "object",
+        "description": "Standard object metadata.",
+        "properties": {
+            "name": {**name, "description": "Pool name."},
+            "generateName": {**name, "description": "Prefix of a generated pool name."},
+        },
+    }
+
+
 def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition object (apiextensions.k8s.io/v1)."""
     spec_schema = model_schema(InferencePoolSpec, "Desired behaviour of the pool.")
@@ -217,15 +235,7 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version."},
                                 "kind": {"type": "string", "description": "Kind."},
-                                "metadata": {
-                                    "type": "object",
-                                    "description": "Standard object metadata.",
-                                    # Declared so the root rules' fieldPath `.metadata.name` names a known field.
-                                    # maxLength is the API server's own limit; it bounds the rules' cost estimate.
-                                    "properties": {
-                                        "name": {"type": "string", "description": "Pool name.", "maxLength": 253}
-                                    },
-                                },
+                                "metadata": _metadata_schema(),
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },
