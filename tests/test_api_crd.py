@@ -21,7 +21,7 @@ from sluice.api.crd import build_crd
 from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
 from sluice.api.rules import Rule
-from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec
+from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec, QueryOverrides
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -353,6 +353,21 @@ def test_every_cel_rule_of_the_crd_has_exactly_one_python_twin_with_the_same_mes
     declared = Counter((rule.cel, rule.message, rule.field_path) for rule in _declared_rules(InferencePool))
     assert emitted, "the CRD has no CEL rules"
     assert emitted == declared
+
+
+def test_every_rule_is_exercised_by_a_bad_pool_case():
+    """A new rule comes with a case above proving the CRD and the models refuse alike."""
+    exercised = [message for *_, message in BAD] + [message for *_, message in BAD_NAMES]
+    unexercised = [
+        rule.message
+        for rule in _declared_rules(InferencePool)
+        if not any(message in rule.message for message in exercised)
+    ]
+    assert not unexercised
+
+
+def test_every_query_override_checks_its_placeholders():
+    assert {rule.on for rule in QueryOverrides.rules} == set(QueryOverrides.model_fields)
 
 
 def test_every_cross_field_rule_reports_at_a_field():
