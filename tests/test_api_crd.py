@@ -7,6 +7,8 @@ the pydantic models (what the operator and `sluice plan` use). Both must refuse,
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 import typing
 from collections import Counter
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from sluice.api import v1alpha1
 from sluice.api.crd import build_crd
 from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
@@ -464,6 +467,19 @@ def test_outlier_detection_spells_consecutive_5xx_errors_as_istio_does(registry)
     document = base_pool(protection={"outlierDetection": {"consecutive5xxErrors": 7}})
     registry.validate(copy.deepcopy(document))
     assert InferencePool.model_validate(document).spec.protection.outlier_detection.consecutive_5xx_errors == 7
+
+
+@pytest.mark.parametrize("module_name", ["base", "spec", "rules", "status"])
+def test_v1alpha1_reexports_every_public_name_of_the_api_modules(module_name):
+    module = importlib.import_module(f"sluice.api.{module_name}")
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not inspect.ismodule(value)
+        and getattr(value, "__module__", module.__name__) == module.__name__
+    }
+    assert public - set(v1alpha1.__all__) == set()
 
 
 def test_field_reference_doc_is_generated_from_the_crd():
