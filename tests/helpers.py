@@ -11,6 +11,7 @@ from sluice.core.reconcile import Plan, plan_pass
 
 T0 = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 CLASSES = {"a100": 10.0, "rtx4090": 4.0, "cpu": 1.0}
+_POD_INDEX: dict[str, int] = {}
 
 
 def at(seconds: float) -> datetime:
@@ -45,8 +46,8 @@ def pod(
     labels = {"app": "llama", "sluice.dev/hardware-class": hw}
     if revision is not None:
         labels["sluice.dev/revision"] = revision
-    index = abs(hash(name)) % 250 + 1
-    address = f"10.0.0.{index}" if ip == "auto" else ip
+    index = _POD_INDEX.setdefault(name, len(_POD_INDEX))  # stable and distinct per name, unlike hash()
+    address = f"10.{index // 250}.0.{index % 250 + 1}" if ip == "auto" else ip
     return ObservedPod(name=name, ip=address, labels=labels, **fields)
 
 

@@ -7,17 +7,24 @@ the pydantic models (what the operator and `sluice plan` use). Both must refuse,
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
+import typing
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from sluice.api import v1alpha1
 from sluice.api.crd import build_crd
 from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
-from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec
+from sluice.api.rules import Rule
+from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec, QueryOverrides
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,20 +118,37 @@ def test_api_server_defaults_equal_model_defaults(registry):
 
 
 BAD = [
-    ("steps not increasing", {"canary": {"steps": [5, 50, 40, 100]}}, "steps must be strictly increasing"),
-    ("steps repeat", {"canary": {"steps": [5, 5, 100]}}, "steps must be strictly increasing"),
-    ("last step not 100", {"canary": {"steps": [5, 50]}}, "the last step must be 100"),
-    ("step out of range", {"canary": {"steps": [0, 100]}}, "steps must be between 1 and 100"),
+    (
+        "steps not increasing",
+        {"canary": {"steps": [5, 50, 40, 100]}},
+        "spec.canary.steps",
+        "steps must be strictly increasing",
+    ),
+    ("steps repeat", {"canary": {"steps": [5, 5, 100]}}, "spec.canary.steps", "steps must be strictly increasing"),
+    ("last step not 100", {"canary": {"steps": [5, 50]}}, "spec.canary.steps", "the last step must be 100"),
+    ("step out of range", {"canary": {"steps": [0, 100]}}, "spec.canary.steps", "steps must be between 1 and 100"),
     (
         "candidate equals stable",
         {"canary": {"stableRevision": "v1", "candidateRevision": "v1"}},
+        "spec.canary.candidateRevision",
         "candidateRevision must differ from stableRevision",
     ),
-    ("min above max weight", {"scoring": {"minWeight": 50, "maxWeight": 10}}, "minWeight must not exceed maxWeight"),
-    ("floor above baseline", {"scoring": {"ttftFloor": "1s"}}, "ttftFloor must not exceed ttftBaseline"),
+    (
+        "min above max weight",
+        {"scoring": {"minWeight": 50, "maxWeight": 10}},
+        "spec.scoring.minWeight",
+        "minWeight must not exceed maxWeight",
+    ),
+    (
+        "floor above baseline",
+        {"scoring": {"ttftFloor": "1s"}},
+        "spec.scoring.ttftFloor",
+        "ttftFloor must not exceed ttftBaseline",
+    ),
     (
         "recovery start above cap",
         {"protection": {"recovery": {"initialPercent": 60, "capPercent": 50}}},
+        "spec.protection.recovery.initialPercent",
         "initialPercent must not exceed capPercent",
     ),
     (
@@ -134,43 +158,226 @@ BAD = [
                 "bands": [{"maxErrorRate": 0.01, "weightPercent": 100}, {"maxErrorRate": 0.01, "weightPercent": 50}]
             }
         },
+        "spec.protection.bands",
         "bands must have distinct maxErrorRate values",
     ),
-    ("custom engine without queries", {"engine": "custom"}, "engine 'custom' needs at least one load query"),
+    (
+        "custom engine without queries",
+        {"engine": "custom"},
+        "spec.metrics.queries",
+        "engine 'custom' needs at least one load query",
+    ),
     (
         "selector pins the revision label",
         {"selector": {"matchLabels": {"app": "llama", "sluice.dev/revision": "v1"}}, "canary": {}},
+        "spec.selector.matchLabels",
         "selector.matchLabels must not pin canary.revisionLabel",
     ),
-    ("interval below 1s", {"interval": "500ms"}, "interval must be at least 1s"),
+    ("interval below 1s", {"interval": "500ms"}, "spec.interval", "interval must be at least 1s"),
     (
         "affinity and least-request together",
         {"routing": {"sessionAffinity": {"header": "x-session-id"}, "leastRequest": {}}},
+        "spec.routing.sessionAffinity",
         "sessionAffinity (consistent hash) replaces least-request",
     ),
-    ("capacity coefficient zero", {"capacity": {"classes": {"cpu": 0}}}, "capacity coefficients must be > 0"),
+    (
+        "capacity coefficient zero",
+        {"capacity": {"classes": {"cpu": 0}}},
+        "spec.capacity.classes",
+        "capacity coefficients must be > 0",
+    ),
     (
         "unknown query placeholder",
         {"metrics": {"queries": {"loraFailureRate": 'rate(x{pod=~"$pod"}[$window])'}}},
+        "spec.metrics.queries.loraFailureRate",
         "unknown placeholder",
     ),
     (
         "braced placeholder",
         {"metrics": {"queries": {"queueLength": "sum by ($podLabel) (q{${selector}})"}}},
+        "spec.metrics.queries.queueLength",
         "unknown placeholder",
+    ),
+    (
+        "selector key with a space",
+        {"selector": {"matchLabels": {"my app": "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "selector key with two slashes",
+        {"selector": {"matchLabels": {"example.com/team/app": "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "selector key name longer than 63",
+        {"selector": {"matchLabels": {"example.com/" + "a" * 64: "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "selector key prefix longer than 253",
+        {"selector": {"matchLabels": {"a" * 63 + ".b" * 96 + "/app": "llama"}}},
+        "spec.selector.matchLabels",
+        "label keys must be an optional DNS subdomain prefix",
+    ),
+    (
+        "extra label not a Prometheus label name",
+        {"metrics": {"extraLabels": {"k8s-job": "vllm"}}},
+        "spec.metrics.extraLabels",
+        "extraLabels keys must be Prometheus label names",
+    ),
+    (
+        "hardware class not a label value",
+        {"capacity": {"classes": {"a100 80gb": 10}}},
+        "spec.capacity.classes",
+        "hardware classes must be label values",
     ),
 ]
 
+# Durations that divide, sleep or time out: zero would divide by zero, spin the loop or never wait.
+POSITIVE_DURATIONS = [
+    ("scoring", "ttftBaseline", {"scoring": {"ttftBaseline": "0s", "ttftFloor": "0s"}}),
+    ("scoring", "ttftFloor", {"scoring": {"ttftFloor": "0s", "alpha": 1}}),
+    ("scoring", "defaultTtft", {"scoring": {"defaultTtft": "0s"}}),
+    ("scoring", "ttftTimeout", {"scoring": {"ttftTimeout": "0ms"}}),
+    ("protection.recovery", "quietPeriod", {"protection": {"recovery": {"quietPeriod": "0s"}}}),
+    ("protection.recovery", "stepInterval", {"protection": {"recovery": {"stepInterval": "0s"}}}),
+    ("metrics", "window", {"metrics": {"window": "0s"}}),
+    ("metrics", "timeout", {"metrics": {"timeout": "0s"}}),
+    ("metrics", "staleAfter", {"metrics": {"staleAfter": "0m"}}),
+    ("canary.analysis", "interval", {"canary": {"analysis": {"interval": "0s"}}}),
+    ("protection.outlierDetection", "interval", {"protection": {"outlierDetection": {"interval": "0s"}}}),
+    (
+        "protection.outlierDetection",
+        "baseEjectionTime",
+        {"protection": {"outlierDetection": {"baseEjectionTime": "0s"}}},
+    ),
+]
+BAD += [
+    (f"{section}.{name} zero", spec, f"spec.{section}.{name}", "must be greater than 0s")
+    for section, name, spec in POSITIVE_DURATIONS
+]
 
-@pytest.mark.parametrize(("case", "spec", "message"), BAD, ids=[b[0] for b in BAD])
-def test_bad_pool_is_rejected_by_crd_and_models_with_the_same_rule(registry, case, spec, message):
-    document = base_pool(**spec)
+
+def _server_refuses(registry: SchemaRegistry, document: dict[str, Any], path: str, message: str) -> None:
     with pytest.raises(ValidationFailed) as by_server:
         registry.validate(document)
-    assert message in str(by_server.value), str(by_server.value)
+    matching = [error for error in by_server.value.errors if error.path == path and message in error.detail]
+    assert matching, str(by_server.value)
+
+
+def _models_refuse(document: dict[str, Any], path: str, message: str) -> None:
     with pytest.raises(ValidationError) as by_models:
         InferencePool.model_validate(document)
-    assert message in format_validation_error("InferencePool", "p", by_models.value)
+    text = format_validation_error("InferencePool", document["metadata"]["name"], by_models.value)
+    details = text.split(" is invalid: ", 1)[1].split("; ")
+    assert any(detail.startswith(f"{path}: Invalid value: ") and message in detail for detail in details), text
+
+
+@pytest.mark.parametrize(("case", "spec", "path", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_pool_is_rejected_by_crd_and_models_at_the_same_field_with_the_same_rule(
+    registry, case, spec, path, message
+):
+    document = base_pool(**spec)
+    _server_refuses(registry, document, path, message)
+    _models_refuse(document, path, message)
+
+
+RFC_1123_LABEL = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'"
+BAD_NAMES = [
+    ("upper case", "Llama", RFC_1123_LABEL),
+    ("underscore", "llama_70b", RFC_1123_LABEL),
+    ("dot", "llama.70b", RFC_1123_LABEL),
+    ("leading dash", "-llama", RFC_1123_LABEL),
+    ("trailing dash", "llama-", RFC_1123_LABEL),
+    ("64 characters", "a" * 64, "must be no more than 63 characters"),
+]
+
+
+@pytest.mark.parametrize(("case", "name", "message"), BAD_NAMES, ids=[b[0] for b in BAD_NAMES])
+def test_pool_name_the_cluster_cannot_use_as_a_label_is_rejected_by_crd_and_models(registry, case, name, message):
+    document = base_pool()
+    document["metadata"]["name"] = name
+    _server_refuses(registry, document, "metadata.name", message)
+    _models_refuse(document, "metadata.name", message)
+
+
+@pytest.mark.parametrize("name", ["p", "7b-llama", "a" * 63, "llama-3-70b"])
+def test_dns_1123_label_pool_names_are_accepted_by_crd_and_models(registry, name):
+    document = base_pool()
+    document["metadata"]["name"] = name
+    registry.validate(copy.deepcopy(document))
+    InferencePool.model_validate(document)
+
+
+def test_label_keys_and_values_the_cluster_accepts_are_accepted_by_crd_and_models(registry):
+    document = base_pool(
+        selector={
+            "matchLabels": {
+                "app": "llama",
+                "app.kubernetes.io/name": "Llama_3.1-70B",
+                "example.com/" + "n" * 63: "v" * 63,
+                "a" * 63 + ".b" * 95 + "/app": "",
+            }
+        },
+        metrics={"extraLabels": {"job": "vllm", "_team": "ml", "Zone2": "eu"}},
+        capacity={"classes": {"a100": 10, "RTX_4090.24g": 4, "c" * 63: 1}},
+    )
+    registry.validate(copy.deepcopy(document))
+    InferencePool.model_validate(document)
+
+
+def _declared_rules(model: type[BaseModel]) -> Iterator[Rule]:
+    """Every Rule of `model` and of the models its fields hold, each model once."""
+    seen: set[type[BaseModel]] = set()
+    pending = [model]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        yield from getattr(current, "rules", ())
+        for info in current.model_fields.values():
+            for candidate in [info.annotation, *typing.get_args(info.annotation)]:
+                for inner in [candidate, *typing.get_args(candidate)]:
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        pending.append(inner)
+
+
+def test_every_cel_rule_of_the_crd_has_exactly_one_python_twin_with_the_same_message():
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    emitted = Counter(
+        (entry["rule"], entry["message"], entry.get("fieldPath", ""))
+        for _, node in _walk(root, "")
+        for entry in node.get("x-kubernetes-validations", [])
+    )
+    declared = Counter((rule.cel, rule.message, rule.field_path) for rule in _declared_rules(InferencePool))
+    assert emitted, "the CRD has no CEL rules"
+    assert emitted == declared
+
+
+def test_every_rule_is_exercised_by_a_bad_pool_case():
+    """A new rule comes with a case above proving the CRD and the models refuse alike."""
+    exercised = [message for *_, message in BAD] + [message for *_, message in BAD_NAMES]
+    unexercised = [
+        rule.message
+        for rule in _declared_rules(InferencePool)
+        if not any(message in rule.message for message in exercised)
+    ]
+    assert not unexercised
+
+
+def test_every_query_override_checks_its_placeholders():
+    assert {rule.on for rule in QueryOverrides.rules} == set(QueryOverrides.model_fields)
+
+
+def test_every_cross_field_rule_reports_at_a_field():
+    """A rule on an object names the field to fix (fieldPath), so the message points at one line of YAML."""
+    object_rules = [rule for rule in _declared_rules(InferencePool) if rule.on is None]
+    assert object_rules
+    assert all(rule.field_path for rule in object_rules), [rule.message for rule in object_rules if not rule.field_path]
 
 
 SCHEMA_BAD = [
@@ -183,6 +390,38 @@ SCHEMA_BAD = [
     ("negative window", {"metrics": {"window": "-1m"}}, "spec.metrics.window", ""),
     ("error rate above 1", {"protection": {"fastZeroErrorRate": 2}}, "spec.protection.fastZeroErrorRate", ""),
     ("bad weightsVia", {"routing": {"weightsVia": "Gateway"}}, "spec.routing.weightsVia", "VirtualService"),
+    (
+        "selector value with a space",
+        {"selector": {"matchLabels": {"app": "llama 70b"}}},
+        "spec.selector.matchLabels.app",
+        "",
+    ),
+    (
+        "selector value longer than 63",
+        {"selector": {"matchLabels": {"app": "l" * 64}}},
+        "spec.selector.matchLabels.app",
+        "",
+    ),
+    ("revision longer than 63", {"canary": {"candidateRevision": "v" * 64}}, "spec.canary.candidateRevision", ""),
+    (
+        "more than 64 selector labels",
+        {"selector": {"matchLabels": {f"l{i}": "x" for i in range(65)}}},
+        "spec.selector.matchLabels",
+        "at most 64",
+    ),
+    (
+        "more than 64 extra labels",
+        {"metrics": {"extraLabels": {f"l{i}": "x" for i in range(65)}}},
+        "spec.metrics.extraLabels",
+        "at most 64",
+    ),
+    (
+        "more than 64 hardware classes",
+        {"capacity": {"classes": {f"c{i}": 1 for i in range(65)}}},
+        "spec.capacity.classes",
+        "at most 64",
+    ),
+    ("query longer than 8192", {"metrics": {"queries": {"ttft": "q" * 8193}}}, "spec.metrics.queries.ttft", "8192"),
 ]
 
 
@@ -222,6 +461,25 @@ def test_valid_full_featured_pool_passes_both(registry):
     )
     registry.validate(copy.deepcopy(document))
     InferencePool.model_validate(document)
+
+
+def test_outlier_detection_spells_consecutive_5xx_errors_as_istio_does(registry):
+    document = base_pool(protection={"outlierDetection": {"consecutive5xxErrors": 7}})
+    registry.validate(copy.deepcopy(document))
+    assert InferencePool.model_validate(document).spec.protection.outlier_detection.consecutive_5xx_errors == 7
+
+
+@pytest.mark.parametrize("module_name", ["base", "spec", "rules", "status"])
+def test_v1alpha1_reexports_every_public_name_of_the_api_modules(module_name):
+    module = importlib.import_module(f"sluice.api.{module_name}")
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not inspect.ismodule(value)
+        and getattr(value, "__module__", module.__name__) == module.__name__
+    }
+    assert public - set(v1alpha1.__all__) == set()
 
 
 def test_field_reference_doc_is_generated_from_the_crd():

@@ -1,14 +1,17 @@
-"""Shared building blocks of the InferencePool API: the wire conventions, label and name patterns, CEL helpers.
+"""Shared building blocks of the InferencePool API: the wire conventions, label and name patterns and rules.
 
 Imported by the spec and status models (`sluice.api.spec`, `sluice.api.status`); nothing here knows a field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
+
+from sluice.api.rules import Rule, cel_string, check_rules, emit_rules
 
 GROUP = "inference.sluice.dev"
 VERSION = "v1alpha1"
@@ -24,6 +27,7 @@ CheckResult = Literal["Pass", "Fail", "Inconclusive"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_KEY = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -31,24 +35,51 @@ LABEL_KEY = (
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 QUERY_PLACEHOLDERS = frozenset({"selector", "namespace", "pods", "window", "podLabel"})
 PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+LABEL_VALUE_MAX_LENGTH = 63
+# The DNS-subdomain prefix of a label key (before '/') may be 253 characters; LABEL_KEY bounds the name part.
+LABEL_KEY_PREFIX_MAX_LENGTH = 253
+
+LABEL_KEY_MESSAGE = (
+    "label keys must be an optional DNS subdomain prefix of at most 253 characters and '/', then a name of at most "
+    "63 alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric character "
+    "(e.g. 'app' or 'example.com/my-name')"
+)
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry."""
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = field_path
-    return entry
+def is_label_key(key: str) -> bool:
+    return re.fullmatch(LABEL_KEY, key) is not None and key.find("/") <= LABEL_KEY_PREFIX_MAX_LENGTH
 
 
-def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(rules)}
+def is_label_value(value: str) -> bool:
+    return len(value) <= LABEL_VALUE_MAX_LENGTH and re.fullmatch(LABEL_VALUE, value) is not None
+
+
+def label_keys_rule(field: str, message: str = LABEL_KEY_MESSAGE) -> Rule:
+    """Every key of the map `field` is a Kubernetes label key."""
+    return Rule(
+        cel=f"self.all(k, k.matches({cel_string(LABEL_KEY)}) && k.indexOf('/') <= {LABEL_KEY_PREFIX_MAX_LENGTH})",
+        message=message,
+        check=lambda labels: all(is_label_key(key) for key in labels),
+        on=field,
+    )
 
 
 class ApiModel(BaseModel):
-    """Base: frozen, camelCase on the wire, unknown fields rejected (like `kubectl apply --validate=strict`)."""
+    """Base: frozen, camelCase on the wire, unknown fields rejected (like `kubectl apply --validate=strict`).
 
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    A model's cross-field and field-level rules are listed once in `rules` (see `sluice.api.rules`): checked here
+    after the fields parse, and emitted into the JSON schema (hence the CRD) as CEL.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True, json_schema_extra=emit_rules
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Self:
+        check_rules(self)
+        return self
 
     def wire(self) -> dict[str, Any]:
         """The JSON-ready camelCase dict, without unset optional fields."""

@@ -3,6 +3,8 @@
 The models are the single source of truth; `crds/` holds this function's output (`make crds`), and a test fails
 when the two drift. The output is a *structural* schema as Kubernetes requires: every node typed, no `$ref`,
 no `anyOf` with null, a description everywhere, defaults on nested objects so the API server fills them in.
+The models' rules (`sluice.api.rules`) arrive as `x-kubernetes-validations` in the pydantic schema; the
+object-level rules of `InferencePool` (on metadata.name) become the root rules.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.api.durations import DURATION_PATTERN, format_duration
-from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec, InferencePoolStatus
+from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePool, InferencePoolSpec, InferencePoolStatus
 
 _KEEP = {
     "type",
@@ -27,6 +29,7 @@ _KEEP = {
     "minItems",
     "maxItems",
     "minProperties",
+    "maxProperties",
     "format",
     "x-kubernetes-validations",
 }
@@ -177,6 +180,24 @@ def _printer_columns() -> list[dict[str, Any]]:
     ]
 
 
+def _metadata_schema() -> dict[str, Any]:
+    """metadata as the root rules see it: name and generateName, both declared.
+
+    The API server types the root rules' `self.metadata` from this schema only when both are declared strings;
+    their maxLength (its own limit for names) then bounds the rules' cost estimate, and the rules' fieldPath
+    `.metadata.name` names a declared field. Nothing else of metadata may be constrained by a CRD.
+    """
+    name = {"type": "string", "maxLength": 253}
+    return {
+        "type": "object",
+        "description": "Standard object metadata.",
+        "properties": {
+            "name": {**name, "description": "Pool name."},
+            "generateName": {**name, "description": "Prefix of a generated pool name."},
+        },
+    }
+
+
 def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition object (apiextensions.k8s.io/v1)."""
     spec_schema = model_schema(InferencePoolSpec, "Desired behaviour of the pool.")
@@ -214,10 +235,11 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version."},
                                 "kind": {"type": "string", "description": "Kind."},
-                                "metadata": {"type": "object", "description": "Standard object metadata."},
+                                "metadata": _metadata_schema(),
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },
+                            "x-kubernetes-validations": [rule.entry() for rule in InferencePool.rules],
                         }
                     },
                 }

@@ -17,7 +17,14 @@ def _rows(schema: dict[str, Any], path: str, required: bool) -> Iterator[tuple[s
         kind = f"map[string]{schema['additionalProperties'].get('type', 'object')}"
     default = json.dumps(schema["default"]) if "default" in schema else ""
     limits = []
-    for key, label in (("minimum", ">="), ("maximum", "<="), ("minItems", "items >="), ("maxItems", "items <=")):
+    for key, label in (
+        ("minimum", ">="),
+        ("maximum", "<="),
+        ("minItems", "items >="),
+        ("maxItems", "items <="),
+        ("maxProperties", "entries <="),
+        ("maxLength", "length <="),
+    ):
         if key in schema:
             limits.append(f"{label} {schema[key]}")
     if "enum" in schema:

@@ -8,28 +8,40 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from sluice.api.base import (
     DNS_LABEL,
     LABEL_KEY,
     LABEL_VALUE,
+    LABEL_VALUE_MAX_LENGTH,
     PROM_LABEL_NAME,
     QUERY_PLACEHOLDERS,
     ApiModel,
     Engine,
     WeightsVia,
-    cel,
-    cel_rules,
+    is_label_value,
+    label_keys_rule,
 )
 from sluice.api.durations import Duration
+from sluice.api.rules import Rule, cel_string, positive_duration
+
+LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE)]
+
+# Bounds on what CEL rules iterate: without them the API server estimates a rule's cost for a request-sized map
+# or string and refuses the CRD ("estimated rule cost exceeds budget").
+MAX_LABELS = 64
+MAX_QUERY_LENGTH = 8192
 
 
 class LabelSelector(ApiModel):
-    match_labels: dict[str, str] = Field(
+    rules: ClassVar[tuple[Rule, ...]] = (label_keys_rule("match_labels"),)
+
+    match_labels: dict[str, LabelValue] = Field(
         min_length=1,
+        max_length=MAX_LABELS,
         description="Labels a pod must carry to belong to the pool (GIE-compatible name). At least one label.",
     )
 
@@ -53,21 +65,26 @@ class MetricsAuth(ApiModel):
 
 
 _PLACEHOLDER_RE = "[$][A-Za-z_][A-Za-z0-9_]*"
+_UNKNOWN_PLACEHOLDER = "unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel"
+
+
+def _known_placeholders(query: str) -> bool:
+    names = {found[1:] for found in re.findall(_PLACEHOLDER_RE, query)}
+    return "${" not in query and names <= QUERY_PLACEHOLDERS
+
+
+def _placeholder_rule(field: str) -> Rule:
+    known = ", ".join(f"'${name}'" for name in sorted(QUERY_PLACEHOLDERS))
+    return Rule(
+        cel=f"!self.contains('${{') && self.findAll('{_PLACEHOLDER_RE}').all(p, p in [{known}])",
+        message=_UNKNOWN_PLACEHOLDER,
+        check=_known_placeholders,
+        on=field,
+    )
 
 
 def _query_field(description: str) -> Any:
-    known = ", ".join(f"'${name}'" for name in sorted(QUERY_PLACEHOLDERS))
-    return Field(
-        default=None,
-        min_length=1,
-        description=description,
-        json_schema_extra=cel_rules(
-            cel(
-                f"!self.contains('${{') && self.findAll('{_PLACEHOLDER_RE}').all(p, p in [{known}])",
-                "unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel",
-            )
-        ),
-    )
+    return Field(default=None, min_length=1, max_length=MAX_QUERY_LENGTH, description=description)
 
 
 class QueryOverrides(ApiModel):
@@ -76,6 +93,20 @@ class QueryOverrides(ApiModel):
     A query must return an instant vector with one series per pod, carrying the pod label named by
     `spec.metrics.podLabel`. `$selector`, `$namespace`, `$pods`, `$window` and `$podLabel` are substituted (escaped).
     """
+
+    rules: ClassVar[tuple[Rule, ...]] = tuple(
+        _placeholder_rule(field)
+        for field in (
+            "ttft",
+            "ttft_p95",
+            "kv_cache_usage",
+            "queue_length",
+            "running_requests",
+            "request_rate",
+            "error_rate",
+            "lora_failure_rate",
+        )
+    )
 
     ttft: str | None = _query_field("Mean time to first token over the window, seconds.")
     ttft_p95: str | None = _query_field("95th percentile time to first token, seconds.")
@@ -88,17 +119,21 @@ class QueryOverrides(ApiModel):
         "Share of LoRA adapter loads that failed, 0 to 1 (no engine has a standard metric)."
     )
 
-    @model_validator(mode="after")
-    def _known_placeholders(self) -> QueryOverrides:
-        for _, query in self:
-            text = query or ""
-            names = {found[1:] for found in re.findall(_PLACEHOLDER_RE, text)}
-            if "${" in text or not names <= QUERY_PLACEHOLDERS:
-                raise ValueError("unknown placeholder: use $selector, $namespace, $pods, $window or $podLabel")
-        return self
-
 
 class MetricsSpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (
+        positive_duration("window"),
+        positive_duration("timeout"),
+        positive_duration("stale_after"),
+        Rule(
+            cel=f"self.all(k, k.matches({cel_string(PROM_LABEL_NAME)}))",
+            message="extraLabels keys must be Prometheus label names: letters, digits and '_', "
+            "not starting with a digit",
+            check=lambda labels: all(re.fullmatch(PROM_LABEL_NAME, key) for key in labels),
+            on="extra_labels",
+        ),
+    )
+
     prometheus_url: str = Field(
         default="http://prometheus.monitoring.svc:9090",
         pattern=r"^https?://",
@@ -117,6 +152,7 @@ class MetricsSpec(ApiModel):
     )
     extra_labels: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_LABELS,
         description="Extra equality label matchers added to every preset query, e.g. {job: vllm}.",
     )
     queries: QueryOverrides = Field(
@@ -125,6 +161,22 @@ class MetricsSpec(ApiModel):
 
 
 class CapacitySpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.all(k, self[k] > 0.0)",
+            message="capacity coefficients must be > 0",
+            check=lambda classes: all(k > 0 for k in classes.values()),
+            on="classes",
+        ),
+        Rule(
+            cel=f"self.all(k, size(k) <= {LABEL_VALUE_MAX_LENGTH} && k.matches({cel_string(LABEL_VALUE)}))",
+            message="hardware classes must be label values: at most 63 alphanumeric characters, '-', '_' or '.', "
+            "starting and ending with an alphanumeric character",
+            check=lambda classes: all(is_label_value(name) for name in classes),
+            on="classes",
+        ),
+    )
+
     class_label: str = Field(
         default="sluice.dev/hardware-class",
         pattern=LABEL_KEY,
@@ -132,27 +184,31 @@ class CapacitySpec(ApiModel):
     )
     classes: dict[str, float] = Field(
         default_factory=dict,
+        max_length=MAX_LABELS,
         description="Capacity coefficient K per hardware class, e.g. {a100: 10, rtx4090: 4, cpu: 1}.",
-        json_schema_extra=cel_rules(cel("self.all(k, self[k] > 0.0)", "capacity coefficients must be > 0")),
     )
     default: float = Field(default=1.0, gt=0, description="K for pods whose class is missing or not listed.")
 
-    @model_validator(mode="after")
-    def _positive(self) -> CapacitySpec:
-        if any(k <= 0 for k in self.classes.values()):
-            raise ValueError("capacity coefficients must be > 0")
-        return self
-
 
 class ScoringSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("self.minWeight <= self.maxWeight", "minWeight must not exceed maxWeight", ".minWeight"),
-            cel(
-                "duration(self.ttftFloor) <= duration(self.ttftBaseline)",
-                "ttftFloor must not exceed ttftBaseline",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.minWeight <= self.maxWeight",
+            message="minWeight must not exceed maxWeight",
+            check=lambda scoring: scoring.min_weight <= scoring.max_weight,
+            field_path=".minWeight",
+        ),
+        Rule(
+            cel="duration(self.ttftFloor) <= duration(self.ttftBaseline)",
+            message="ttftFloor must not exceed ttftBaseline",
+            check=lambda scoring: scoring.ttft_floor <= scoring.ttft_baseline,
+            field_path=".ttftFloor",
+        ),
+        # The penalty divides by the baseline and by the (floored) TTFT: zero would divide by zero.
+        positive_duration("ttft_baseline"),
+        positive_duration("ttft_floor"),
+        positive_duration("default_ttft"),
+        positive_duration("ttft_timeout"),
     )
 
     alpha: float = Field(
@@ -197,7 +253,7 @@ class ScoringSpec(ApiModel):
         le=4,
         description="Exponent applied to scores before they become weights. Envoy's weighted least-request shares "
         "traffic in proportion to weight/(active+1); above 1 it keeps slow pods nearly idle until faster ones fill "
-        "up. 1 is seed 000's linear score.",
+        "up. 1 makes weights proportional to scores.",
     )
     hysteresis_percent: float = Field(
         default=10.0,
@@ -210,14 +266,6 @@ class ScoringSpec(ApiModel):
         default=1000, ge=1, le=100000, description="Weight of the best pod; others scale below (resolution)."
     )
 
-    @model_validator(mode="after")
-    def _bounds(self) -> ScoringSpec:
-        if self.min_weight > self.max_weight:
-            raise ValueError("minWeight must not exceed maxWeight")
-        if self.ttft_floor > self.ttft_baseline:
-            raise ValueError("ttftFloor must not exceed ttftBaseline")
-        return self
-
 
 class HealthBand(ApiModel):
     """A pod whose error rate (and TTFT p95, if set) is within the limits keeps weightPercent of its weight."""
@@ -228,8 +276,8 @@ class HealthBand(ApiModel):
 
 
 def _default_bands() -> list[HealthBand]:
-    # Seed 003's bands, on errors only by default: TTFT already shapes the score, and an absolute TTFT band
-    # would permanently penalise slower hardware classes.
+    # On errors only by default: TTFT already shapes the score, and an absolute TTFT band would permanently
+    # penalise slower hardware classes.
     return [
         HealthBand(max_error_rate=0.005, weight_percent=100),
         HealthBand(max_error_rate=0.02, weight_percent=75),
@@ -237,10 +285,15 @@ def _default_bands() -> list[HealthBand]:
 
 
 class RecoverySpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel("self.initialPercent <= self.capPercent", "initialPercent must not exceed capPercent"),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.initialPercent <= self.capPercent",
+            message="initialPercent must not exceed capPercent",
+            check=lambda recovery: recovery.initial_percent <= recovery.cap_percent,
+            field_path=".initialPercent",
+        ),
+        positive_duration("quiet_period"),
+        positive_duration("step_interval"),
     )
 
     quiet_period: Duration = Field(default=30.0, description="Time without incidents before a zeroed pod recovers.")
@@ -256,30 +309,28 @@ class RecoverySpec(ApiModel):
         default=50.0, gt=0, le=100, description="Recovery ends (normal scoring resumes) past this percentage."
     )
 
-    @model_validator(mode="after")
-    def _ordered(self) -> RecoverySpec:
-        if self.initial_percent > self.cap_percent:
-            raise ValueError("initialPercent must not exceed capPercent")
-        return self
-
 
 class OutlierDetectionSpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("interval"), positive_duration("base_ejection_time"))
+
     enabled: bool = Field(default=True, description="Render Istio outlierDetection, Envoy's sub-second ejection.")
-    consecutive_5xx_errors: int = Field(default=5, ge=0, description="5xx responses in a row that eject a host.")
+    # Spelled as in Istio's DestinationRule (the camelCase generator would write consecutive5XxErrors).
+    consecutive_5xx_errors: int = Field(
+        default=5, ge=0, alias="consecutive5xxErrors", description="5xx responses in a row that eject a host."
+    )
     interval: Duration = Field(default=10.0, description="Ejection sweep interval.")
     base_ejection_time: Duration = Field(default=30.0, description="Minimum ejection time, multiplied per ejection.")
     max_ejection_percent: int = Field(default=50, ge=0, le=100, description="Most of the pool Envoy may eject.")
 
 
 class ProtectionSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "size(self.bands) < 2 || self.bands.all(a, self.bands.exists_one(b, b.maxErrorRate == a.maxErrorRate))",
-                "bands must have distinct maxErrorRate values",
-                ".bands",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="size(self.bands) < 2 || self.bands.all(a, self.bands.exists_one(b, b.maxErrorRate == a.maxErrorRate))",
+            message="bands must have distinct maxErrorRate values",
+            check=lambda protection: len({band.max_error_rate for band in protection.bands}) == len(protection.bands),
+            field_path=".bands",
+        ),
     )
 
     fast_zero_error_rate: float = Field(
@@ -325,19 +376,14 @@ class ProtectionSpec(ApiModel):
         """The first band a pod fits applies, so bands are kept sorted by maxErrorRate."""
         return sorted(bands, key=lambda band: band.max_error_rate)
 
-    @model_validator(mode="after")
-    def _distinct_bands(self) -> ProtectionSpec:
-        rates = [band.max_error_rate for band in self.bands]
-        if len(set(rates)) != len(rates):
-            raise ValueError("bands must have distinct maxErrorRate values")
-        return self
-
 
 Gate = Literal["errorRate", "ttftP95", "ttftRatioToStable"]
 """A canary analysis gate: error rate, absolute TTFT p95, TTFT p95 relative to the stable revision."""
 
 
 class AnalysisSpec(ApiModel):
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("interval"),)
+
     interval: Duration = Field(default=30.0, description="Time between two canary checks.")
     max_ttft_p95: Duration | None = Field(default=1.0, description="Candidate TTFT p95 above this fails a check.")
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Candidate error rate above this fails.")
@@ -355,15 +401,37 @@ class AnalysisSpec(ApiModel):
     )
 
 
+def _distinct_revisions(canary: CanarySpec) -> bool:
+    return canary.candidate_revision is None or canary.candidate_revision != canary.stable_revision
+
+
 class CanarySpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "!has(self.candidateRevision) || !has(self.stableRevision) "
-                "|| self.candidateRevision != self.stableRevision",
-                "candidateRevision must differ from stableRevision",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.candidateRevision) || !has(self.stableRevision) "
+            "|| self.candidateRevision != self.stableRevision",
+            message="candidateRevision must differ from stableRevision",
+            check=_distinct_revisions,
+            field_path=".candidateRevision",
+        ),
+        Rule(
+            cel="self.all(s, s >= 1 && s <= 100)",
+            message="steps must be between 1 and 100",
+            check=lambda steps: all(1 <= step <= 100 for step in steps),
+            on="steps",
+        ),
+        Rule(
+            cel="self.isSorted() && self.all(s, self.exists_one(t, t == s))",
+            message="steps must be strictly increasing",
+            check=lambda steps: all(a < b for a, b in itertools.pairwise(steps)),
+            on="steps",
+        ),
+        Rule(
+            cel="self[size(self) - 1] == 100",
+            message="the last step must be 100",
+            check=lambda steps: steps[-1] == 100,
+            on="steps",
+        ),
     )
 
     revision_label: str = Field(
@@ -371,11 +439,13 @@ class CanarySpec(ApiModel):
     )
     stable_revision: str | None = Field(
         default=None,
+        max_length=LABEL_VALUE_MAX_LENGTH,
         pattern=LABEL_VALUE,
         description="Revision taking traffic before the first rollout. Afterwards status.canary.stableRevision rules.",
     )
     candidate_revision: str | None = Field(
         default=None,
+        max_length=LABEL_VALUE_MAX_LENGTH,
         pattern=LABEL_VALUE,
         description="Revision to roll out. Changing it restarts the rollout at the first step; removing it aborts.",
     )
@@ -384,36 +454,11 @@ class CanarySpec(ApiModel):
         min_length=1,
         max_length=20,
         description="Candidate traffic percentages, strictly increasing, ending at 100.",
-        json_schema_extra=cel_rules(
-            cel("self.all(s, s >= 1 && s <= 100)", "steps must be between 1 and 100"),
-            cel(
-                "self.isSorted() && self.all(s, self.exists_one(t, t == s))",
-                "steps must be strictly increasing",
-            ),
-            cel("self[size(self) - 1] == 100", "the last step must be 100"),
-        ),
     )
     step_interval: Duration = Field(default=60.0, description="Minimum time spent at each step.")
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Checks that gate each step.")
     max_failed_checks: int = Field(default=3, ge=1, le=100, description="Failed checks that roll the candidate back.")
     paused: bool = Field(default=False, description="Hold the current step; checks still run and can roll back.")
-
-    @field_validator("steps")
-    @classmethod
-    def _steps(cls, steps: list[int]) -> list[int]:
-        if any(step < 1 or step > 100 for step in steps):
-            raise ValueError("steps must be between 1 and 100")
-        if any(a >= b for a, b in itertools.pairwise(steps)):
-            raise ValueError("steps must be strictly increasing")
-        if steps and steps[-1] != 100:
-            raise ValueError("the last step must be 100")
-        return steps
-
-    @model_validator(mode="after")
-    def _distinct_revisions(self) -> CanarySpec:
-        if self.candidate_revision is not None and self.candidate_revision == self.stable_revision:
-            raise ValueError("candidateRevision must differ from stableRevision")
-        return self
 
 
 class SessionAffinitySpec(ApiModel):
@@ -440,13 +485,13 @@ class LeastRequestSpec(ApiModel):
 
 
 class RoutingSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "!has(self.sessionAffinity) || !has(self.leastRequest)",
-                "sessionAffinity (consistent hash) replaces least-request: set one of them",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.sessionAffinity) || !has(self.leastRequest)",
+            message="sessionAffinity (consistent hash) replaces least-request: set one of them",
+            check=lambda routing: routing.session_affinity is None or routing.least_request is None,
+            field_path=".sessionAffinity",
+        ),
     )
 
     weights_via: WeightsVia = Field(
@@ -478,33 +523,39 @@ class RoutingSpec(ApiModel):
         default=False, description="Take over Istio objects of the same names that sluice did not create."
     )
 
-    @model_validator(mode="after")
-    def _affinity_xor_lr(self) -> RoutingSpec:
-        if self.session_affinity is not None and self.least_request is not None:
-            raise ValueError("sessionAffinity (consistent hash) replaces least-request: set one of them")
-        return self
+
+_LOAD_QUERIES = ("ttft", "kv_cache_usage", "queue_length", "running_requests")
 
 
-_QUERY_FIELDS = ("ttft", "kvCacheUsage", "queueLength", "runningRequests")
+def _has_load_query(spec: InferencePoolSpec) -> bool:
+    return any(getattr(spec.metrics.queries, field) is not None for field in _LOAD_QUERIES)
 
 
 class InferencePoolSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "self.engine != 'custom' || ("
-                + " || ".join(f"has(self.metrics.queries.{name})" for name in _QUERY_FIELDS)
-                + ")",
-                "engine 'custom' needs at least one load query in metrics.queries "
-                "(ttft, kvCacheUsage, queueLength or runningRequests)",
-                ".metrics.queries",
-            ),
-            cel(
-                "!has(self.canary) || !(self.canary.revisionLabel in self.selector.matchLabels)",
-                "selector.matchLabels must not pin canary.revisionLabel, or candidate pods fall outside the pool",
-                ".selector.matchLabels",
-            ),
-        )
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="duration(self) >= duration('1s')",
+            message="interval must be at least 1s",
+            check=lambda seconds: seconds >= 1.0,
+            on="interval",
+        ),
+        Rule(
+            cel="self.engine != 'custom' || ("
+            + " || ".join(
+                f"has(self.metrics.queries.{QueryOverrides.model_fields[field].alias})" for field in _LOAD_QUERIES
+            )
+            + ")",
+            message="engine 'custom' needs at least one load query in metrics.queries "
+            "(ttft, kvCacheUsage, queueLength or runningRequests)",
+            check=lambda spec: spec.engine != "custom" or _has_load_query(spec),
+            field_path=".metrics.queries",
+        ),
+        Rule(
+            cel="!has(self.canary) || !(self.canary.revisionLabel in self.selector.matchLabels)",
+            message="selector.matchLabels must not pin canary.revisionLabel, or candidate pods fall outside the pool",
+            check=lambda spec: spec.canary is None or spec.canary.revision_label not in spec.selector.match_labels,
+            field_path=".selector.matchLabels",
+        ),
     )
 
     selector: LabelSelector = Field(description="Which pods belong to the pool.")
@@ -519,7 +570,6 @@ class InferencePoolSpec(ApiModel):
     interval: Duration = Field(
         default=5.0,
         description="Time between two reconcile passes.",
-        json_schema_extra=cel_rules(cel("duration(self) >= duration('1s')", "interval must be at least 1s")),
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Where and how signals are read.")
     capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="Static capacity per hardware class.")
@@ -529,21 +579,3 @@ class InferencePoolSpec(ApiModel):
     )
     canary: CanarySpec | None = Field(default=None, description="Staged rollout of a candidate revision.")
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="How weights reach Istio.")
-
-    @model_validator(mode="after")
-    def _cross_field(self) -> InferencePoolSpec:
-        if self.interval < 1.0:
-            raise ValueError("interval must be at least 1s")
-        queries = self.metrics.queries
-        if self.engine == "custom" and not any(
-            (queries.ttft, queries.kv_cache_usage, queries.queue_length, queries.running_requests)
-        ):
-            raise ValueError(
-                "engine 'custom' needs at least one load query in metrics.queries "
-                "(ttft, kvCacheUsage, queueLength or runningRequests)"
-            )
-        if self.canary is not None and self.canary.revision_label in self.selector.match_labels:
-            raise ValueError(
-                "selector.matchLabels must not pin canary.revisionLabel, or candidate pods fall outside the pool"
-            )
-        return self

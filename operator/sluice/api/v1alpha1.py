@@ -7,6 +7,7 @@ one place.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field
@@ -14,11 +15,15 @@ from pydantic.alias_generators import to_camel
 
 from sluice.api.base import (
     API_VERSION,
+    DNS_1123_LABEL,
     DNS_LABEL,
     GROUP,
     KIND,
     LABEL_KEY,
+    LABEL_KEY_MESSAGE,
+    LABEL_KEY_PREFIX_MAX_LENGTH,
     LABEL_VALUE,
+    LABEL_VALUE_MAX_LENGTH,
     PLURAL,
     PROM_LABEL_NAME,
     QUERY_PLACEHOLDERS,
@@ -30,10 +35,14 @@ from sluice.api.base import (
     EndpointState,
     Engine,
     WeightsVia,
-    cel,
-    cel_rules,
+    is_label_key,
+    is_label_value,
+    label_keys_rule,
 )
+from sluice.api.rules import Rule, cel_string, check_rules, emit_rules, positive_duration
 from sluice.api.spec import (
+    MAX_LABELS,
+    MAX_QUERY_LENGTH,
     AnalysisSpec,
     CanarySpec,
     CapacitySpec,
@@ -41,6 +50,7 @@ from sluice.api.spec import (
     HealthBand,
     InferencePoolSpec,
     LabelSelector,
+    LabelValue,
     LeastRequestSpec,
     MetricsAuth,
     MetricsSpec,
@@ -62,13 +72,19 @@ from sluice.api.status import (
     StatusModel,
 )
 
+# The pool name is the value of the sluice.dev/pool label on every object sluice writes (a label value: 63 characters).
+POOL_NAME_MAX_LENGTH = 63
+
 
 class ObjectMeta(ApiModel):
     """The part of metadata sluice reads."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True)
 
-    name: str = Field(description="Pool name.")
+    name: str = Field(
+        description="Pool name: a DNS-1123 label of at most 63 characters, since it becomes the value of the "
+        "sluice.dev/pool label and part of every Istio object name."
+    )
     namespace: str = Field(default="default", description="Pool namespace.")
     uid: str | None = Field(default=None, description="Object UID, for ownerReferences.")
     generation: int | None = Field(default=None, description="Spec generation.")
@@ -79,6 +95,22 @@ class InferencePool(ApiModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True)
     crd_ignored_fields: ClassVar[frozenset[str]] = frozenset({"metadata", "api_version", "kind"})
+    # Root rules: the API server lets them read metadata.name (the CRD cannot constrain metadata otherwise).
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel=f"self.metadata.name.matches({cel_string(DNS_1123_LABEL)})",
+            message="a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+            "start and end with an alphanumeric character (e.g. 'my-name', or '123-abc')",
+            check=lambda pool: re.fullmatch(DNS_1123_LABEL, pool.metadata.name) is not None,
+            field_path=".metadata.name",
+        ),
+        Rule(
+            cel=f"size(self.metadata.name) <= {POOL_NAME_MAX_LENGTH}",
+            message=f"must be no more than {POOL_NAME_MAX_LENGTH} characters",
+            check=lambda pool: len(pool.metadata.name) <= POOL_NAME_MAX_LENGTH,
+            field_path=".metadata.name",
+        ),
+    )
 
     api_version: Literal["inference.sluice.dev/v1alpha1"] = Field(
         default=API_VERSION, description="inference.sluice.dev/v1alpha1"
@@ -91,12 +123,19 @@ class InferencePool(ApiModel):
 
 __all__ = [
     "API_VERSION",
+    "DNS_1123_LABEL",
     "DNS_LABEL",
     "GROUP",
     "KIND",
     "LABEL_KEY",
+    "LABEL_KEY_MESSAGE",
+    "LABEL_KEY_PREFIX_MAX_LENGTH",
     "LABEL_VALUE",
+    "LABEL_VALUE_MAX_LENGTH",
+    "MAX_LABELS",
+    "MAX_QUERY_LENGTH",
     "PLURAL",
+    "POOL_NAME_MAX_LENGTH",
     "PROM_LABEL_NAME",
     "QUERY_PLACEHOLDERS",
     "VERSION",
@@ -119,6 +158,7 @@ __all__ = [
     "InferencePoolSpec",
     "InferencePoolStatus",
     "LabelSelector",
+    "LabelValue",
     "LeastRequestSpec",
     "MetricsAuth",
     "MetricsSpec",
@@ -128,11 +168,17 @@ __all__ = [
     "QueryOverrides",
     "RecoverySpec",
     "RoutingSpec",
+    "Rule",
     "ScoringSpec",
     "SecretKeyRef",
     "SessionAffinitySpec",
     "StatusModel",
     "WeightsVia",
-    "cel",
-    "cel_rules",
+    "cel_string",
+    "check_rules",
+    "emit_rules",
+    "is_label_key",
+    "is_label_value",
+    "label_keys_rule",
+    "positive_duration",
 ]

@@ -7,8 +7,10 @@ What it does, in the API server's order: apply schema defaults (recursively, int
 structural schema (types, `nullable`, `x-kubernetes-int-or-string`, `x-kubernetes-preserve-unknown-fields`,
 enums, bounds, lengths, patterns, item counts, `required`, `oneOf`/`anyOf`/`allOf`/`not`); reject unknown fields
 (strict field validation, kubectl's default); then evaluate every `x-kubernetes-validations` CEL rule with `self`
-bound to the value at that node. Transition rules (`oldSelf`) run only when an old object is given. Kubernetes'
-CEL extension functions used by real CRDs (strings `substring`, lists `isSorted`, ...) are registered.
+bound to the value at that node (root rules also see `metadata.name` and `metadata.generateName`; a failure is
+reported at the rule's `fieldPath` when it has one). Transition rules (`oldSelf`) run only when an old object is
+given. Kubernetes' CEL extension functions used by real CRDs (strings `substring`, lists `isSorted`, ...) are
+registered.
 Messages follow the API server: `spec.canary.steps: Invalid value: "array": steps must be strictly increasing`.
 """
 
@@ -336,7 +338,7 @@ class _Walker:
             activation = {"self": _to_cel(schema, value)}
             if uses_old:
                 activation["oldSelf"] = _to_cel(schema, old)
-            target = path + rule.get("fieldPath", "")
+            target = _join(path, rule["fieldPath"].removeprefix(".")) if rule.get("fieldPath") else path
             try:
                 outcome = _program(text).evaluate(activation)
             except CELEvalError as failure:
@@ -405,12 +407,23 @@ class SchemaRegistry:
         old_body = (
             {k: v for k, v in (old or {}).items() if k not in ("apiVersion", "kind", "metadata")} if old else None
         )
-        checked = walker.walk({**schema, "properties": _without_meta(schema)}, body, "", old_body)
+        body_schema = {k: v for k, v in schema.items() if k != "x-kubernetes-validations"}
+        checked = walker.walk({**body_schema, "properties": _without_meta(schema)}, body, "", old_body)
+        if "x-kubernetes-validations" in schema:
+            # Root rules see metadata.name and metadata.generateName besides the body, as in kube-apiserver.
+            root = {**checked, "metadata": _cel_metadata(obj)}
+            old_root = {**old_body, "metadata": _cel_metadata(old or {})} if old_body is not None else None
+            walker._cel(schema, root, "", old_root)
         if walker.errors:
             name = obj.get("metadata", {}).get("name", "")
             fixed = [FieldError(e.path, e.kind, e.detail) for e in walker.errors]
             raise ValidationFailed(f"{entry.kind}.{entry.group}", name, fixed)
         return {**obj, **checked}
+
+
+def _cel_metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    metadata = obj.get("metadata") or {}
+    return {k: metadata[k] for k in ("name", "generateName") if k in metadata}
 
 
 def _without_meta(schema: dict[str, Any]) -> dict[str, Any]:
