@@ -145,6 +145,7 @@ def _canary(draw: Draw) -> Wire:
         "maxErrorRate": draw(unit_floats()),
         "maxTtftRatioToStable": draw(st.sampled_from([1.0]) | st.floats(1, 100)),
         "minRequests": draw(st.integers(0, 10_000)),
+        "disabledGates": draw(st.lists(st.sampled_from(["errorRate", "ttftP95", "ttftRatioToStable"]), unique=True)),
     }
     canary: Wire = {
         "stableRevision": stable,
