@@ -4,19 +4,27 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.core.events import Event
-from sluice.io.kube import WriteResult
+from sluice.io.ports import WriteResult
 from sluice.runtime.metrics import OperatorMetrics
-from sluice.runtime.reconciler import PassReport
+from sluice.runtime.report import PassReport
 
 
 def report(rows: list[dict], **fields) -> PassReport:
     status = {
-        "conditions": [{"type": "MetricsAvailable", "status": "False"}],
+        "conditions": [
+            {
+                "type": "MetricsAvailable",
+                "status": "False",
+                "reason": "Stale",
+                "lastTransitionTime": "2026-12-01T10:00:00Z",
+            }
+        ],
         "endpoints": rows,
         "canary": {"phase": "Progressing", "weight": 25, "stepIndex": 1},
     }
-    return PassReport(pool="llm/llama", status=status, seconds=0.012, **fields)
+    return PassReport(pool="llm/llama", status=InferencePoolStatus.model_validate(status), seconds=0.012, **fields)
 
 
 def value(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:

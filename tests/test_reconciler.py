@@ -1,112 +1,320 @@
-"""The runtime's pass with fake ports: what reaches the cluster when the pass fails, or the status is unreadable.
-
-The fakes stand where the Kubernetes and Prometheus clients stand; the pass itself is the real one.
-"""
+"""The one reconcile loop against the in-memory cluster: publish, prune, adopt and give back, status, Events,
+and every error path. The pass is the real one; only what is behind the ports is memory."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from sluice.core.observed import PodSignals, SignalSnapshot
-from sluice.io.kube import WriteResult
+from sluice.api.snapshot import parse_snapshot
+from sluice.core.observed import ObservedPod, PodSignals, SignalSnapshot
+from sluice.io.memory import MemoryCluster
+from sluice.io.ports import ClusterError
 from sluice.runtime.reconciler import Reconciler
 from tests.helpers import T0, at
 
-
-def pod_object(name: str, ip: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "labels": {"app": "llama", "sluice.dev/hardware-class": "a100"}},
-        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
-    }
-
-
-class FakeKube:
-    def __init__(self, fail_pods: bool = False) -> None:
-        self.fail_pods = fail_pods
-        self.statuses: list[dict[str, Any]] = []
-        self.events: list[Any] = []
-        self.synced: list[dict[str, Any]] = []
-
-    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-        if self.fail_pods:
-            raise RuntimeError("watch cache exploded")
-        return [pod_object("a", "10.0.0.1"), pod_object("b", "10.0.0.2")]
-
-    def sync_object(self, desired: dict[str, Any], uid: str | None, adopt: bool) -> WriteResult:
-        self.synced.append(desired)
-        return WriteResult(desired["kind"], desired["metadata"]["name"], "created")
-
-    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.statuses.append(status)
-
-    def emit_event(self, namespace: str, name: str, uid: str | None, event: Any) -> None:
-        self.events.append(event)
+LABELS = {"app": "llama", "sluice.dev/hardware-class": "a100"}
+PODS = [
+    ObservedPod(name="a", ip="10.0.0.1", labels=LABELS, service_account="llama-sa"),
+    ObservedPod(name="b", ip="10.0.0.2", labels=LABELS, service_account="llama-sa"),
+]
 
 
 class FakeProm:
+    def __init__(self) -> None:
+        self.ttft = 0.05
+
     def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
-        signals = PodSignals(ttft_seconds=0.05, kv_cache_usage=0.2, queue_length=0, running_requests=1)
+        signals = PodSignals(ttft_seconds=self.ttft, kv_cache_usage=0.2, queue_length=0, running_requests=1)
         return SignalSnapshot(collected_at=now, pods=dict.fromkeys(pods, signals))
 
 
-def body(status: dict[str, Any] | None = None) -> dict[str, Any]:
+def body(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "apiVersion": "inference.sluice.dev/v1alpha1",
         "kind": "InferencePool",
         "metadata": {"name": "llama", "namespace": "llm", "uid": "u1", "generation": 1},
-        "spec": {"selector": {"matchLabels": {"app": "llama"}}, "targetPort": 8000, "service": "llama"},
+        "spec": {"selector": {"matchLabels": {"app": "llama"}}, "targetPort": 8000, "service": "llama", **spec},
     }
     if status is not None:
         out["status"] = status
     return out
 
 
-def conditions_of(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+class Loop:
+    """A reconciler over a memory cluster, driven pass by pass like the daemon drives it."""
+
+    def __init__(self, **spec: Any) -> None:
+        self.cluster = MemoryCluster(pod_list=list(PODS))
+        self.prom = FakeProm()
+        self.reconciler = Reconciler(self.cluster, self.prom)
+        self.spec = spec
+        self.status: dict[str, Any] | None = None
+
+    def run(self, seconds: float, **spec: Any) -> Any:
+        self.spec.update(spec)
+        report = self.reconciler.run(parse_snapshot(body(self.status, **self.spec)), at(seconds))
+        if self.cluster.statuses:
+            self.status = self.cluster.statuses[-1][2]
+        return report
+
+    def kinds(self) -> set[tuple[str, str]]:
+        return {(kind, name) for (_, kind, name) in self.cluster.objects}
+
+
+def conditions_of(status: Any) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+# ------------------------------------------------------------------------- publish and status
+
+
+def test_a_pass_publishes_the_objects_and_writes_the_status_once():
+    loop = Loop()
+    report = loop.run(0)
+    assert loop.kinds() == {
+        ("ServiceEntry", "sluice-llama"),
+        ("DestinationRule", "sluice-llama"),
+        ("VirtualService", "sluice-llama"),
+    }
+    assert [w.action for w in report.writes] == ["created", "created", "created"]
+    assert conditions_of(report.status)["IstioSynced"] == ("True", "Synced")
+    assert report.status_written
+    again = loop.run(5)
+    assert {w.action for w in again.writes} == {"unchanged"}
+    assert again.status_written  # IstioSynced no longer says "3 written this pass"
+    third = loop.run(10)
+    assert not third.status_written  # nothing changed: no status write
+    assert len(loop.cluster.statuses) == 2
+
+
+def test_an_unchanged_status_is_still_written_as_a_heartbeat_after_a_minute():
+    loop = Loop()
+    loop.run(0)
+    loop.run(5)
+    assert not loop.run(30).status_written
+    assert loop.run(66).status_written
+
+
+def test_service_entry_endpoints_carry_the_pods_service_account():
+    loop = Loop()
+    loop.run(0)
+    entry = loop.cluster.objects[("llm", "ServiceEntry", "sluice-llama")]
+    assert {e["serviceAccount"] for e in entry["spec"]["endpoints"]} == {"llama-sa"}
+
+
+# ------------------------------------------------------------------------- pruning
+
+
+@pytest.mark.parametrize(
+    ("toggle", "gone", "added"),
+    [
+        (
+            {"routing": {"weightsVia": "EnvoyFilter"}},
+            ("VirtualService", "sluice-llama"),
+            ("EnvoyFilter", "sluice-llama-routes"),
+        ),
+        ({"routing": {"leastRequest": {"choiceCount": 3}}}, None, ("EnvoyFilter", "sluice-llama-lb")),
+        ({"routing": {"endpointWeights": False}}, ("ServiceEntry", "sluice-llama"), None),
+        (
+            {"routing": {"sessionAffinity": {"header": "x-session-id", "hashBalanceFactor": 150}}},
+            None,
+            ("EnvoyFilter", "sluice-llama-lb"),
+        ),
+    ],
+)
+def test_toggling_a_routing_option_prunes_what_is_no_longer_rendered(toggle, gone, added):
+    loop = Loop()
+    loop.run(0)
+    before = loop.kinds()
+    on = loop.run(5, **toggle)
+    if added:
+        assert added in loop.kinds()
+    if gone:
+        assert gone not in loop.kinds()
+        assert "pruned" in {w.action for w in on.writes}
+    loop.spec = {}
+    off = loop.run(10)  # and back: whatever the option added is pruned again
+    assert loop.kinds() == before
+    if added:
+        assert any(w.action == "pruned" and (w.kind, w.name) == added for w in off.writes)
+
+
+def test_pruning_lists_the_cluster_only_when_the_rendered_set_changes():
+    loop = Loop()
+    loop.run(0)
+    loop.run(5)
+    loop.run(10)
+    assert loop.cluster.calls.count("owned") == 1  # the first pass of this process only
+
+
+def test_objects_of_another_pool_or_nobody_are_never_pruned():
+    loop = Loop()
+    foreign = {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": "theirs", "namespace": "llm"},
+        "spec": {},
+    }
+    other = {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "DestinationRule",
+        "metadata": {
+            "name": "sluice-other",
+            "namespace": "llm",
+            "labels": {"app.kubernetes.io/managed-by": "sluice", "sluice.dev/pool": "other"},
+        },
+        "spec": {},
+    }
+    loop.cluster.objects[("llm", "VirtualService", "theirs")] = foreign
+    loop.cluster.objects[("llm", "DestinationRule", "sluice-other")] = other
+    loop.run(0)
+    loop.run(5, routing={"weightsVia": "EnvoyFilter"})
+    assert ("VirtualService", "theirs") in loop.kinds()
+    assert ("DestinationRule", "sluice-other") in loop.kinds()
+
+
+# ------------------------------------------------------------------------- adoption
+
+
+USERS_VS = {
+    "apiVersion": "networking.istio.io/v1",
+    "kind": "VirtualService",
+    "metadata": {
+        "name": "sluice-llama",
+        "namespace": "llm",
+        "labels": {"team": "search"},
+        "annotations": {"note": "ours"},
+    },
+    "spec": {"hosts": ["llama"], "http": [{"route": [{"destination": {"host": "llama"}}]}]},
+}
+
+
+def test_a_foreign_object_is_refused_without_adoption():
+    loop = Loop()
+    loop.cluster.objects[("llm", "VirtualService", "sluice-llama")] = dict(USERS_VS)
+    report = loop.run(0)
+    assert conditions_of(report.status)["IstioSynced"] == ("False", "ObjectNotManaged")
+    assert loop.cluster.objects[("llm", "VirtualService", "sluice-llama")] == USERS_VS
+    assert "ObjectNotManaged" in [e.reason for e in report.events]
+
+
+def test_an_adopted_object_gets_no_owner_and_is_given_back_exactly_when_adoption_is_turned_off():
+    loop = Loop(routing={"adoptExisting": True})
+    loop.cluster.objects[("llm", "VirtualService", "sluice-llama")] = dict(USERS_VS)
+    loop.run(0)
+    adopted = loop.cluster.objects[("llm", "VirtualService", "sluice-llama")]
+    assert "ownerReferences" not in adopted["metadata"]
+    assert "sluice.dev/original" in adopted["metadata"]["annotations"]
+    assert adopted["spec"] != USERS_VS["spec"]
+    loop.run(5)  # still adopted: the original is carried from pass to pass
+    assert (
+        "sluice.dev/original"
+        in loop.cluster.objects[("llm", "VirtualService", "sluice-llama")]["metadata"]["annotations"]
+    )
+    report = loop.run(10, routing={"adoptExisting": False})
+    back = loop.cluster.objects[("llm", "VirtualService", "sluice-llama")]
+    assert back["spec"] == USERS_VS["spec"]
+    assert back["metadata"]["labels"] == USERS_VS["metadata"]["labels"]
+    assert back["metadata"]["annotations"] == USERS_VS["metadata"]["annotations"]
+    assert "restored" in {w.action for w in report.writes}
+
+
+def test_an_adopted_object_no_longer_rendered_is_given_back_not_deleted():
+    loop = Loop(routing={"adoptExisting": True})
+    loop.cluster.objects[("llm", "VirtualService", "sluice-llama")] = dict(USERS_VS)
+    loop.run(0)
+    loop.run(5, routing={"adoptExisting": True, "weightsVia": "EnvoyFilter"})
+    back = loop.cluster.objects[("llm", "VirtualService", "sluice-llama")]
+    assert back["spec"] == USERS_VS["spec"]
+
+
+# ------------------------------------------------------------------------- error paths
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [(409, "Conflict"), (422, "Unprocessable Entity"), (500, "Internal Server Error"), (0, "timed out")],
+)
+def test_a_rejected_write_is_write_failed_and_retried_next_pass(status, reason):
+    loop = Loop()
+    loop.cluster.failures["apply"] = ClusterError(status, reason)
+    report = loop.run(0)
+    synced = next(c for c in report.status.conditions if c.type == "IstioSynced")
+    assert (synced.status, synced.reason) == ("False", "WriteFailed")
+    assert f"{status} {reason}" in synced.message
+    assert "WriteFailed" in [e.reason for e in report.events]
+    assert loop.cluster.calls.count("owned") == 0  # nothing is pruned on a pass that could not publish
+    del loop.cluster.failures["apply"]
+    recovered = loop.run(5)
+    assert conditions_of(recovered.status)["IstioSynced"] == ("True", "Synced")
+
+
+def test_a_failed_status_write_does_not_fail_the_pass_and_is_written_next_time():
+    loop = Loop()
+    loop.cluster.failures["write_status"] = ClusterError(409, "Conflict")
+    report = loop.run(0)
+    assert report.result == "ok"
+    assert not report.status_written
+    del loop.cluster.failures["write_status"]
+    assert loop.run(5).status_written
+
+
+def test_a_failed_event_does_not_fail_the_pass():
+    loop = Loop()
+    loop.cluster.failures["emit"] = ClusterError(403, "Forbidden")
+    loop.cluster.objects[("llm", "VirtualService", "sluice-llama")] = dict(USERS_VS)
+    assert loop.run(0).result == "ok"
 
 
 def test_a_pass_that_raises_says_so_in_the_status_and_an_event():
-    kube = FakeKube()
-    reconciler = Reconciler(kube, FakeProm())  # type: ignore[arg-type]
-    healthy = reconciler.run(body(), T0)
+    loop = Loop()
+    healthy = loop.run(0)
     assert conditions_of(healthy.status)["Ready"] == ("True", "WeightsPublished")
-    kube.fail_pods = True
-    with pytest.raises(RuntimeError):
-        reconciler.run(body(healthy.status), at(5))
-    written = kube.statuses[-1]
-    assert conditions_of(written)["Ready"] == ("False", "ReconcileFailed")
-    assert "watch cache exploded" in next(c for c in written["conditions"] if c["type"] == "Ready")["message"]
-    assert [e.reason for e in kube.events][-1] == "ReconcileFailed"
+    loop.cluster.failures["pods"] = ClusterError(500, "watch cache exploded")
+    with pytest.raises(ClusterError):
+        loop.run(5)
+    written = loop.cluster.statuses[-1][2]
+    ready = next(c for c in written["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReconcileFailed")
+    assert "watch cache exploded" in ready["message"]
+    assert loop.cluster.events[-1].reason == "ReconcileFailed"
+
+
+def test_an_invalid_spec_touches_no_istio_object():
+    loop = Loop()
+    loop.run(0)
+    objects = dict(loop.cluster.objects)
+    report = loop.run(5, scoring={"alpha": 7})
+    assert report.result == "invalid_spec"
+    assert conditions_of(report.status)["SpecValid"] == ("False", "InvalidSpec")
+    assert loop.cluster.objects == objects
+    assert "InvalidSpec" in [e.reason for e in report.events]
 
 
 def test_a_status_written_by_another_version_does_not_stop_the_pool():
-    kube = FakeKube()
-    reconciler = Reconciler(kube, FakeProm())  # type: ignore[arg-type]
-    first = reconciler.run(body(), T0).status
-    newer = {**first, "endpoints": [{**first["endpoints"][0], "state": "Draining"}, first["endpoints"][1]]}
-    report = Reconciler(kube, FakeProm()).run(body(newer), at(5))  # type: ignore[arg-type]
+    loop = Loop()
+    loop.run(0)
+    assert loop.status is not None
+    newer = {
+        **loop.status,
+        "endpoints": [{**loop.status["endpoints"][0], "state": "Draining"}, loop.status["endpoints"][1]],
+    }
+    report = Reconciler(loop.cluster, loop.prom).run(parse_snapshot(body(newer)), at(5))
     assert report.result == "ok"
     assert conditions_of(report.status)["SpecValid"] == ("True", "Valid")
-    assert conditions_of(report.status)["Ready"] == ("True", "WeightsPublished")
     warned = [e for e in report.events if e.reason == "StatusPartlyUnreadable"]
     assert len(warned) == 1
     assert "endpoints: dropped an unreadable entry" in warned[0].message
 
 
-def test_istio_synced_is_built_by_the_same_condition_builder_and_keeps_its_transition_time():
-    kube = FakeKube()
-    reconciler = Reconciler(kube, FakeProm())  # type: ignore[arg-type]
-    first = reconciler.run(body(), T0).status
-    second = reconciler.run(body(first), at(5)).status
-    synced = [next(c for c in s["conditions"] if c["type"] == "IstioSynced") for s in (first, second)]
-    assert synced[0]["status"] == "True"
-    assert synced[0]["lastTransitionTime"] == synced[1]["lastTransitionTime"]
-    assert [c["type"] for c in second["conditions"]] == [
-        "Ready",
-        "SpecValid",
-        "MetricsAvailable",
-        "Degraded",
-        "IstioSynced",
-    ]
+def test_istio_synced_keeps_its_transition_time_and_sits_with_the_other_conditions():
+    loop = Loop()
+    first = loop.run(0).status
+    loop.prom.ttft = 0.5  # enough to change weights, so the status is written again
+    second = loop.run(70).status
+    synced = [next(c for c in s.conditions if c.type == "IstioSynced") for s in (first, second)]
+    assert synced[0].last_transition_time == synced[1].last_transition_time == T0 + timedelta(0)
+    assert [c.type for c in second.conditions] == ["Ready", "SpecValid", "MetricsAvailable", "Degraded", "IstioSynced"]

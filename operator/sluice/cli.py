@@ -23,14 +23,15 @@ from pydantic import ValidationError
 from sluice.api.crd import build_crd
 from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
+from sluice.api.status import read_status
 from sluice.api.v1alpha1 import InferencePool, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import Observed
 from sluice.core.presets import build_queries
 from sluice.core.reconcile import plan_pass
-from sluice.core.status import read_status
 from sluice.explain import endpoint_table, summary
 from sluice.istio.render import PoolRef, render
+from sluice.runtime.config import OperatorConfig
 
 
 class InputError(Exception):
@@ -142,35 +143,46 @@ def cmd_reference(_: argparse.Namespace) -> int:
     return 0
 
 
+def operator_config(args: argparse.Namespace) -> OperatorConfig:
+    return OperatorConfig(
+        kubeconfig=args.kubeconfig,
+        namespaces=tuple(args.namespace),
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
+        peering=args.peering,
+        peering_lifetime=args.peering_lifetime,
+    )
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) in this process until interrupted."""
-    if args.kubeconfig:
-        # Before the kubernetes package is imported: it reads $KUBECONFIG once, at import time.
-        os.environ["KUBECONFIG"] = args.kubeconfig
-    if args.peering:
-        os.environ["SLUICE_PEERING"] = args.peering  # read by the handlers module when it is imported
-    if args.metrics_port:
-        os.environ["SLUICE_METRICS_PORT"] = str(args.metrics_port)
-        os.environ["SLUICE_METRICS_ADDRESS"] = args.metrics_address
+    config = operator_config(args)
+    if config.kubeconfig:
+        # kopf logs in on its own, from $KUBECONFIG; the operator's own client is given the file explicitly.
+        os.environ["KUBECONFIG"] = config.kubeconfig
     import logging  # noqa: PLC0415 - the offline commands need none of this
 
     import kopf  # noqa: PLC0415
 
-    import sluice.runtime.handlers  # noqa: F401, PLC0415 - registers the handlers
+    from sluice.runtime.handlers import Runtime  # noqa: PLC0415 - importing registers the handlers
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    json_logs = os.environ.get("SLUICE_JSON_LOGS", "false").lower() == "true"
     kopf.configure(
-        verbose=args.log_level == "debug", log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL
+        verbose=args.log_level == "debug", log_format=kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
     )
-    common = {"clusterwide": not args.namespace, "namespaces": args.namespace, "liveness_endpoint": args.liveness}
-    if args.peering:
+    common: dict[str, Any] = {
+        "clusterwide": not config.namespaces,
+        "namespaces": list(config.namespaces),
+        "liveness_endpoint": args.liveness,
+        "memo": kopf.Memo(runtime=Runtime(config)),
+    }
+    if config.peering:
         # High availability: replicas share a KopfPeering; the highest priority acts, the others pause.
         # Equal priorities would pause everyone, so each replica draws its own unless one is given.
         priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
-        kopf.run(standalone=False, peering_name=args.peering, priority=priority, **common)
+        kopf.run(standalone=False, peering_name=config.peering, priority=priority, **common)
     else:
         kopf.run(standalone=True, **common)
     return 0
@@ -212,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="KopfPeering name for high availability (several replicas, one active)")
     run.add_argument("--priority", type=int, help="this replica's peering priority (default: random)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
+    run.add_argument(
+        "--peering-lifetime", type=int, default=15, help="seconds before a silent replica's peering record expires"
+    )
+    run.add_argument("--json-logs", action="store_true", help="log as JSON lines")
     run.set_defaults(handler=cmd_operator)
     bench = commands.add_parser("bench", help="routing-quality benchmark: simulated fleets, strategies side by side")
     bench.add_argument("--scenario", action="append", required=True, help="scenario YAML (repeatable)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sluice.devstack.apivalidation import SchemaRegistry
 from sluice.devstack.stack import ROOT, SHARED_ISTIO, PodSpec, Stack, Traffic, free_port
@@ -100,7 +101,12 @@ def test_pool_publishes_istio_objects_that_istio_accepts_and_weights_follow_capa
         w = weights(stack)
         return w if len(w) == 3 and w["llama-a100-0"] > w["llama-4090-0"] > w["llama-cpu-0"] > 0 else None
 
-    w = wait_until(settled, 40, "weights A100 > 4090 > CPU in the ServiceEntry")
+    w = wait_until(
+        settled,
+        40,
+        "weights A100 > 4090 > CPU in the ServiceEntry",
+        show=lambda: {name: (r["weight"], r.get("verdict"), r["reason"]) for name, r in rows(pool(stack)).items()},
+    )
     istio = SchemaRegistry().load(SHARED_ISTIO)
     for plural, version in (("serviceentries", "v1"), ("destinationrules", "v1"), ("virtualservices", "v1")):
         obj = stack.istio(plural, "sluice-llama", version)
@@ -117,6 +123,120 @@ def test_pool_publishes_istio_objects_that_istio_accepts_and_weights_follow_capa
     # The explanation names the capacity and the TTFT used (a scrape gap can briefly show "weight frozen").
     wait_until(lambda: rows(pool(stack))["llama-cpu-0"]["reason"].startswith("K=1 ttft="), 20, "the CPU pod's reason")
     print(f"\nServiceEntry weights: {w}")
+
+
+def test_service_entry_endpoints_carry_each_pods_identity_for_mtls(stack: Stack) -> None:
+    entry = stack.istio("serviceentries", "sluice-llama")
+    assert entry is not None
+    assert {e["serviceAccount"] for e in entry["spec"]["endpoints"]} == {"llama-server"}
+
+
+def test_toggling_routing_options_prunes_what_is_no_longer_rendered(stack: Stack) -> None:
+    def present() -> set[str]:
+        kinds = {"ServiceEntry": ("serviceentries", "sluice-llama", "v1")}
+        kinds["VirtualService"] = ("virtualservices", "sluice-llama", "v1")
+        kinds["EnvoyFilter routes"] = ("envoyfilters", "sluice-llama-routes", "v1alpha3")
+        return {label for label, (plural, name, version) in kinds.items() if stack.istio(plural, name, version)}
+
+    assert present() == {"ServiceEntry", "VirtualService"}
+    toggles = [
+        ({"weightsVia": "EnvoyFilter"}, {"ServiceEntry", "EnvoyFilter routes"}),
+        ({"weightsVia": "VirtualService"}, {"ServiceEntry", "VirtualService"}),
+        ({"endpointWeights": False}, {"VirtualService"}),
+        ({"endpointWeights": True}, {"ServiceEntry", "VirtualService"}),
+    ]
+    for routing, expected in toggles:
+        stack.patch_pool("llama", {"spec": {"routing": routing}})
+        wait_until(lambda expected=expected: present() == expected, 30, f"{routing}: {expected}", show=present)
+    assert stack.istio("destinationrules", "sluice-llama") is not None
+
+
+USERS_OBJECTS = """apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata:
+  name: sluice-adopt
+  namespace: llm
+  labels: {team: search}
+  annotations: {owner: search-team}
+spec:
+  hosts: [llama-adopt.llm.svc.cluster.local]
+  http:
+    - name: default
+      route:
+        - destination: {host: llama-adopt.llm.svc.cluster.local}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: sluice-adopt, namespace: llm, labels: {team: search}}
+spec: {host: llama-adopt.llm.svc.cluster.local}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: sluice-adopt, namespace: llm, annotations: {owner: search-team}}
+spec:
+  hosts: [adopt.llm.sluice.internal]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 8000, name: http, protocol: HTTP}]
+  endpoints: [{address: 10.9.9.9}]
+---
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: sluice-adopt-lb, namespace: llm}
+spec: {priority: 10, configPatches: []}
+"""
+ADOPTED = [
+    ("virtualservices", "sluice-adopt", "v1"),
+    ("destinationrules", "sluice-adopt", "v1"),
+    ("serviceentries", "sluice-adopt", "v1"),
+    ("envoyfilters", "sluice-adopt-lb", "v1alpha3"),
+]
+
+
+def test_adopted_objects_are_given_back_exactly_when_their_pool_is_deleted(stack: Stack) -> None:
+    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=USERS_OBJECTS)
+    originals = {plural: stack.istio(plural, name, version) for plural, name, version in ADOPTED}
+    assert all(originals.values())
+    adopting = yaml.safe_dump(
+        {
+            "apiVersion": "inference.sluice.dev/v1alpha1",
+            "kind": "InferencePool",
+            "metadata": {"name": "adopt", "namespace": "llm"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "llama"}},
+                "targetPort": 8000,
+                "service": "llama-adopt",
+                "interval": "2s",
+                "metrics": {"prometheusUrl": stack.prometheus_url, "window": "10s"},
+                "routing": {"adoptExisting": True, "leastRequest": {"choiceCount": 2}},
+            },
+        }
+    )
+    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=adopting)
+
+    def adopted() -> list[str]:
+        taken = []
+        for plural, name, version in ADOPTED:
+            live = stack.istio(plural, name, version) or {"metadata": {}}
+            if "sluice.dev/original" in (live["metadata"].get("annotations") or {}):
+                taken.append(plural)
+        return taken
+
+    wait_until(lambda: len(adopted()) == len(ADOPTED), 40, "every object adopted", show=adopted)
+    for plural, name, version in ADOPTED:
+        live = stack.istio(plural, name, version)
+        assert live is not None
+        assert "ownerReferences" not in live["metadata"], plural  # deleting the pool must not garbage-collect it
+        assert live["spec"] != originals[plural]["spec"], plural  # type: ignore[index]
+    stack.kubectl("delete", "inferencepool", "adopt", "-n", "llm", "--wait=false")
+    wait_until(lambda: not stack.kubectl("get", "slp", "adopt", "-n", "llm", check=False).stdout, 30, "the pool gone")
+    for plural, name, version in ADOPTED:
+        back, original = stack.istio(plural, name, version), originals[plural]
+        assert back is not None
+        assert original is not None
+        assert back["spec"] == original["spec"], plural
+        assert back["metadata"].get("labels") == original["metadata"].get("labels"), plural
+        assert back["metadata"].get("annotations") == original["metadata"].get("annotations"), plural
 
 
 def test_a_deleted_pod_leaves_routing_at_once(stack: Stack) -> None:

@@ -33,7 +33,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [patch]
 - apiGroups: [networking.istio.io]
   resources: [destinationrules, virtualservices, serviceentries, envoyfilters]
-  verbs: [get, patch]
+  # get/patch: publish; list/delete: prune what a pass no longer renders; update: give an adopted object back
+  verbs: [get, list, patch, update, delete]
 {{- if .Values.ha.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

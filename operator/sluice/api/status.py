@@ -7,8 +7,9 @@ a status written by another version of sluice never stops the pool.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from sluice.api.base import ApiModel, CanaryPhase, CheckResult, ConditionStatus, EndpointState
@@ -119,3 +120,38 @@ class InferencePoolStatus(StatusModel):
     canary: CanaryStatus | None = Field(default=None, description="Rollout progress.")
     endpoints: list[EndpointStatus] = Field(default_factory=list, description="One row per pod in the pool.")
     last_reconcile_time: datetime | None = Field(default=None, description="When the last pass ran.")
+
+
+def read_status(raw: dict[str, Any] | None) -> tuple[InferencePoolStatus | None, list[str]]:
+    """Parse a stored status, dropping (and reporting) the parts this version cannot read."""
+    if not raw:
+        return None, []
+    try:
+        return InferencePoolStatus.model_validate(raw), []
+    except ValidationError:
+        pass
+    problems: list[str] = []
+    kept: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in ("conditions", "endpoints"):
+            model = Condition if key == "conditions" else EndpointStatus
+            items = []
+            for item in value if isinstance(value, list) else []:
+                try:
+                    items.append(model.model_validate(item))
+                except ValidationError as failure:
+                    problems.append(f"{key}: dropped an unreadable entry ({_first_error(failure)})")
+            kept[key] = items
+            continue
+        try:
+            InferencePoolStatus.model_validate({key: value})
+            kept[key] = value
+        except ValidationError as failure:
+            problems.append(f"{key}: dropped ({_first_error(failure)})")
+    return InferencePoolStatus.model_validate(kept), problems
+
+
+def _first_error(failure: ValidationError) -> str:
+    error = failure.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else error["msg"]

@@ -70,6 +70,7 @@ from sluice.api.status import (
     EndpointStatus,
     InferencePoolStatus,
     StatusModel,
+    read_status,
 )
 
 # The pool name is the value of the sluice.dev/pool label on every object sluice writes (a label value: 63 characters).
@@ -181,4 +182,5 @@ __all__ = [
     "is_label_value",
     "label_keys_rule",
     "positive_duration",
+    "read_status",
 ]

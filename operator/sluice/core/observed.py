@@ -51,6 +51,9 @@ class ObservedPod(ApiModel):
     last_termination_reason: str | None = Field(
         default=None, description="lastState.terminated.reason of the most recently restarted container."
     )
+    service_account: str | None = Field(
+        default=None, description="spec.serviceAccountName: the pod's mesh identity (SPIFFE ID) for mTLS."
+    )
 
 
 class SignalSnapshot(ApiModel):

@@ -39,6 +39,7 @@ class EndpointWeight:
     ip: str
     revision: str | None
     weight: int
+    service_account: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def plan_pass(
     return Plan(
         status=status,
         endpoints=tuple(
-            EndpointWeight(v.name, v.pod.ip or "", v.revision, allocations[v.name].weight) for v in routable
+            EndpointWeight(v.name, v.pod.ip or "", v.revision, allocations[v.name].weight, v.pod.service_account)
+            for v in routable
         ),
         revision_weights=canary.weights,
         revisions=tuple(sorted({v.revision for v in verdicts if v.revision is not None})),

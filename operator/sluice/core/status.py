@@ -3,7 +3,6 @@
 Conditions are computed as a whole every pass (a merge patch replaces lists); a condition keeps its
 lastTransitionTime while its status does not change. The core builds every condition of a pass; the runtime
 adds the ones only it can know (`IstioSynced`, a failed pass) through `with_condition`, the same builder.
-`read_status` parses a stored status leniently: what another version of sluice wrote never stops the pool.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-
-from pydantic import ValidationError
 
 from sluice.api.v1alpha1 import (
     CanaryStatus,
@@ -174,41 +171,3 @@ def reconcile_failed(message: str) -> Want:
 
 def invalid_spec(message: str) -> Want:
     return Want("SpecValid", "False", "InvalidSpec", message)
-
-
-# ------------------------------------------------------------------------------------ reading a stored status
-
-
-def read_status(raw: dict[str, Any] | None) -> tuple[InferencePoolStatus | None, list[str]]:
-    """Parse a stored status, dropping (and reporting) the parts this version cannot read."""
-    if not raw:
-        return None, []
-    try:
-        return InferencePoolStatus.model_validate(raw), []
-    except ValidationError:
-        pass
-    problems: list[str] = []
-    kept: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in ("conditions", "endpoints"):
-            model = Condition if key == "conditions" else EndpointStatus
-            items = []
-            for item in value if isinstance(value, list) else []:
-                try:
-                    items.append(model.model_validate(item))
-                except ValidationError as failure:
-                    problems.append(f"{key}: dropped an unreadable entry ({_first_error(failure)})")
-            kept[key] = items
-            continue
-        try:
-            InferencePoolStatus.model_validate({key: value})
-            kept[key] = value
-        except ValidationError as failure:
-            problems.append(f"{key}: dropped ({_first_error(failure)})")
-    return InferencePoolStatus.model_validate(kept), problems
-
-
-def _first_error(failure: ValidationError) -> str:
-    error = failure.errors()[0]
-    where = ".".join(str(part) for part in error["loc"])
-    return f"{where}: {error['msg']}" if where else error["msg"]

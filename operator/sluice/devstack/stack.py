@@ -42,6 +42,8 @@ import yaml
 from kubernetes import client as k8s
 
 from sluice.io.kube import load_api_client
+from sluice.istio.kinds import SERVICE_ENTRY, VIRTUAL_SERVICE
+from sluice.istio.render import PoolRef, object_name, subset_name
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_ISTIO = ROOT.parent / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"
@@ -261,7 +263,10 @@ class Stack:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": spec.name, "labels": labels},
-            "spec": {"containers": [{"name": "vllm", "image": "sluice/sim-vllm", "ports": [{"containerPort": 8000}]}]},
+            "spec": {
+                "serviceAccountName": f"{spec.app}-server",
+                "containers": [{"name": "vllm", "image": "sluice/sim-vllm", "ports": [{"containerPort": 8000}]}],
+            },
         }
         self.core.create_namespaced_pod(self.namespace, manifest)
         self._start_server(state)
@@ -515,9 +520,9 @@ class Traffic:
 
     def refresh_routes(self) -> None:
         """Read the ServiceEntry (per-pod weights) and VirtualService (revision split) sluice wrote."""
-        name = f"sluice-{self.pool}"
-        entry = self.stack.istio("serviceentries", name)
-        service = self.stack.istio("virtualservices", name)
+        name = object_name(PoolRef(self.pool, self.stack.namespace))
+        entry = self.stack.istio(SERVICE_ENTRY.plural, name)
+        service = self.stack.istio(VIRTUAL_SERVICE.plural, name)
         if entry is None:
             return
         pods = {state.spec.ip: pod for pod, state in self.stack.pods.items()}
@@ -531,10 +536,11 @@ class Traffic:
                     int(endpoint.get("weight", 1)),
                 )
             )
+        revision_of = {subset_name(revision): revision for revision in by_revision if revision}
         split: dict[str, int] = {}
         for route in (service or {}).get("spec", {}).get("http", [{}])[0].get("route", []):
             subset = route["destination"].get("subset")
-            split[subset.removeprefix("rev-") if subset else ""] = int(route.get("weight", 100))
+            split[revision_of.get(subset, subset) if subset else ""] = int(route.get("weight", 100))
         self.routes = (split, dict(by_revision))
 
     def pick(self, rng: random.Random) -> tuple[str, str, str] | None:

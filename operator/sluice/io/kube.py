@@ -1,9 +1,10 @@
-"""Kubernetes I/O with the official `kubernetes` client: pods, Secrets, Istio objects, the pool's status, Events.
+"""The Kubernetes side of the `Cluster` port, with the official `kubernetes` client.
 
 Writes are server-side apply with field manager `sluice`, and only when the content differs from the live
-object. An object of the same name that sluice does not manage is left untouched (and reported) unless the pool
-opts in with `spec.routing.adoptExisting`. The pure helpers (`observed_pod`, `ownership`, `differs`) decide;
-`KubeIO` only talks to the API. Called by the reconciler in a worker thread (the client is blocking).
+object. Ownership (`sluice.istio.ownership`) decides what may be written: sluice's own objects, adopted ones
+(`spec.routing.adoptExisting`: no ownerReference, the original kept in an annotation and put back with a replace
+when released), never anybody else's. Releasing an object sluice created deletes it. Every client error becomes a
+`ClusterError`. Called by the reconciler in a worker thread (the client is blocking).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import base64
 import json
 import os
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -23,11 +24,13 @@ from kubernetes.client.exceptions import ApiException
 from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from sluice.core.events import Event
 from sluice.core.observed import ObservedPod
-from sluice.istio.render import MANAGED_BY
+from sluice.io.ports import ClusterError, ObjectKey, WriteResult
+from sluice.istio.kinds import ISTIO_KINDS
+from sluice.istio.ownership import MANAGED_BY, POOL_LABEL, decide, release
 
 FIELD_MANAGER = "sluice"
 APPLY = "application/apply-patch+yaml"
-Ownership = Literal["absent", "ours", "foreign"]
+T = TypeVar("T")
 
 
 def observed_pod(pod: dict[str, Any]) -> ObservedPod:
@@ -52,48 +55,8 @@ def observed_pod(pod: dict[str, Any]) -> ObservedPod:
         deleting=bool(meta.get("deletionTimestamp")),
         restarts=restarts,
         last_termination_reason=reason,
+        service_account=(pod.get("spec") or {}).get("serviceAccountName") or None,
     )
-
-
-def ownership(live: dict[str, Any] | None, pool_uid: str | None) -> Ownership:
-    """Whether sluice may write an existing object: it carries sluice's label or is owned by the pool. Pure."""
-    if live is None:
-        return "absent"
-    meta = live.get("metadata", {})
-    labels = meta.get("labels") or {}
-    owned = any(ref.get("uid") == pool_uid for ref in meta.get("ownerReferences") or [] if pool_uid)
-    managed = all(labels.get(k) == v for k, v in MANAGED_BY.items())
-    return "ours" if managed or owned else "foreign"
-
-
-def differs(live: dict[str, Any], desired: dict[str, Any]) -> bool:
-    """True when applying `desired` would change the live object (spec, our labels, our owner reference). Pure."""
-    if live.get("spec") != desired.get("spec"):
-        return True
-    live_meta, want_meta = live.get("metadata", {}), desired.get("metadata", {})
-    live_labels = live_meta.get("labels") or {}
-    if any(live_labels.get(k) != v for k, v in (want_meta.get("labels") or {}).items()):
-        return True
-    wanted_owners = {ref["uid"] for ref in want_meta.get("ownerReferences") or []}
-    live_owners = {ref.get("uid") for ref in live_meta.get("ownerReferences") or []}
-    return not wanted_owners <= live_owners
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    kind: str
-    name: str
-    action: Literal["created", "updated", "unchanged", "refused"]
-    message: str = ""
-
-
-def _plural(kind: str) -> str:
-    return {
-        "DestinationRule": "destinationrules",
-        "VirtualService": "virtualservices",
-        "ServiceEntry": "serviceentries",
-        "EnvoyFilter": "envoyfilters",
-    }[kind]
 
 
 def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
@@ -110,7 +73,20 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
 USER_AGENT = f"sluice-operator/{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}"
 
 
-class KubeIO:
+def _call(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except ApiException as failure:
+        raise ClusterError(int(failure.status or 0), str(failure.reason or "error")) from failure
+
+
+def _json(answer: Any) -> Any:
+    return json.loads(cast(Any, answer).data)
+
+
+class KubeCluster:
+    """The operator's adapter: the `Cluster` port over the Kubernetes API."""
+
     def __init__(self, api_client: k8s.ApiClient) -> None:
         api_client.user_agent = USER_AGENT  # lets audit logs (and the RBAC test) tell the operator's calls apart
         self.api_client = api_client
@@ -122,12 +98,14 @@ class KubeIO:
 
     # ---- reads
 
-    def list_pods(self, namespace: str, match_labels: dict[str, str]) -> list[dict[str, Any]]:
+    def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
         selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
-        answer = self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
-        return list(json.loads(cast(Any, answer).data).get("items", []))
+        answer = _call(
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        )
+        return [observed_pod(item) for item in _json(answer).get("items", [])]
 
-    def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+    def secret_key(self, namespace: str, name: str, key: str) -> str:
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
         except ApiException as failure:
@@ -137,44 +115,80 @@ class KubeIO:
             raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data[key]).decode()
 
-    def get_istio_object(self, kind: str, api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
-        group, version = api_version.split("/")
+    def _get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        k = ISTIO_KINDS[kind]
         try:
             answer = self.custom.get_namespaced_custom_object(
-                group, version, namespace, _plural(kind), name, _preload_content=False
+                k.group, k.version, namespace, k.plural, name, _preload_content=False
             )
         except ApiException as failure:
             if failure.status == 404:
                 return None
-            raise
-        result: dict[str, Any] = json.loads(cast(Any, answer).data)
-        return result
+            raise ClusterError(int(failure.status or 0), str(failure.reason or "error")) from failure
+        return cast(dict[str, Any], _json(answer))
+
+    def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
+        selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, POOL_LABEL: pool}.items())
+        keys = []
+        for k in ISTIO_KINDS.values():
+            answer = _call(
+                lambda k=k: self.custom.list_namespaced_custom_object(  # type: ignore[misc]
+                    k.group, k.version, namespace, k.plural, label_selector=selector, _preload_content=False
+                )
+            )
+            keys += [ObjectKey(k.kind, item["metadata"]["name"]) for item in _json(answer).get("items", [])]
+        return keys
 
     # ---- writes
 
-    def sync_object(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
-        """Server-side apply `desired` if it differs from the live object and sluice may write it."""
+    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
         meta = desired["metadata"]
         kind, name, namespace = desired["kind"], meta["name"], meta["namespace"]
-        live = self.get_istio_object(kind, desired["apiVersion"], namespace, name)
-        owner = ownership(live, pool_uid)
-        if owner == "foreign" and not adopt:
+        live = self._get(kind, namespace, name)
+        decision = decide(live, desired, pool_uid, adopt)
+        if decision.action == "refuse":
             return WriteResult(kind, name, "refused", f"{kind} {namespace}/{name} exists and is not managed by sluice")
-        if live is not None and owner == "ours" and not differs(live, desired):
+        if decision.action == "unchanged" or decision.body is None:
             return WriteResult(kind, name, "unchanged")
-        group, version = desired["apiVersion"].split("/")
-        self.custom.patch_namespaced_custom_object(
-            group,
-            version,
-            namespace,
-            _plural(kind),
-            name,
-            desired,
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=APPLY,
+        if decision.action == "restore":
+            self._replace(decision.body)
+            return WriteResult(kind, name, "restored", f"{kind} {namespace}/{name} given back to its owner")
+        k, body = ISTIO_KINDS[kind], decision.body
+        _call(
+            lambda: self.custom.patch_namespaced_custom_object(
+                k.group,
+                k.version,
+                namespace,
+                k.plural,
+                name,
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+            )
         )
         return WriteResult(kind, name, "created" if live is None else "updated")
+
+    def release(self, namespace: str, key: ObjectKey) -> WriteResult:
+        live = self._get(key.kind, namespace, key.name)
+        if live is None:
+            return WriteResult(key.kind, key.name, "unchanged")
+        decision = release(live)
+        if decision.action == "restore" and decision.body is not None:
+            self._replace(decision.body)
+            return WriteResult(key.kind, key.name, "restored")
+        k = ISTIO_KINDS[key.kind]
+        _call(lambda: self.custom.delete_namespaced_custom_object(k.group, k.version, namespace, k.plural, key.name))
+        return WriteResult(key.kind, key.name, "pruned")
+
+    def _replace(self, body: dict[str, Any]) -> None:
+        k = ISTIO_KINDS[body["kind"]]
+        meta = body["metadata"]
+        _call(
+            lambda: self.custom.replace_namespaced_custom_object(
+                k.group, k.version, meta["namespace"], k.plural, meta["name"], body
+            )
+        )
 
     def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         body = {
@@ -183,24 +197,26 @@ class KubeIO:
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
-            body,
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=APPLY,
+        _call(
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+            )
         )
 
-    def emit_event(self, namespace: str, pool_name: str, pool_uid: str | None, event: Event) -> None:
+    def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
         now = datetime.now(UTC)
         body = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(name=f"{pool_name}.{uuid.uuid4().hex[:12]}", namespace=namespace),
+            metadata=k8s.V1ObjectMeta(name=f"{name}.{uuid.uuid4().hex[:12]}", namespace=namespace),
             involved_object=k8s.V1ObjectReference(
-                api_version=f"{GROUP}/{VERSION}", kind=KIND, name=pool_name, namespace=namespace, uid=pool_uid
+                api_version=f"{GROUP}/{VERSION}", kind=KIND, name=name, namespace=namespace, uid=uid
             ),
             reason=event.reason,
             message=event.message[:1024],
@@ -212,4 +228,4 @@ class KubeIO:
             reporting_component="sluice",
             reporting_instance="sluice",
         )
-        self.core.create_namespaced_event(namespace, body)
+        _call(lambda: self.core.create_namespaced_event(namespace, body))

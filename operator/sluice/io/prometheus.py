@@ -14,7 +14,6 @@ import re
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -26,18 +25,10 @@ from urllib3.util.retry import Retry
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
 from sluice.core.presets import build_queries
+from sluice.io.ports import PromAuth
 
 FRESHNESS_KEY = "sampleTime"
 """Name under which the freshness query's failure is reported (it is not a signal)."""
-
-
-@dataclass(frozen=True)
-class PromAuth:
-    """Credentials resolved from the pool's Secrets."""
-
-    bearer_token: str | None = None
-    ca_pem: str | None = None
-    insecure_skip_verify: bool = False
 
 
 def parse_value(sample: Any) -> float | None:
@@ -178,3 +169,6 @@ class PromIO:
         return to_snapshot(
             signal_answers, failed, plan.unsupported, set(pod_names), spec.metrics.pod_label, now, freshness
         )
+
+
+__all__ = ["FRESHNESS_KEY", "PromAuth", "PromIO", "describe_failure", "parse_value", "sample_times", "to_snapshot"]

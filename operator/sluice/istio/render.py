@@ -19,9 +19,11 @@ from typing import Any
 from sluice.api.durations import format_duration
 from sluice.api.v1alpha1 import API_VERSION, KIND, InferencePoolSpec
 from sluice.core.reconcile import Plan
+from sluice.istio.kinds import DESTINATION_RULE, ENVOY_FILTER, SERVICE_ENTRY, VIRTUAL_SERVICE
+from sluice.istio.ownership import MANAGED_BY, POOL_LABEL
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "sluice"}
-POOL_LABEL = "sluice.dev/pool"
+__all__ = ["MANAGED_BY", "POOL_LABEL", "PoolRef", "object_name", "render", "subset_name"]
+
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
 ROUTE_NAME = "sluice-weights"
 
@@ -94,12 +96,19 @@ def render_service_entry(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> 
         labels = {TLS_MODE_LABEL: "istio", POOL_LABEL: pool.name}
         if revision_label and endpoint.revision is not None:
             labels[revision_label] = endpoint.revision
-        endpoints.append(
-            {"address": endpoint.ip, "ports": {"http": spec.target_port}, "labels": labels, "weight": endpoint.weight}
-        )
+        entry: dict[str, Any] = {
+            "address": endpoint.ip,
+            "ports": {"http": spec.target_port},
+            "labels": labels,
+            "weight": endpoint.weight,
+        }
+        if endpoint.service_account:
+            # The pod's identity: Istio puts it in the client's SAN check for mTLS to this host.
+            entry["serviceAccount"] = endpoint.service_account
+        endpoints.append(entry)
     return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": "ServiceEntry",
+        "apiVersion": SERVICE_ENTRY.api_version,
+        "kind": SERVICE_ENTRY.kind,
         "metadata": _metadata(pool),
         "spec": {
             "hosts": [endpoints_host(pool, spec)],
@@ -135,8 +144,8 @@ def render_destination_rule(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) 
             for revision in plan.revisions
         ]
     return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": "DestinationRule",
+        "apiVersion": DESTINATION_RULE.api_version,
+        "kind": DESTINATION_RULE.kind,
         "metadata": _metadata(pool),
         "spec": body,
     }
@@ -158,8 +167,8 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
             destination["subset"] = subset
         route.append({"destination": destination, "weight": weight})
     return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": "VirtualService",
+        "apiVersion": VIRTUAL_SERVICE.api_version,
+        "kind": VIRTUAL_SERVICE.kind,
         "metadata": _metadata(pool),
         "spec": {
             "hosts": [service_host(pool, spec)],
@@ -206,8 +215,8 @@ def _envoy_filter(
         for context in _contexts(spec)
     ]
     return {
-        "apiVersion": "networking.istio.io/v1alpha3",
-        "kind": "EnvoyFilter",
+        "apiVersion": ENVOY_FILTER.api_version,
+        "kind": ENVOY_FILTER.kind,
         "metadata": _metadata(pool, suffix),
         "spec": {"configPatches": patches},
     }

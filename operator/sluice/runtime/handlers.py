@@ -1,11 +1,14 @@
-"""kopf handlers: thin adapters that only parse, call the reconciler and wake it.
+"""kopf handlers: thin adapters that parse once, call the reconciler and wake it.
 
-- startup/cleanup create and close the Kubernetes and Prometheus clients;
-- one daemon per InferencePool runs a pass every `spec.interval` (read afresh each time), in a worker thread
-  (the clients are blocking; nothing blocks the event loop);
+- startup/cleanup build and close the adapters from the `OperatorConfig` in kopf's memo (built by `sluice.cli`);
+- one daemon per InferencePool runs a pass every `spec.interval`, in a worker thread (the clients are blocking;
+  nothing blocks the event loop); the body is parsed once per pass into a `PoolSnapshot`;
 - a spec change, or a pod event that matters (restart, OOMKilled, readiness, deletion) for a pool selecting the
-  pod, wakes that pool's daemon at once instead of waiting for the next tick.
-Run with `python -m sluice operator` (see sluice.cli) or `kopf run -m sluice.runtime.handlers`.
+  pod, wakes that pool's daemon at once; these handlers are `async`, so they set the daemon's asyncio.Event on
+  the event loop's own thread;
+- deleting a pool gives every adopted object its original back before kopf releases the finalizer (objects sluice
+  created are deleted by Kubernetes' garbage collector through their ownerReference).
+Run with `python -m sluice operator` (see sluice.cli).
 """
 
 from __future__ import annotations
@@ -13,113 +16,142 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
-from sluice.api.durations import parse_duration
+from sluice.api.snapshot import PoolSnapshot, parse_snapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
-from sluice.io.kube import KubeIO, load_api_client
+from sluice.io.kube import KubeCluster, load_api_client
 from sluice.io.prometheus import PromIO
+from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.reconciler import Reconciler
 
-REGISTRY = CollectorRegistry()
-
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
+DEFAULT_INTERVAL = 5.0
+
+
+@dataclass
+class Runtime:
+    """What the handlers share, kept in kopf's memo."""
+
+    config: OperatorConfig
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    cluster: KubeCluster | None = None
+    prom: PromIO | None = None
+    reconciler: Reconciler | None = None
+    metrics: OperatorMetrics | None = None
+    wakers: dict[tuple[str | None, str], asyncio.Event] = field(default_factory=dict)
+
+
+def runtime_of(memo: Any) -> Runtime:
+    runtime: Runtime = memo.runtime
+    return runtime
 
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    runtime = runtime_of(memo)
+    config = runtime.config
     settings.posting.level = logging.WARNING
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="sluice.dev")
     settings.watching.server_timeout = 300
-    # With peering: a replica that stops refreshing its record is replaced after this many seconds.
-    settings.peering.lifetime = int(os.environ.get("SLUICE_PEERING_LIFETIME", "15"))
+    settings.peering.lifetime = config.peering_lifetime
     settings.peering.stealth = True
-    kube = KubeIO(load_api_client(os.environ.get("KUBECONFIG")))
-    memo.kube = kube
-    memo.prom = PromIO()
-    memo.reconciler = Reconciler(kube, memo.prom)
-    memo.wakers = {}
-    memo.metrics = OperatorMetrics(REGISTRY)
-    port = os.environ.get("SLUICE_METRICS_PORT")
-    if port:
-        start_http_server(int(port), addr=os.environ.get("SLUICE_METRICS_ADDRESS", "0.0.0.0"), registry=REGISTRY)
+    runtime.cluster = KubeCluster(load_api_client(config.kubeconfig))
+    runtime.prom = PromIO()
+    runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    if config.metrics_port:
+        start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
 
 
 @kopf.on.cleanup()
 def cleanup(memo: Any, **_: Any) -> None:
-    with contextlib.suppress(Exception):
-        memo.prom.close()
-    with contextlib.suppress(Exception):
-        memo.kube.close()
+    runtime = runtime_of(memo)
+    if runtime.prom is not None:
+        with contextlib.suppress(Exception):
+            runtime.prom.close()
+    if runtime.cluster is not None:
+        with contextlib.suppress(Exception):
+            runtime.cluster.close()
+
+
+def _selector(body: kopf.Body) -> dict[str, str]:
+    spec = parse_snapshot(_plain(body)).spec
+    return dict(spec.selector.match_labels) if spec is not None else {}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
 def pools_by_namespace(
-    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[str | None, tuple[str, dict[str, str]]]:
-    labels = dict((spec.get("selector") or {}).get("matchLabels") or {})
-    return {namespace: (name, labels)}
+    return {namespace: (name, _selector(body))}
 
 
-def _waker(memo: Any, namespace: str | None, name: str) -> asyncio.Event:
-    key = (namespace, name)
-    if key not in memo.wakers:
-        memo.wakers[key] = asyncio.Event()
-    waker: asyncio.Event = memo.wakers[key]
-    return waker
+def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
+    return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
 
-def _interval(spec: Any) -> float:
-    try:
-        return max(1.0, parse_duration(spec.get("interval", "5s")))
-    except ValueError:
-        return 5.0
+def _snapshot(body: kopf.Body) -> PoolSnapshot:
+    return parse_snapshot(_plain({"metadata": body.metadata, "spec": body.spec, "status": body.status}))
 
 
-# With peering, replicas exchange records at start; the first pass waits so a lower-priority replica has paused
-# before it could write (otherwise two replicas starting together both act once).
-FIRST_PASS_DELAY = 5.0 if os.environ.get("SLUICE_PEERING") else 0.0
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, initial_delay=FIRST_PASS_DELAY)
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def pool_loop(
-    name: str,
-    namespace: str | None,
-    body: kopf.Body,
-    spec: kopf.Spec,
-    memo: Any,
-    stopped: kopf.DaemonStopped,
-    **_: Any,
+    name: str, namespace: str | None, body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
-    waker = _waker(memo, namespace, name)
-    reconciler: Reconciler = memo.reconciler
-    while not stopped:
-        waker.clear()
-        snapshot = {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
-        snapshot = _plain(snapshot)
-        try:
-            report = await asyncio.to_thread(reconciler.run, snapshot, datetime.now(UTC))
-        except Exception:  # a pass that crashed is logged and retried; the daemon must outlive it
-            log.exception("pass failed for %s/%s", namespace, name)
-            memo.metrics.passes.labels(f"{namespace}/{name}", "error").inc()
-        else:
-            memo.metrics.record(report)
-            written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
-            log.info("pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else "")
-        await asyncio.sleep(MIN_GAP)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(waker.wait(), timeout=max(0.0, _interval(spec) - MIN_GAP))
-    reconciler.forget(str(body.metadata.get("uid", "")))
-    memo.metrics.forget(f"{namespace}/{name}")
+    runtime = runtime_of(memo)
+    waker = _waker(runtime, namespace, name)
+    reconciler, metrics = runtime.reconciler, runtime.metrics
+    assert reconciler is not None, "startup builds it before any daemon runs"
+    assert metrics is not None, "startup builds it before any daemon runs"
+    await stopped.wait(runtime.config.first_pass_delay)
+    uid = ""
+    try:
+        while not stopped:
+            waker.clear()
+            snapshot = _snapshot(body)
+            uid = snapshot.meta.uid or ""
+            try:
+                report = await asyncio.to_thread(reconciler.run, snapshot, datetime.now(UTC))
+            except Exception:  # a pass that crashed is logged, reported in the status, and retried
+                log.exception("pass failed for %s", snapshot.key)
+                metrics.passes.labels(snapshot.key, "error").inc()
+            else:
+                metrics.record(report)
+                written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
+                log.info(
+                    "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
+                )
+            interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
+            await asyncio.sleep(MIN_GAP)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waker.wait(), timeout=max(0.0, interval - MIN_GAP))
+    finally:
+        runtime.wakers.pop((namespace, name), None)
+        reconciler.forget(uid)
+        metrics.forget(f"{namespace}/{name}")
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def pool_deleted(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    """Give adopted objects back before the pool goes (the finalizer holds the pool until this returns)."""
+    runtime = runtime_of(memo)
+    cluster = runtime.cluster
+    assert cluster is not None
+    ns = namespace or "default"
+    keys = await asyncio.to_thread(cluster.owned, ns, name)
+    for key in keys:
+        result = await asyncio.to_thread(cluster.release, ns, key)
+        log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)
 
 
 def _plain(value: Any) -> Any:
@@ -132,8 +164,8 @@ def _plain(value: Any) -> Any:
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def spec_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    _waker(memo, namespace, name).set()
+async def spec_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    _waker(runtime_of(memo), namespace, name).set()
 
 
 def pod_matters(event_type: str, pod: dict[str, Any]) -> bool:
@@ -149,10 +181,13 @@ def pod_matters(event_type: str, pod: dict[str, Any]) -> bool:
 
 
 @kopf.on.event("", "v1", "pods")
-def pod_event(event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any) -> None:
+async def pod_event(
+    event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
+) -> None:
     pools_by_namespace: kopf.Index[str | None, tuple[str, dict[str, str]]] = kwargs["pools_by_namespace"]
     if not pod_matters(str(event.get("type")), dict(event.get("object") or {})):
         return
+    runtime = runtime_of(memo)
     for name, selector in pools_by_namespace.get(namespace, []):
         if selector and all(labels.get(k) == v for k, v in selector.items()):
-            _waker(memo, namespace, name).set()
+            _waker(runtime, namespace, name).set()

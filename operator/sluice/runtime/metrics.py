@@ -12,16 +12,18 @@ Series (all labelled by `pool` = namespace/name):
 | `sluice_endpoints{state}` | gauge | pods per state: Routable, Zeroed, Recovering |
 | `sluice_canary_weight` / `sluice_canary_step` | gauge | candidate traffic % / step index (-1 without a rollout) |
 | `sluice_canary_phase{phase}` | gauge | 1 for the current phase |
-| `sluice_istio_writes_total{kind,action}` | counter | Istio writes: created, updated, unchanged (skipped), refused |
+| `sluice_istio_writes_total{kind,action}` | counter | Istio writes: created, updated, unchanged (skipped), |
+| | | refused, pruned, restored |
 | `sluice_status_writes_total{result}` | counter | status writes: `written`, `skipped` (nothing changed) |
 | `sluice_events_total{reason}` | counter | Kubernetes Events emitted |
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sluice.api.v1alpha1 import InferencePoolStatus
+from sluice.runtime.report import PassReport
 
 PHASES = ("Idle", "Waiting", "Progressing", "Paused", "Promoted", "RolledBack")
 STATES = ("Routable", "Zeroed", "Recovering")
@@ -68,39 +70,41 @@ class OperatorMetrics:
         self.events = Counter("sluice_events", "Kubernetes Events emitted.", ["pool", "reason"], registry=r)
         self._pods: dict[str, set[tuple[str, str]]] = {}
 
-    def record(self, report: Any) -> None:
-        """Update every series from one pass's report (`sluice.runtime.reconciler.PassReport`)."""
+    def record(self, report: PassReport) -> None:
+        """Update every series from one pass's report."""
         pool = report.pool
-        status: dict[str, Any] = report.status
         self.duration.labels(pool).observe(report.seconds)
         self.passes.labels(pool, report.result).inc()
         if report.prometheus_seconds is not None:
             self.query_seconds.labels(pool).observe(report.prometheus_seconds)
         for signal in report.signal_failures:
             self.query_errors.labels(pool, signal).inc()
-        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-        if "MetricsAvailable" in conditions:
-            self.metrics_available.labels(pool).set(1.0 if conditions["MetricsAvailable"] == "True" else 0.0)
-        rows = status.get("endpoints", [])
-        seen = {(row["pod"], row.get("revision") or "") for row in rows}
-        for pod, revision in self._pods.get(pool, set()) - seen:
-            self.weight.remove(pool, pod, revision)
-        self._pods[pool] = seen
-        for row in rows:
-            self.weight.labels(pool, row["pod"], row.get("revision") or "").set(row.get("weight", 0))
-        for state in STATES:
-            self.endpoints.labels(pool, state).set(sum(1 for row in rows if row.get("state") == state))
-        canary = status.get("canary") or {}
-        self.canary_weight.labels(pool).set(canary.get("weight", 0))
-        step = canary.get("stepIndex")
-        self.canary_step.labels(pool).set(-1 if step is None else step)
-        for phase in PHASES:
-            self.canary_phase.labels(pool, phase).set(1.0 if canary.get("phase") == phase else 0.0)
         for write in report.writes:
             self.istio_writes.labels(pool, write.kind, write.action).inc()
         self.status_writes.labels(pool, "written" if report.status_written else "skipped").inc()
         for event in report.events:
             self.events.labels(pool, event.reason).inc()
+        if report.status is not None:
+            self._record_status(pool, report.status)
+
+    def _record_status(self, pool: str, status: InferencePoolStatus) -> None:
+        metrics = next((c for c in status.conditions if c.type == "MetricsAvailable"), None)
+        if metrics is not None:
+            self.metrics_available.labels(pool).set(1.0 if metrics.status == "True" else 0.0)
+        seen = {(row.pod, row.revision or "") for row in status.endpoints}
+        for pod, revision in self._pods.get(pool, set()) - seen:
+            self.weight.remove(pool, pod, revision)
+        self._pods[pool] = seen
+        for row in status.endpoints:
+            self.weight.labels(pool, row.pod, row.revision or "").set(row.weight)
+        for state in STATES:
+            self.endpoints.labels(pool, state).set(sum(1 for row in status.endpoints if row.state == state))
+        canary = status.canary
+        self.canary_weight.labels(pool).set(canary.weight if canary else 0)
+        step = canary.step_index if canary else None
+        self.canary_step.labels(pool).set(-1 if step is None else step)
+        for phase in PHASES:
+            self.canary_phase.labels(pool, phase).set(1.0 if canary is not None and canary.phase == phase else 0.0)
 
     def forget(self, pool: str) -> None:
         for pod, revision in self._pods.pop(pool, set()):

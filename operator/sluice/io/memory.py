@@ -1,0 +1,90 @@
+"""An in-memory `Cluster`: the objects, statuses and Events a pass writes, kept in dicts.
+
+For the reconciler's unit tests and the simulated control loop of the benchmark: the same `Reconciler` runs
+against it as against the Kubernetes API. It keeps the ownership contract (`sluice.istio.ownership`) exactly as
+the Kubernetes adapter does, and can be told to fail calls, to test the loop's error paths.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.core.events import Event
+from sluice.core.observed import ObservedPod
+from sluice.io.ports import ClusterError, ObjectKey, WriteResult
+from sluice.istio.ownership import MANAGED_BY, POOL_LABEL, decide, release
+
+
+@dataclass
+class MemoryCluster:
+    pod_list: list[ObservedPod] = field(default_factory=list)
+    secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    """(namespace, kind, name) -> object."""
+    statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    failures: dict[str, ClusterError] = field(default_factory=dict)
+    """Method name -> the error its next calls raise (until removed)."""
+    calls: list[str] = field(default_factory=list)
+
+    def _enter(self, method: str) -> None:
+        self.calls.append(method)
+        if method in self.failures:
+            raise self.failures[method]
+
+    def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
+        self._enter("pods")
+        return [p for p in self.pod_list if all(p.labels.get(k) == v for k, v in match_labels.items())]
+
+    def secret_key(self, namespace: str, name: str, key: str) -> str:
+        self._enter("secret_key")
+        data = self.secrets.get((namespace, name))
+        if data is None or key not in data:
+            raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
+        return data[key]
+
+    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
+        self._enter("apply")
+        meta = desired["metadata"]
+        kind, name, namespace = desired["kind"], meta["name"], meta["namespace"]
+        live = self.objects.get((namespace, kind, name))
+        decision = decide(live, desired, pool_uid, adopt)
+        if decision.action == "refuse":
+            return WriteResult(kind, name, "refused", f"{kind} {namespace}/{name} exists and is not managed by sluice")
+        if decision.action == "unchanged" or decision.body is None:
+            return WriteResult(kind, name, "unchanged")
+        self.objects[(namespace, kind, name)] = copy.deepcopy(decision.body)
+        if decision.action == "restore":
+            return WriteResult(kind, name, "restored", f"{kind} {namespace}/{name} given back to its owner")
+        return WriteResult(kind, name, "created" if live is None else "updated")
+
+    def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
+        self._enter("owned")
+        wanted = {**MANAGED_BY, POOL_LABEL: pool}
+        return [
+            ObjectKey(kind, name)
+            for (ns, kind, name), obj in sorted(self.objects.items())
+            if ns == namespace and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+        ]
+
+    def release(self, namespace: str, key: ObjectKey) -> WriteResult:
+        self._enter("release")
+        live = self.objects.get((namespace, key.kind, key.name))
+        if live is None:
+            return WriteResult(key.kind, key.name, "unchanged")
+        decision = release(live)
+        if decision.action == "restore" and decision.body is not None:
+            self.objects[(namespace, key.kind, key.name)] = decision.body
+            return WriteResult(key.kind, key.name, "restored")
+        del self.objects[(namespace, key.kind, key.name)]
+        return WriteResult(key.kind, key.name, "pruned")
+
+    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._enter("write_status")
+        self.statuses.append((namespace, name, copy.deepcopy(status)))
+
+    def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
+        self._enter("emit")
+        self.events.append(event)

@@ -1,0 +1,25 @@
+"""The operator's settings, frozen, built once from the command line (`sluice.cli`) and handed to the kopf
+handlers through kopf's `memo` — nothing reads the environment at import time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    kubeconfig: str | None = None
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty: the whole cluster."""
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
+    peering: str | None = None
+    """KopfPeering name (high availability); None: standalone."""
+    peering_lifetime: int = 15
+    """Seconds after which a replica that stopped refreshing its peering record is replaced."""
+
+    @property
+    def first_pass_delay(self) -> float:
+        """With peering, replicas exchange records at start; the first pass waits so a lower-priority replica
+        has paused before it could write (otherwise two replicas starting together both act once)."""
+        return 5.0 if self.peering else 0.0

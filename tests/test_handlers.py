@@ -1,0 +1,84 @@
+"""The kopf handlers as adapters: async wakers on the loop's own thread, settings from the memo, cleanup on exit."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+import kopf
+from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+
+from sluice.api.snapshot import PoolSnapshot
+from sluice.runtime import handlers
+from sluice.runtime.config import OperatorConfig
+from sluice.runtime.metrics import OperatorMetrics
+from sluice.runtime.report import PassReport
+
+BODY = {
+    "apiVersion": "inference.sluice.dev/v1alpha1",
+    "kind": "InferencePool",
+    "metadata": {"name": "llama", "namespace": "llm", "uid": "u1", "generation": 1},
+    "spec": {"selector": {"matchLabels": {"app": "llama"}}, "targetPort": 8000, "service": "llama", "interval": "1s"},
+}
+
+
+def test_wake_handlers_are_coroutines_so_they_run_on_the_event_loop_thread():
+    # kopf runs plain `def` handlers in executor threads, where asyncio.Event.set() is not thread-safe.
+    for handler in (handlers.spec_changed, handlers.pod_event, handlers.pool_deleted, handlers.pool_loop):
+        assert inspect.iscoroutinefunction(handler), handler.__name__
+
+
+class FakeReconciler:
+    def __init__(self, stop: Any) -> None:
+        self.stop = stop
+        self.snapshots: list[PoolSnapshot] = []
+        self.forgotten: list[str] = []
+
+    def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+        self.snapshots.append(snapshot)
+        self.stop()  # called from the worker thread the pass runs in
+        return PassReport(pool=snapshot.key)
+
+    def forget(self, uid: str) -> None:
+        self.forgotten.append(uid)
+
+
+def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_stops():
+    setter: FlagSetter[Any] = FlagSetter()
+    runtime = handlers.Runtime(config=OperatorConfig())
+    loops: list[asyncio.AbstractEventLoop] = []
+    reconciler = FakeReconciler(lambda: loops[0].call_soon_threadsafe(setter.set))
+    runtime.reconciler = reconciler  # type: ignore[assignment]
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    memo = SimpleNamespace(runtime=runtime)
+
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+        await handlers.pool_loop(
+            name="llama", namespace="llm", body=kopf.Body(BODY), memo=memo, stopped=AsyncFlagWaiter(setter)
+        )
+
+    asyncio.run(asyncio.wait_for(go(), timeout=10))
+    (snapshot,) = reconciler.snapshots
+    assert snapshot.spec is not None
+    assert snapshot.spec.interval == 1.0
+    assert runtime.wakers == {}  # the daemon's waker is gone with it
+    assert reconciler.forgotten == ["u1"]
+
+
+def test_the_selector_index_reads_the_parsed_spec_and_ignores_an_invalid_one():
+    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(BODY)) == {
+        "llm": ("llama", {"app": "llama"})
+    }
+    broken = {**BODY, "spec": {**BODY["spec"], "targetPort": "eighty"}}
+    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(broken)) == {"llm": ("llama", {})}
+
+
+def test_settings_come_from_the_config_not_the_environment(monkeypatch):
+    monkeypatch.setenv("SLUICE_PEERING", "x")  # read at import time before; ignored now
+    assert OperatorConfig().first_pass_delay == 0.0
+    assert OperatorConfig(peering="sluice").first_pass_delay == 5.0
+    assert "os.environ" not in inspect.getsource(handlers)
