@@ -239,6 +239,29 @@ def test_adopted_objects_are_given_back_exactly_when_their_pool_is_deleted(stack
         assert back["metadata"].get("annotations") == original["metadata"].get("annotations"), plural
 
 
+def test_deleting_a_second_pool_deletes_what_sluice_created_for_it_and_nothing_else(stack: Stack) -> None:
+    short = yaml.safe_dump(
+        {
+            "apiVersion": "inference.sluice.dev/v1alpha1",
+            "kind": "InferencePool",
+            "metadata": {"name": "short", "namespace": "llm"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "llama"}},
+                "targetPort": 8000,
+                "service": "llama-short",
+                "interval": "2s",
+                "metrics": {"prometheusUrl": stack.prometheus_url, "window": "10s"},
+            },
+        }
+    )
+    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=short)
+    plurals = ("serviceentries", "destinationrules", "virtualservices")
+    wait_until(lambda: all(stack.istio(p, "sluice-short") for p in plurals), 30, "the second pool's objects")
+    stack.kubectl("delete", "inferencepool", "short", "-n", "llm", "--wait=false")
+    wait_until(lambda: not any(stack.istio(p, "sluice-short") for p in plurals), 30, "its objects deleted")
+    assert all(stack.istio(p, "sluice-llama") for p in plurals)  # the first pool's are untouched
+
+
 def test_a_deleted_pod_leaves_routing_at_once(stack: Stack) -> None:
     stack.add_pod(PodSpec("llama-a100-9", "a100", "v1", "127.0.20.9"))
     wait_until(lambda: "llama-a100-9" in weights(stack), 30, "the new pod is routed")

@@ -32,7 +32,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -102,6 +102,9 @@ class Stack:
         self.operator: subprocess.Popen[bytes] | None = None
         self.operator_args: list[str] = []
         self._kubelet_stop = asyncio.Event()
+        # Each stack puts its pods in its own loopback /16 (127.<block>.x.y for a requested 127.0.x.y), so two
+        # stacks on one machine (a demo next to the tests, parallel test runs) never fight over an address.
+        self.address_block = random.Random().randrange(100, 250)
         self.core: k8s.CoreV1Api | None = None
         self.custom: k8s.CustomObjectsApi | None = None
 
@@ -254,8 +257,16 @@ class Stack:
 
     # ------------------------------------------------------------------------------------ pods and the kubelet
 
+    def own_address(self, spec: PodSpec) -> PodSpec:
+        """The pod spec with its loopback address moved into this stack's block."""
+        parts = spec.ip.split(".")
+        if len(parts) != 4 or parts[:2] != ["127", "0"]:
+            return spec
+        return replace(spec, ip=f"127.{self.address_block}.{parts[2]}.{parts[3]}")
+
     def add_pod(self, spec: PodSpec) -> None:
         assert self.core is not None
+        spec = self.own_address(spec)
         state = PodState(spec)
         self.pods[spec.name] = state
         labels = {"app": spec.app, "sluice.dev/hardware-class": spec.hardware, "sluice.dev/revision": spec.revision}
@@ -274,7 +285,8 @@ class Stack:
         self.write_targets()
 
     def add_server(self, spec: PodSpec) -> None:
-        """A model server scraped by Prometheus, without a pod in the API (for the Envoy benchmark)."""
+        """A model server scraped by Prometheus, without a pod in the API (for the Envoy benchmark; its address is
+        used as given, since the caller points its own data plane at it)."""
         state = PodState(spec)
         self.pods[spec.name] = state
         self._start_server(state)
