@@ -27,7 +27,8 @@ BODY = {
 
 def test_wake_handlers_are_coroutines_so_they_run_on_the_event_loop_thread():
     # kopf runs plain `def` handlers in executor threads, where asyncio.Event.set() is not thread-safe.
-    for handler in (handlers.spec_changed, handlers.pod_event, handlers.pool_deleted, handlers.pool_loop):
+    wakers = (handlers.spec_changed, handlers.pod_event, handlers.operation_requested, handlers.pool_deleted)
+    for handler in (*wakers, handlers.pool_loop):
         assert inspect.iscoroutinefunction(handler), handler.__name__
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sluice.api.errors import format_validation_error
+from sluice.api.operation import Operation, parse_operation
 from sluice.api.spec import InferencePoolSpec
 from sluice.api.status import InferencePoolStatus, read_status
 from sluice.api.v1alpha1 import InferencePool, ObjectMeta
@@ -26,6 +27,8 @@ class PoolSnapshot:
     spec_error: str | None
     status: InferencePoolStatus | None
     status_problems: tuple[str, ...] = field(default=())
+    operation: Operation | None = None
+    """A rollout operation requested on the pool's annotation (`sluice.api.operation`)."""
 
     @property
     def key(self) -> str:
@@ -34,17 +37,20 @@ class PoolSnapshot:
 
 def parse_snapshot(body: dict[str, Any]) -> PoolSnapshot:
     raw_meta = body.get("metadata") or {}
+    annotations = {str(k): str(v) for k, v in (raw_meta.get("annotations") or {}).items()}
     meta = ObjectMeta.model_construct(
         name=str(raw_meta.get("name", "")),
         namespace=str(raw_meta.get("namespace") or "default"),
         uid=raw_meta.get("uid"),
         generation=raw_meta.get("generation"),
+        annotations=annotations,
     )
+    operation = parse_operation(annotations)
     raw_status = body.get("status")
     status, problems = read_status(raw_status if isinstance(raw_status, dict) else None)
     try:
         pool = InferencePool.model_validate({**body, "status": None})
     except ValidationError as failure:
         message = format_validation_error("InferencePool", meta.name, failure)
-        return PoolSnapshot(meta, None, message, status, tuple(problems))
-    return PoolSnapshot(pool.metadata, pool.spec, None, status, tuple(problems))
+        return PoolSnapshot(meta, None, message, status, tuple(problems), operation)
+    return PoolSnapshot(pool.metadata, pool.spec, None, status, tuple(problems), operation)

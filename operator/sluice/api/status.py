@@ -7,7 +7,7 @@ a status written by another version of sluice never stops the pool.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -92,6 +92,18 @@ class EndpointStatus(StatusModel):
     )
 
 
+class OperationRecord(StatusModel):
+    """The last rollout operation (`sluice.dev/operation`) and what came of it."""
+
+    id: str = Field(description="The operation's id: it is applied once.")
+    op: str = Field(description="promote, abort, retry, pause, resume or skip-step.")
+    by: str | None = Field(default=None, description="Who asked, as the client stated it.")
+    at: datetime = Field(description="When sluice acted on it.")
+    result: Literal["Applied", "Refused"] = Field(description="Applied, or Refused (the message says why).")
+    forced: bool = Field(default=False, description="Analysis was skipped at the user's request.")
+    message: str = Field(default="", description="What happened, in words.")
+
+
 class CanaryStatus(StatusModel):
     phase: CanaryPhase = Field(description="Idle, Waiting, Progressing, Paused, Promoted or RolledBack.")
     stable_revision: str | None = Field(default=None, description="Revision taking the remaining traffic.")
@@ -110,6 +122,10 @@ class CanaryStatus(StatusModel):
     last_check: CheckResult | None = Field(default=None, description="Pass, Fail or Inconclusive.")
     last_check_reason: str = Field(default="", description="Why the last check came out as it did.")
     message: str = Field(default="", description="What the rollout is doing, in words.")
+    paused_by: str | None = Field(
+        default=None, description="Set while a pause operation holds the rollout (spec.canary.paused also holds it)."
+    )
+    last_operation: OperationRecord | None = Field(default=None, description="The last rollout operation.")
 
 
 class InferencePoolStatus(StatusModel):

@@ -69,6 +69,7 @@ from sluice.api.status import (
     EndpointSignals,
     EndpointStatus,
     InferencePoolStatus,
+    OperationRecord,
     StatusModel,
     read_status,
 )
@@ -89,6 +90,7 @@ class ObjectMeta(ApiModel):
     namespace: str = Field(default="default", description="Pool namespace.")
     uid: str | None = Field(default=None, description="Object UID, for ownerReferences.")
     generation: int | None = Field(default=None, description="Spec generation.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations (rollout operations).")
 
 
 class InferencePool(ApiModel):
@@ -164,6 +166,7 @@ __all__ = [
     "MetricsAuth",
     "MetricsSpec",
     "ObjectMeta",
+    "OperationRecord",
     "OutlierDetectionSpec",
     "ProtectionSpec",
     "QueryOverrides",

@@ -18,7 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sluice.api.v1alpha1 import AnalysisSpec, CanaryPhase, CanarySpec, CanaryStatus, CheckResult, Gate
+from sluice.api.operation import Operation
+from sluice.api.v1alpha1 import (
+    AnalysisSpec,
+    CanaryPhase,
+    CanarySpec,
+    CanaryStatus,
+    CheckResult,
+    Gate,
+    OperationRecord,
+)
+from sluice.core.operations import apply_operation, is_new, refuse_without_rollout
 
 ACTIVE_PHASES: tuple[CanaryPhase, ...] = ("Progressing", "Paused", "Waiting")
 
@@ -162,32 +172,45 @@ def step_canary(
     revisions: dict[str, RevisionStats],
     metrics_usable: bool,
     now: datetime,
+    operation: Operation | None = None,
 ) -> CanaryOutcome:
     if spec is None:
         return CanaryOutcome(None, {})
     stable = pick_stable(spec, previous, revisions)
     candidate = spec.candidate_revision
+    fresh_op = operation if is_new(operation, previous) else None
+    remembered = previous.last_operation if previous else None
     if candidate is None or candidate == stable:
-        return _settled(stable, previous)
+        record = refuse_without_rollout(fresh_op, now) if fresh_op else remembered
+        return _settled(stable, previous, record)
     if previous is None or previous.candidate_revision != candidate:
         previous = CanaryStatus(
-            phase="Progressing", stable_revision=stable, candidate_revision=candidate, step_index=0, step_started_at=now
+            phase="Progressing",
+            stable_revision=stable,
+            candidate_revision=candidate,
+            step_index=0,
+            step_started_at=now,
+            last_operation=remembered,
         )
+    previous = previous.model_copy(update={"stable_revision": stable})
+    if fresh_op is not None:
+        applied = apply_operation(spec, previous, fresh_op, now)
+        previous = applied.state.model_copy(update={"last_operation": applied.record})
+        if applied.effect == "promote":
+            return _promoted(
+                candidate, previous.last_check, previous.last_check_reason, previous.last_check_at, applied.record
+            )
     if previous.phase == "RolledBack":
         forced_to, why = forced_split(stable, candidate, revisions)
         forced_to = forced_to if forced_to == candidate else None  # serving beats a 503, nothing else overrides
         status = previous.model_copy(
-            update={
-                "stable_revision": stable,
-                "weight": 100 if forced_to else 0,
-                "split_forced": why if forced_to else None,
-            }
+            update={"weight": 100 if forced_to else 0, "split_forced": why if forced_to else None}
         )
         return CanaryOutcome(status, _split(stable, candidate, 0, forced_to))
-    return _progress(spec, previous.model_copy(update={"stable_revision": stable}), revisions, metrics_usable, now)
+    return _progress(spec, previous, revisions, metrics_usable, now)
 
 
-def _settled(stable: str | None, previous: CanaryStatus | None) -> CanaryOutcome:
+def _settled(stable: str | None, previous: CanaryStatus | None, operation: OperationRecord | None) -> CanaryOutcome:
     """No rollout in flight: all traffic to the stable revision (Promoted if it got there by a rollout)."""
     promoted = previous is not None and previous.phase == "Promoted" and previous.stable_revision == stable
     status = CanaryStatus(
@@ -196,6 +219,7 @@ def _settled(stable: str | None, previous: CanaryStatus | None) -> CanaryOutcome
         candidate_revision=stable if promoted else None,
         weight=100 if promoted else 0,
         message=f"all traffic to {stable}" if stable else "no revision has routable pods",
+        last_operation=operation,
     )
     return CanaryOutcome(status, {stable: 100} if stable else {})
 
@@ -223,7 +247,7 @@ def _progress(
     forced_to, forced_why = forced_split(stable, candidate, revisions)
     phase, step_index, started = _next_step(spec, state, cand, result, failed, forced_why, now)
     if phase == "Promoted":
-        return _promoted(candidate, result, reason, now if ran else state.last_check_at)
+        return _promoted(candidate, result, reason, now if ran else state.last_check_at, state.last_operation)
     planned = 0 if phase in ("RolledBack", "Waiting") else spec.steps[step_index]
     if phase in ("RolledBack", "Waiting"):
         forced_to = forced_to if forced_to == candidate else None
@@ -243,11 +267,19 @@ def _progress(
         last_check_at=now if ran else state.last_check_at,
         last_check=None if advanced else result,
         last_check_reason="" if advanced else reason,
+        paused_by=state.paused_by,
+        last_operation=state.last_operation,
     )
     return CanaryOutcome(status.model_copy(update={"message": _message(spec, status, now)}), weights)
 
 
-def _promoted(candidate: str, result: CheckResult | None, reason: str, checked_at: datetime | None) -> CanaryOutcome:
+def _promoted(
+    candidate: str,
+    result: CheckResult | None,
+    reason: str,
+    checked_at: datetime | None,
+    operation: OperationRecord | None,
+) -> CanaryOutcome:
     status = CanaryStatus(
         phase="Promoted",
         stable_revision=candidate,
@@ -258,6 +290,7 @@ def _promoted(candidate: str, result: CheckResult | None, reason: str, checked_a
         last_check_reason=reason,
         last_check_at=checked_at,
         message=f"{candidate} promoted: it is now the stable revision",
+        last_operation=operation,
     )
     return CanaryOutcome(status, {candidate: 100})
 
@@ -278,9 +311,10 @@ def _next_step(
     if cand.routable_pods == 0:
         return "Waiting", index, None
     started = state.step_started_at or now
-    if state.phase in ("Paused", "Waiting") and not spec.paused:
+    paused = spec.paused or state.paused_by is not None
+    if state.phase in ("Paused", "Waiting") and not paused:
         started = now  # a full step interval is observed at this weight after a pause or a wait
-    if spec.paused:
+    if paused:
         return "Paused", index, started
     if forced_why is not None:
         return "Progressing", index, now  # the step's clock runs only while its split is really published

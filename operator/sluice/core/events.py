@@ -100,6 +100,14 @@ def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolS
 def _canary_events(previous: CanaryStatus | None, next_: CanaryStatus | None) -> Iterator[Event]:
     if next_ is None:
         return
+    done = next_.last_operation
+    if done is not None and (
+        previous is None or previous.last_operation is None or previous.last_operation.id != done.id
+    ):
+        who = f" by {done.by}" if done.by else ""
+        kind: Literal["Normal", "Warning"] = "Normal" if done.result == "Applied" else "Warning"
+        forced = " (forced: analysis skipped)" if done.forced else ""
+        yield Event(kind, "CanaryOperation", f"{done.op}{who}: {done.result.lower()}{forced}: {done.message}")
     was_active = previous is not None and previous.phase in ACTIVE
     candidate = next_.candidate_revision
     same = previous is not None and previous.candidate_revision == candidate

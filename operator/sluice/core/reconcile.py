@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sluice.api.operation import Operation
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
 from sluice.core.allocation import Allocation, allocate
@@ -66,6 +67,7 @@ def plan_pass(
     observed: Observed,
     previous: InferencePoolStatus | None,
     now: datetime,
+    operation: Operation | None = None,
 ) -> Plan:
     metrics = judge_metrics(spec, observed.signals, now)
     before = {row.pod: row for row in (previous.endpoints if previous else [])}
@@ -73,7 +75,7 @@ def plan_pass(
     verdicts = [judge_pod(spec, p, before.get(p.name), observed.signals, metrics.usable, now) for p in pods]
     allocations = allocate(spec.scoring, spec.protection.min_routable_percent, verdicts)
     revisions = revision_stats(spec, verdicts, allocations)
-    canary = step_canary(spec.canary, previous.canary if previous else None, revisions, metrics.usable, now)
+    canary = step_canary(spec.canary, previous.canary if previous else None, revisions, metrics.usable, now, operation)
     rows = [render_row(spec, v, allocations[v.name], now) for v in verdicts]
     eligible = [v for v in verdicts if v.eligible]
     routable = [v for v in eligible if allocations[v.name].routable]

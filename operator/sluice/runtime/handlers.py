@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
+from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot, parse_snapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
 from sluice.io.kube import KubeCluster, load_api_client
@@ -165,6 +166,12 @@ def _plain(value: Any) -> Any:
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def spec_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    _waker(runtime_of(memo), namespace, name).set()
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field=("metadata", "annotations", OPERATION_ANNOTATION))
+async def operation_requested(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    """`kubectl sluice promote|abort|...` wrote a rollout operation: act on it now, not at the next tick."""
     _waker(runtime_of(memo), namespace, name).set()
 
 

@@ -110,7 +110,8 @@ class Reconciler:
         signals = self._read_signals(spec, meta.namespace, [p.name for p in pods], now)
         report.prometheus_seconds = time.monotonic() - queried
         report.signal_failures = dict(signals.failed)
-        plan = plan_pass(spec, meta.generation, Observed(pods=pods, signals=signals), previous, now)
+        observed = Observed(pods=pods, signals=signals)
+        plan = plan_pass(spec, meta.generation, observed, previous, now, snapshot.operation)
         synced = conditions.NOTHING_TO_PUBLISH
         if plan.publish:
             synced = self._publish(report, PoolRef(meta.name, meta.namespace, meta.uid), spec, plan)
