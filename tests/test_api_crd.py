@@ -181,6 +181,18 @@ BAD = [
         "sessionAffinity (consistent hash) replaces least-request",
     ),
     (
+        "retries with EnvoyFilter routes",
+        {"routing": {"weightsVia": "EnvoyFilter", "retries": {}}},
+        "spec.routing.retries",
+        "retries are set on sluice's VirtualService route",
+    ),
+    (
+        "a retry timeout of zero",
+        {"routing": {"retries": {"perTryTimeout": "0s"}}},
+        "spec.routing.retries.perTryTimeout",
+        "must be greater than 0s",
+    ),
+    (
         "capacity coefficient zero",
         {"capacity": {"classes": {"cpu": 0}}},
         "spec.capacity.classes",

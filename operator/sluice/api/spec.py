@@ -484,6 +484,34 @@ class LeastRequestSpec(ApiModel):
     )
 
 
+RetryOn = Literal["connect-failure", "refused-stream", "reset", "gateway-error"]
+"""Failures Envoy sees before any of the response reaches the client, so a retry never duplicates a stream."""
+
+
+class RetrySpec(ApiModel):
+    """VirtualService retries, so a pod being zeroed or restarting costs a retry, not an error."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("per_try_timeout"), positive_duration("backoff"))
+
+    attempts: int = Field(default=2, ge=1, le=10, description="Retries allowed per request.")
+    retry_on: list[RetryOn] = Field(
+        default=["connect-failure", "refused-stream", "reset", "gateway-error"],
+        min_length=1,
+        max_length=4,
+        description="When to retry. Only failures before the response starts are offered: Envoy never retries once "
+        "it has sent response bytes to the client, and an LLM request is expensive to repeat.",
+    )
+    per_try_timeout: Duration | None = Field(
+        default=None,
+        description="Timeout of one attempt, including the whole streamed answer: unset for long generations.",
+    )
+    backoff: Duration | None = Field(default=None, description="Minimum time between two attempts.")
+    retry_remote_localities: bool = Field(default=True, description="Retries may go to pods in other localities.")
+    retry_ignore_previous_hosts: bool = Field(
+        default=True, description="A retry goes to another pod than the one that failed."
+    )
+
+
 class RoutingSpec(ApiModel):
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -491,6 +519,13 @@ class RoutingSpec(ApiModel):
             message="sessionAffinity (consistent hash) replaces least-request: set one of them",
             check=lambda routing: routing.session_affinity is None or routing.least_request is None,
             field_path=".sessionAffinity",
+        ),
+        Rule(
+            cel="!has(self.retries) || self.weightsVia == 'VirtualService'",
+            message="retries are set on sluice's VirtualService route: with weightsVia EnvoyFilter the route and "
+            "its retries belong to the VirtualService's owner",
+            check=lambda routing: routing.retries is None or routing.weights_via == "VirtualService",
+            field_path=".retries",
         ),
     )
 
@@ -521,6 +556,11 @@ class RoutingSpec(ApiModel):
     )
     adopt_existing: bool = Field(
         default=False, description="Take over Istio objects of the same names that sluice did not create."
+    )
+    retries: RetrySpec | None = Field(
+        default=None,
+        description="Retries on the VirtualService route (VirtualService mode): a pod zeroed or OOM-restarting "
+        "costs the client a retry instead of an error.",
     )
 
 

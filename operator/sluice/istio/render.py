@@ -166,16 +166,34 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
         if subset:
             destination["subset"] = subset
         route.append({"destination": destination, "weight": weight})
+    http: dict[str, Any] = {"name": ROUTE_NAME, "route": route}
+    retries = render_retries(spec)
+    if retries is not None:
+        http["retries"] = retries
     return {
         "apiVersion": VIRTUAL_SERVICE.api_version,
         "kind": VIRTUAL_SERVICE.kind,
         "metadata": _metadata(pool),
-        "spec": {
-            "hosts": [service_host(pool, spec)],
-            "gateways": list(spec.routing.gateways),
-            "http": [{"name": ROUTE_NAME, "route": route}],
-        },
+        "spec": {"hosts": [service_host(pool, spec)], "gateways": list(spec.routing.gateways), "http": [http]},
     }
+
+
+def render_retries(spec: InferencePoolSpec) -> dict[str, Any] | None:
+    """Istio HTTPRetry: only failures before the response starts, to another pod by default."""
+    retries = spec.routing.retries
+    if retries is None:
+        return None
+    out: dict[str, Any] = {
+        "attempts": retries.attempts,
+        "retryOn": ",".join(retries.retry_on),
+        "retryRemoteLocalities": retries.retry_remote_localities,
+        "retryIgnorePreviousHosts": retries.retry_ignore_previous_hosts,
+    }
+    if retries.per_try_timeout is not None:
+        out["perTryTimeout"] = format_duration(retries.per_try_timeout)
+    if retries.backoff is not None:
+        out["backoff"] = format_duration(retries.backoff)
+    return out
 
 
 def cluster_name(port: int, subset: str | None, host: str) -> str:
