@@ -354,7 +354,8 @@ def test_the_guides_canary_commands_work_as_written(stack: Stack) -> None:
 
     guide = (ROOT / "docs" / "guide.md").read_text()
     section = guide.split("## 3. Canary rollout", 1)[1].split("## 4.", 1)[0]
-    commands = re.findall(r"^kubectl .+$", section, re.M)
+    first_block = section.split("```sh", 1)[1].split("```", 1)[0]  # the four spec-edit commands
+    commands = re.findall(r"^kubectl .+$", first_block, re.M)
     assert len(commands) == 4
     stack.add_pod(PodSpec("llama-v3-a100-0", "a100", "v3", "127.0.20.6"))
     expected = ["Progressing", "Paused", "Progressing", "Idle"]
