@@ -56,7 +56,7 @@ def weights(stack: Stack) -> dict[str, int]:
 
 def test_invalid_pool_is_rejected_by_the_api_with_the_cel_message(stack: Stack) -> None:
     bad = pool_manifest(stack).replace("steps: [10, 50, 100]", "steps: [50, 10, 100]")
-    result = stack.kubectl("apply", "--validate=false", "-f", "-", stdin=bad, check=False)
+    result = stack.kubectl("apply", "-f", "-", stdin=bad, check=False)
     assert result.returncode != 0
     assert 'The InferencePool "llama" is invalid' in result.stderr
     assert "spec.canary.steps: Invalid value" in result.stderr
@@ -69,10 +69,10 @@ def test_an_unmanaged_destination_rule_is_left_untouched_and_reported(stack: Sta
         "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: sluice-llama, namespace: llm}\n"
         "spec: {host: someone-elses.llm.svc.cluster.local}\n"
     )
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=foreign)
+    stack.kubectl("apply", "-f", "-", stdin=foreign)
     before = stack.istio("destinationrules", "sluice-llama")
     assert before is not None
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=pool_manifest(stack))
+    stack.kubectl("apply", "-f", "-", stdin=pool_manifest(stack))
     found = wait_until(
         lambda: condition(pool(stack), "IstioSynced")["reason"] == "ObjectNotManaged" and pool(stack),
         30,
@@ -240,7 +240,7 @@ def test_every_api_call_of_the_operator_is_allowed_by_the_chart_and_every_rule_i
 
     # Exercise the permissions the run has not needed yet: a Prometheus token from a Secret, and an EnvoyFilter.
     secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: prom-token, namespace: llm}\nstringData: {token: t0ken}\n"
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=secret)
+    stack.kubectl("apply", "-f", "-", stdin=secret)
     stack.patch_pool(
         "llama",
         {

@@ -29,6 +29,7 @@ import kmock
 import yaml
 from kmock._internal import parsing as kmock_parsing
 
+from sluice.devstack import apiopenapi
 from sluice.devstack.apistore import (
     ApiError,
     ResourceType,
@@ -66,12 +67,14 @@ class ApiServer(kmock.KubernetesScaffold):
     audit: list[dict[str, str]] = attrs.field(factory=list)
     audit_path: Path | None = None
     changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+    openapi_cache: dict[str, Any] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.sync_discovery()
 
     def sync_discovery(self) -> None:
+        self.openapi_cache.clear()
         for rtype in self.store.types.values():
             for version in rtype.versions:
                 key = f"{rtype.group}/{version}/{rtype.plural}" if rtype.group else f"v1/{rtype.plural}"
@@ -133,9 +136,50 @@ class ApiServer(kmock.KubernetesScaffold):
             "resources": resources,
         }
 
+    # ------------------------------------------------------------------------------------------ OpenAPI
+
+    def _served_types(self) -> tuple[list[apiopenapi.ServedType], list[dict[str, Any]]]:
+        served = [
+            apiopenapi.ServedType(t.group, version, t.plural, t.kind, t.namespaced, t.has_status)
+            for t in self.store.types.values()
+            for version in t.versions
+        ]
+        crd_type = self.store.find_type("apiextensions.k8s.io", "customresourcedefinitions")
+        return served, list(self.store.bucket(crd_type).values())
+
+    def _openapi_document(self, path: str) -> dict[str, Any] | None:
+        """The document at /openapi/…, built once per set of served types (CRD changes clear the cache)."""
+        if path not in self.openapi_cache:
+            served, crds = self._served_types()
+            if path == "v2":
+                self.openapi_cache[path] = apiopenapi.openapi_v2(served, crds)
+            elif path == "v3":
+                self.openapi_cache[path] = apiopenapi.openapi_v3_root(served, crds)
+            elif path.startswith("v3/"):
+                self.openapi_cache[path] = apiopenapi.openapi_v3_group_version(served, crds, path[3:])
+            else:
+                self.openapi_cache[path] = None
+        document: dict[str, Any] | None = self.openapi_cache[path]
+        return document
+
+    def _serve_openapi(self, request: Any) -> aiohttp.web.StreamResponse:
+        path = request.url.path.removeprefix("/openapi/").strip("/")
+        accept = request.headers.get("Accept", "")
+        if "protobuf" in accept and "json" not in accept and "*/*" not in accept:
+            # kube-apiserver serves protobuf too; clients that ask for it retry with JSON on 406.
+            failure = ApiError(406, "NotAcceptable", "only application/json is served")
+            return aiohttp.web.json_response(failure.status(), status=406)
+        document = self._openapi_document(path)
+        if document is None:
+            failure = ApiError(404, "NotFound", "the server could not find the requested resource")
+            return aiohttp.web.json_response(failure.status(), status=404)
+        return aiohttp.web.json_response(document)
+
     # ------------------------------------------------------------------------------------------ routing
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        if request.url.path.startswith("/openapi/"):
+            return self._serve_openapi(request)
         resource = request.resource
         if resource is None or resource.plural is None or resource.version is None or request.method is None:
             return await super()._handle(request)  # discovery, /version, unknown paths
