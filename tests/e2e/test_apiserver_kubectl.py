@@ -75,3 +75,105 @@ def test_openapi_v2_is_served_as_json_and_v3_documents_carry_the_crd_schema(api:
     assert "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta" in v3["components"]["schemas"]
     core = json.loads(api.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
     assert "io.k8s.api.core.v1.Pod" in core["components"]["schemas"]
+
+
+# ---------------------------------------------------------------------------------------------- dry runs
+
+
+def stored(api: Stack, name: str, jsonpath: str = "{.spec.canary.stableRevision}") -> str | None:
+    result = api.kubectl("get", "inferencepool", name, "-n", "llm", "-o", f"jsonpath={jsonpath}", check=False)
+    return result.stdout if result.returncode == 0 else None
+
+
+CANARY_SPEC = "  canary: {stableRevision: v1, candidateRevision: v2, steps: [10, 50, 100]}\n"
+
+
+def test_kubectl_diff_and_server_dry_runs_of_a_new_object_create_nothing(api: Stack) -> None:
+    manifest = pool_yaml("dry-new", CANARY_SPEC)
+    diff = api.kubectl("diff", "-f", "-", stdin=manifest, check=False)
+    assert diff.returncode == 1, diff.stderr  # 1: differences found
+    assert "+  name: dry-new" in diff.stdout
+    applied = api.kubectl("apply", "--dry-run=server", "-f", "-", stdin=manifest)
+    assert "inferencepool.inference.sluice.dev/dry-new created (server dry run)" in applied.stdout
+    server_side = api.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", stdin=manifest)
+    assert "serverside-applied (server dry run)" in server_side.stdout
+    created = api.kubectl("create", "--dry-run=server", "-f", "-", "-o", "json", stdin=manifest)
+    answer = json.loads(created.stdout)
+    assert answer["metadata"]["uid"]
+    assert "resourceVersion" not in answer["metadata"]
+    assert answer["spec"]["interval"] == "5s"  # defaults applied, as the real write would
+    assert stored(api, "dry-new") is None
+
+
+def test_server_dry_runs_of_every_write_to_an_existing_object_change_nothing(api: Stack) -> None:
+    api.kubectl("apply", "-f", "-", stdin=pool_yaml("dry-old", CANARY_SPEC))
+    version = stored(api, "dry-old", "{.metadata.resourceVersion}")
+    changed = pool_yaml("dry-old", CANARY_SPEC.replace("stableRevision: v1", "stableRevision: v9"))
+    diff = api.kubectl("diff", "-f", "-", stdin=changed, check=False)
+    assert diff.returncode == 1
+    assert "-    stableRevision: v1" in diff.stdout
+    assert "+    stableRevision: v9" in diff.stdout
+    writes = [
+        ("apply", "--dry-run=server", "-f", "-"),
+        ("apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", "-"),
+        ("replace", "--dry-run=server", "-f", "-"),
+    ]
+    for args in writes:
+        api.kubectl(*args, stdin=changed)
+    patches = [
+        ("merge", '{"spec":{"canary":{"stableRevision":"v9"}}}'),
+        ("json", '[{"op":"replace","path":"/spec/canary/stableRevision","value":"v9"}]'),
+    ]
+    for kind, patch in patches:
+        answer = api.kubectl(
+            "patch",
+            "inferencepool",
+            "dry-old",
+            "-n",
+            "llm",
+            "--type",
+            kind,
+            "-p",
+            patch,
+            "--dry-run=server",
+            "-o",
+            "jsonpath={.spec.canary.stableRevision} {.metadata.resourceVersion}",
+        ).stdout
+        assert answer == f"v9 {version}"  # the object as it would be, under the version it still has
+    deleted = api.kubectl("delete", "inferencepool", "dry-old", "-n", "llm", "--dry-run=server")
+    assert "deleted (server dry run)" in deleted.stdout
+    assert stored(api, "dry-old", "{.spec.canary.stableRevision} {.metadata.resourceVersion}") == f"v1 {version}"
+
+
+def test_strategic_merge_patch_is_refused_for_custom_resources_and_dry_run_for_built_in_kinds(api: Stack) -> None:
+    api.kubectl("apply", "-f", "-", stdin=pool_yaml("strategic"))
+    refused = api.kubectl(
+        "patch",
+        "inferencepool",
+        "strategic",
+        "-n",
+        "llm",
+        "--type",
+        "strategic",
+        "-p",
+        '{"spec":{"interval":"9s"}}',
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "the body of the request was in an unknown format" in refused.stderr
+    config = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: llm}\ndata: {mode: a}\n"
+    api.kubectl("apply", "-f", "-", stdin=config)
+    patched = api.kubectl(
+        "patch",
+        "configmap",
+        "settings",
+        "-n",
+        "llm",
+        "-p",
+        '{"data":{"mode":"b"}}',
+        "--dry-run=server",
+        "-o",
+        "jsonpath={.data.mode}",
+    )
+    assert patched.stdout == "b"
+    assert api.kubectl("get", "configmap", "settings", "-n", "llm", "-o", "jsonpath={.data.mode}").stdout == "a"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import signal
 import sys
@@ -253,29 +254,71 @@ class ApiServer(kmock.KubernetesScaffold):
             if wants_table:
                 return aiohttp.web.json_response(as_table(rtype, [obj], str(store.revision)))
             return aiohttp.web.json_response(self._versioned(obj, rtype, version))
+        dry_run = self._dry_run(params, self._delete_options(request) if verb == "delete" else {})
+        if not dry_run:
+            obj, code = self._write(verb, request, rtype, version, namespace)
+            await self._notify(rtype)
+            return aiohttp.web.json_response(obj, status=code)
+        before = self._current(rtype, namespace, request.name)
+        with store.dry_run():
+            obj, code = self._write(verb, request, rtype, version, namespace)
+        obj = copy.deepcopy(obj)
+        # Nothing was stored, so nothing got a new resourceVersion.
+        if before is None:
+            obj["metadata"].pop("resourceVersion", None)
+        else:
+            obj["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"]
+        return aiohttp.web.json_response(obj, status=code)
+
+    @staticmethod
+    def _delete_options(request: Any) -> dict[str, Any]:
+        """kubectl and client-go send DELETE's options (dryRun, preconditions, propagation) as a body."""
+        if not request.body:
+            return {}
+        try:
+            options = json.loads(request.body)
+        except json.JSONDecodeError:
+            raise ApiError(400, "BadRequest", "the DeleteOptions body is not valid JSON") from None
+        return options if isinstance(options, dict) else {}
+
+    @staticmethod
+    def _dry_run(params: Any, delete_options: dict[str, Any]) -> bool:
+        values = params.getall("dryRun", []) if hasattr(params, "getall") else [params.get("dryRun")]
+        values = [value for value in [*values, *(delete_options.get("dryRun") or [])] if value]
+        if any(value != "All" for value in values):
+            raise ApiError(400, "BadRequest", f'Invalid value: "{values[0]}": supported values: "All"')
+        return bool(values)
+
+    def _current(self, rtype: ResourceType, namespace: str | None, name: str | None) -> dict[str, Any] | None:
+        if not name:
+            return None
+        try:
+            return self.store.get(rtype, namespace, name)
+        except ApiError:
+            return None
+
+    def _write(
+        self, verb: str, request: Any, rtype: ResourceType, version: str, namespace: str | None
+    ) -> tuple[dict[str, Any], int]:
+        """One write, answered with the object and the HTTP code; the caller decides whether it is kept."""
+        store, params = self.store, request.params
         manager = params.get("fieldManager", "")
         if verb == "create":
             body = self._json_body(request)
-            obj = store.create(rtype, version, namespace, body, manager)
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj, status=201)
+            return store.create(rtype, version, namespace, body, manager), 201
         if verb == "update":
             body = self._json_body(request)
-            obj = store.replace(rtype, version, namespace, request.name, body, request.subresource)
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj)
+            return store.replace(rtype, version, namespace, request.name, body, request.subresource), 200
         if verb == "patch":
             content_type = request.headers.get("Content-Type", "application/merge-patch+json")
             force = params.get("force") in ("true", "1")
             obj = store.patch(
                 rtype, version, namespace, request.name, content_type, request.body, request.subresource, manager, force
             )
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj)
+            return obj, 200
         if verb == "delete":
-            obj = store.delete(rtype, namespace, request.name)
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj)
+            preconditions = self._delete_options(request).get("preconditions") or {}
+            return store.delete(rtype, namespace, request.name, preconditions), 200
         raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported")
 
     @staticmethod

@@ -3,13 +3,15 @@
 Local-stack tool. Implements the semantics clients such as kopf, the official `kubernetes` client and kubectl rely
 on: `resourceVersion` (one counter for the whole store), `uid`, `creationTimestamp`, `generation` bumped on spec
 changes, optimistic concurrency (409 on a stale resourceVersion), JSON merge patch, JSON patch (a failed `test`
-is 422), strategic merge patch (treated as a merge patch: enough for the fields used here), server-side apply with
-per-manager field ownership (fields a manager stops applying are removed), the status subresource (status is
-ignored on create and on main-resource writes, only status changes through /status), finalizers and
-`deletionTimestamp`, ownerReference garbage collection (background cascade), CRD registration by creating a
-CustomResourceDefinition, schema + CEL validation of custom resources with 422 and per-field causes, label and
-field selectors, an event log for watches from a resourceVersion (410 Gone when too old), and server-side
-printing (`as=Table`) with a CRD's additionalPrinterColumns.
+is 422), strategic merge patch on built-in kinds (treated as a merge patch: enough for the fields used here;
+refused with 415 for custom resources, as kube-apiserver does), dry runs (`dry_run()`: the write runs, then the
+store is put back), delete preconditions, server-side apply with per-manager field ownership (fields a manager
+stops applying are removed), the status subresource (status is ignored on create and on main-resource writes,
+only status changes through /status), finalizers and `deletionTimestamp`, ownerReference garbage collection
+(background cascade), CRD registration by creating a CustomResourceDefinition, schema + CEL validation of custom
+resources with 422 and per-field causes, label and field selectors, an event log for watches from a
+resourceVersion (410 Gone when too old), and server-side printing (`as=Table`) with a CRD's
+additionalPrinterColumns.
 
 Simplifications, stated: one storage version per group/plural (objects are served under every version of the
 group); strategic merge patch does not merge lists by key; server-side apply never reports conflicts (as if
@@ -19,12 +21,13 @@ group); strategic merge patch does not merge lists by key; server-side apply nev
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
-import itertools
 import json
 import re
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -100,6 +103,14 @@ BUILTINS = [
         ["crd", "crds"],
         has_status=True,
     ),
+]
+
+
+# Custom resources have no Go struct to merge by, so kube-apiserver refuses strategic merge patches for them.
+CUSTOM_RESOURCE_PATCH_TYPES = [
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/apply-patch+yaml",
 ]
 
 
@@ -328,7 +339,6 @@ class Store:
         self.types: dict[tuple[str, str], ResourceType] = {rt.key: rt for rt in BUILTINS}
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
         self.log: deque[WatchEvent] = deque(maxlen=history)
-        self.counter = itertools.count(1000)
         self.revision = 1000
         self.schemas = SchemaRegistry()
         # Server-side apply: which field paths each (object, manager, subresource) applied last time.
@@ -367,8 +377,28 @@ class Store:
     # ---- bookkeeping
 
     def _bump(self) -> int:
-        self.revision = next(self.counter)
+        self.revision += 1
         return self.revision
+
+    @contextlib.contextmanager
+    def dry_run(self) -> Iterator[None]:
+        """`dryRun=All`: run the write through every check and default, then put the store back as it was."""
+        saved = (
+            copy.deepcopy(self.objects),
+            copy.deepcopy(self.owned),
+            list(self.log),
+            self.revision,
+            dict(self.types),
+            self.schemas.snapshot(),
+        )
+        try:
+            yield
+        finally:
+            objects, owned, log, revision, types, schemas = saved
+            self.objects, self.owned, self.revision, self.types = objects, owned, revision, types
+            self.log.clear()
+            self.log.extend(log)
+            self.schemas.restore(schemas)
 
     def _record(self, rtype: ResourceType, event_type: str, obj: dict[str, Any]) -> None:
         self.log.append(WatchEvent(int(obj["metadata"]["resourceVersion"]), rtype.key, event_type, copy.deepcopy(obj)))
@@ -577,6 +607,13 @@ class Store:
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as failure:
                 raise ApiError(422, "Invalid", f"invalid JSON patch: {failure}") from None
             return self.replace(rtype, version, namespace, name, new, subresource, check_version=False)
+        if kind == "application/strategic-merge-patch+json" and rtype.validated:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"{', '.join(CUSTOM_RESOURCE_PATCH_TYPES)}",
+            )
         if kind in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json"):
             new = merge_patch(old, document)
             precondition = (document.get("metadata") or {}).get("resourceVersion")
@@ -663,8 +700,20 @@ class Store:
             entry["subresource"] = subresource
         return entry
 
-    def delete(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
+    def delete(
+        self, rtype: ResourceType, namespace: str | None, name: str, preconditions: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         obj = self.get(rtype, namespace, name)
+        for field_name, meta_name in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted, actual = (preconditions or {}).get(field_name), obj["metadata"].get(field_name)
+            if wanted and wanted != actual:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {rtype.plural}.{rtype.group or "core"} "{name}": '
+                    f"Precondition failed: {meta_name} in precondition: {wanted}, {meta_name} in object meta: {actual}",
+                    {"name": name, "group": rtype.group, "kind": rtype.plural},
+                )
         if obj["metadata"].get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
                 marked = copy.deepcopy(obj)

@@ -381,6 +381,12 @@ class SchemaRegistry:
             )
             self._by_gvk[(f"{entry.group}/{entry.version}", entry.kind)] = entry
 
+    def snapshot(self) -> dict[tuple[str, str], CrdVersion]:
+        return dict(self._by_gvk)
+
+    def restore(self, snapshot: dict[tuple[str, str], CrdVersion]) -> None:
+        self._by_gvk = dict(snapshot)
+
     def load(self, path: str | Path) -> SchemaRegistry:
         for document in yaml.safe_load_all(Path(path).read_text()):
             if document and document.get("kind") == "CustomResourceDefinition":
