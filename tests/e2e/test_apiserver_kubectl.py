@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+from kubernetes import client as k8s
 
 from sluice.devstack.stack import ROOT, Stack
 
@@ -177,3 +179,50 @@ def test_strategic_merge_patch_is_refused_for_custom_resources_and_dry_run_for_b
     )
     assert patched.stdout == "b"
     assert api.kubectl("get", "configmap", "settings", "-n", "llm", "-o", "jsonpath={.data.mode}").stdout == "a"
+
+
+# ---------------------------------------------------------------------------------------------- field validation
+
+TYPO_SPEC = "  scoring: {alpah: 0.5}\n"
+
+
+def test_kubectl_default_field_validation_is_strict_and_refuses_an_unknown_field(api: Stack) -> None:
+    result = api.kubectl("apply", "-f", "-", stdin=pool_yaml("typo-strict", TYPO_SPEC), check=False)
+    assert result.returncode != 0
+    assert 'Error from server (BadRequest): error when creating "STDIN": strict decoding error: unknown field ' in (
+        result.stderr
+    )
+    assert '"spec.scoring.alpah"' in result.stderr
+    assert stored(api, "typo-strict") is None
+
+
+def test_field_validation_warn_prunes_the_field_and_kubectl_prints_the_warning(api: Stack) -> None:
+    result = api.kubectl("apply", "--validate=warn", "-f", "-", stdin=pool_yaml("typo-warn", TYPO_SPEC))
+    assert 'Warning: unknown field "spec.scoring.alpah"' in result.stderr
+    scoring = stored(api, "typo-warn", "{.spec.scoring}")
+    assert scoring is not None
+    assert "alpah" not in scoring
+
+
+def test_field_validation_ignore_prunes_silently(api: Stack) -> None:
+    result = api.kubectl("apply", "--validate=false", "-f", "-", stdin=pool_yaml("typo-ignore", TYPO_SPEC))
+    assert "Warning" not in result.stderr
+    scoring = stored(api, "typo-ignore", "{.spec.scoring}")
+    assert scoring is not None
+    assert "alpah" not in scoring
+
+
+def test_the_python_client_gets_the_server_default_warn_and_strict_when_it_asks(api: Stack) -> None:
+    assert api.custom is not None
+    body = yaml.safe_load(pool_yaml("typo-client", TYPO_SPEC))
+    created = api.custom.create_namespaced_custom_object(
+        "inference.sluice.dev", "v1alpha1", "llm", "inferencepools", body
+    )
+    assert "alpah" not in created["spec"]["scoring"]
+    body["metadata"]["name"] = "typo-client-strict"
+    with pytest.raises(k8s.ApiException) as refused:
+        api.custom.create_namespaced_custom_object(
+            "inference.sluice.dev", "v1alpha1", "llm", "inferencepools", body, field_validation="Strict"
+        )
+    assert refused.value.status == 400
+    assert 'strict decoding error: unknown field "spec.scoring.alpah"' in json.loads(refused.value.body)["message"]

@@ -29,6 +29,7 @@ import attrs
 import kmock
 import yaml
 from kmock._internal import parsing as kmock_parsing
+from multidict import CIMultiDict
 
 from sluice.devstack import apiopenapi
 from sluice.devstack.apistore import (
@@ -255,10 +256,12 @@ class ApiServer(kmock.KubernetesScaffold):
                 return aiohttp.web.json_response(as_table(rtype, [obj], str(store.revision)))
             return aiohttp.web.json_response(self._versioned(obj, rtype, version))
         dry_run = self._dry_run(params, self._delete_options(request) if verb == "delete" else {})
+        store.field_validation = self._field_validation(params)
+        store.warnings = []
         if not dry_run:
             obj, code = self._write(verb, request, rtype, version, namespace)
             await self._notify(rtype)
-            return aiohttp.web.json_response(obj, status=code)
+            return self._answer(obj, code)
         before = self._current(rtype, namespace, request.name)
         with store.dry_run():
             obj, code = self._write(verb, request, rtype, version, namespace)
@@ -268,7 +271,22 @@ class ApiServer(kmock.KubernetesScaffold):
             obj["metadata"].pop("resourceVersion", None)
         else:
             obj["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"]
-        return aiohttp.web.json_response(obj, status=code)
+        return self._answer(obj, code)
+
+    def _answer(self, obj: dict[str, Any], code: int) -> aiohttp.web.Response:
+        """The written object, with one `Warning: 299` header per warning (kubectl prints them as `Warning: …`)."""
+        headers = CIMultiDict(("Warning", f"299 - {json.dumps(text)}") for text in self.store.warnings)
+        return aiohttp.web.json_response(obj, status=code, headers=headers)
+
+    @staticmethod
+    def _field_validation(params: Any) -> str:
+        """The `fieldValidation` directive; kube-apiserver's default, when a client sends none, is Warn."""
+        directive = params.get("fieldValidation") or "Warn"
+        if directive not in ("Strict", "Warn", "Ignore"):
+            raise ApiError(
+                400, "BadRequest", f"fieldValidation must be one of Ignore, Warn or Strict, got {directive!r}"
+            )
+        return str(directive)
 
     @staticmethod
     def _delete_options(request: Any) -> dict[str, Any]:

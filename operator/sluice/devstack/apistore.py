@@ -341,6 +341,9 @@ class Store:
         self.log: deque[WatchEvent] = deque(maxlen=history)
         self.revision = 1000
         self.schemas = SchemaRegistry()
+        # Per request, set by the HTTP layer: how unknown fields are judged, and the warnings to send back.
+        self.field_validation = "Warn"
+        self.warnings: list[str] = []
         # Server-side apply: which field paths each (object, manager, subresource) applied last time.
         self.owned: dict[tuple[Any, ...], set[tuple[str, ...]]] = {}
 
@@ -413,8 +416,9 @@ class Store:
             return obj
         candidate = {**obj, "apiVersion": rtype.api_version(version), "kind": rtype.kind}
         try:
-            return self.schemas.validate(candidate, old)
+            checked, unknown = self.schemas.check(candidate, old)
         except ValidationFailed as failure:
+            self._judge_unknown_fields(failure.unknown_fields)
             causes = [
                 {
                     "reason": "FieldValueInvalid" if e.kind != "unknown field" else "FieldValueUnknown",
@@ -434,6 +438,17 @@ class Store:
                     "causes": causes,
                 },
             ) from None
+        self._judge_unknown_fields(unknown)
+        return checked
+
+    def _judge_unknown_fields(self, paths: list[str]) -> None:
+        """`fieldValidation`: Strict refuses unknown fields (400, before any other check), Warn warns, both prune."""
+        found = [f'unknown field "{path}"' for path in paths]
+        if not found or self.field_validation == "Ignore":
+            return
+        if self.field_validation == "Strict":
+            raise ApiError(400, "BadRequest", "strict decoding error: " + ", ".join(found))
+        self.warnings += found
 
     @staticmethod
     def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:

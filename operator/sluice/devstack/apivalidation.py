@@ -6,9 +6,10 @@ Istio object sluice renders with it, and the API emulator uses it to answer 422 
 What it does, in the API server's order: apply schema defaults (recursively, into defaulted values too); check the
 structural schema (types, `nullable`, `x-kubernetes-int-or-string`, `x-kubernetes-preserve-unknown-fields`,
 enums, bounds, lengths, patterns, item counts, `required`, `oneOf`/`anyOf`/`allOf`/`not`); reject unknown fields
-(strict field validation, kubectl's default); then evaluate every `x-kubernetes-validations` CEL rule with `self`
-bound to the value at that node. Transition rules (`oldSelf`) run only when an old object is given. Kubernetes'
-CEL extension functions used by real CRDs (strings `substring`, lists `isSorted`, ...) are registered.
+(`validate`, strict) or prune and report them (`check`, for the server's `fieldValidation`); then evaluate every
+`x-kubernetes-validations` CEL rule with `self` bound to the value at that node. Transition rules (`oldSelf`)
+run only when an old object is given. Kubernetes' CEL extension functions used by real CRDs (strings
+`substring`, lists `isSorted`, ...) are registered.
 Messages follow the API server: `spec.canary.steps: Invalid value: "array": steps must be strictly increasing`.
 """
 
@@ -47,6 +48,7 @@ class ValidationFailed(Exception):
 
     def __init__(self, kind: str, name: str, errors: list[FieldError]) -> None:
         self.errors = errors
+        self.unknown_fields: list[str] = []
         details = ", ".join(str(error) for error in errors)
         super().__init__(f'{kind} "{name}" is invalid: {details}')
 
@@ -172,6 +174,7 @@ def _join(path: str, name: str) -> str:
 class _Walker:
     def __init__(self, strict: bool, run_cel: bool, old: JSON = None) -> None:
         self.errors: list[FieldError] = []
+        self.unknown: list[str] = []  # field paths pruned when not strict, as the API server prunes them
         self.strict = strict
         self.run_cel = run_cel
         self.old = old
@@ -293,6 +296,9 @@ class _Walker:
                 continue
             elif self.strict:
                 self.error(child_path, "unknown field", "")
+            else:
+                self.unknown.append(child_path)
+                del result[name]
         return result
 
     def _matches(self, schema: dict[str, Any], value: JSON, path: str) -> bool:
@@ -417,6 +423,21 @@ class SchemaRegistry:
             fixed = [FieldError(e.path, e.kind, e.detail) for e in walker.errors]
             raise ValidationFailed(f"{entry.kind}.{entry.group}", name, fixed)
         return {**obj, **checked}
+
+    def check(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+        """Like `validate`, but unknown fields are pruned and returned, for the server's `fieldValidation` to judge."""
+        entry = self.get(obj.get("apiVersion", ""), obj.get("kind", ""))
+        walker = _Walker(strict=False, run_cel=True)
+        body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+        old_body = {k: v for k, v in old.items() if k not in ("apiVersion", "kind", "metadata")} if old else None
+        checked = walker.walk({**entry.schema, "properties": _without_meta(entry.schema)}, body, "", old_body)
+        if walker.errors:
+            failure = ValidationFailed(
+                f"{entry.kind}.{entry.group}", obj.get("metadata", {}).get("name", ""), walker.errors
+            )
+            failure.unknown_fields = walker.unknown
+            raise failure
+        return {**obj, **checked}, walker.unknown
 
 
 def _without_meta(schema: dict[str, Any]) -> dict[str, Any]:
