@@ -226,3 +226,58 @@ def test_the_python_client_gets_the_server_default_warn_and_strict_when_it_asks(
         )
     assert refused.value.status == 400
     assert 'strict decoding error: unknown field "spec.scoring.alpah"' in json.loads(refused.value.body)["message"]
+
+
+# ---------------------------------------------------------------------------------------------- names and labels
+
+SUBDOMAIN_MESSAGE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start "
+    "and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+
+
+def test_an_object_name_that_is_not_a_dns_subdomain_is_refused_in_apimachinery_words(api: Stack) -> None:
+    result = api.kubectl("apply", "-f", "-", stdin=pool_yaml("Bad_Name"), check=False)
+    assert result.returncode != 0
+    assert f'metadata.name: Invalid value: "Bad_Name": {SUBDOMAIN_MESSAGE}' in result.stderr
+
+
+def test_a_namespace_name_must_be_a_dns_label(api: Stack) -> None:
+    manifest = "apiVersion: v1\nkind: Namespace\nmetadata: {name: team.a}\n"
+    result = api.kubectl("apply", "-f", "-", stdin=manifest, check=False)
+    assert 'The Namespace "team.a" is invalid: metadata.name: Invalid value: "team.a": must not contain dots' in (
+        result.stderr
+    )
+
+
+def test_label_keys_and_values_and_annotation_keys_are_checked(api: Stack) -> None:
+    api.kubectl("apply", "-f", "-", stdin=pool_yaml("labelled"))
+    key = api.kubectl("label", "inferencepool", "labelled", "-n", "llm", "a/b/c=1", check=False)
+    assert 'metadata.labels: Invalid value: "a/b/c": a qualified name must consist of alphanumeric characters' in (
+        key.stderr
+    )
+    # kubectl checks a value given to `kubectl label` itself (in the same words), so send it in a manifest
+    with_value = pool_yaml("labelled").replace("namespace: llm}", "namespace: llm, labels: {tier: -front}}")
+    value = api.kubectl("apply", "-f", "-", stdin=with_value, check=False)
+    assert (
+        'metadata.labels: Invalid value: "-front": a valid label must be an empty string or consist of '
+        "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character "
+        "(e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is "
+        "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+    ) in value.stderr
+    annotation = api.kubectl("annotate", "inferencepool", "labelled", "-n", "llm", "Team_X/owner=me", check=False)
+    assert 'metadata.annotations: Invalid value: "Team_X/owner": prefix part a lowercase RFC 1123 subdomain' in (
+        annotation.stderr
+    )
+    api.kubectl("label", "inferencepool", "labelled", "-n", "llm", "example.com/tier=front_1")
+    assert stored(api, "labelled", "{.metadata.labels.example\\.com/tier}") == "front_1"
+
+
+def test_generate_name_gets_a_five_character_suffix_and_a_missing_namespace_is_not_found(api: Stack) -> None:
+    manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata: {generateName: settings-, namespace: llm}\n"
+    name = api.kubectl("create", "-f", "-", "-o", "name", stdin=manifest).stdout.strip()
+    assert name.startswith("configmap/settings-")
+    assert len(name.removeprefix("configmap/settings-")) == 5
+    missing = api.kubectl("apply", "-f", "-", stdin=pool_yaml("orphan").replace("llm", "nowhere"), check=False)
+    assert 'namespaces "nowhere" not found' in missing.stderr

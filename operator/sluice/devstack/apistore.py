@@ -34,6 +34,7 @@ from typing import Any
 
 import jsonpatch
 
+from sluice.devstack.apinames import generated_name, metadata_errors
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
 JSON = Any
@@ -81,6 +82,16 @@ class ResourceType:
 
     def api_version(self, version: str) -> str:
         return f"{self.group}/{version}" if self.group else version
+
+    @property
+    def group_resource(self) -> str:
+        """`inferencepools.inference.sluice.dev`, or just `configmaps` in the core group, as errors name resources."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def group_kind(self) -> str:
+        """`InferencePool.inference.sluice.dev`, or `ConfigMap`: how `... is invalid` messages name kinds."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
 
 
 BUILTINS = [
@@ -441,6 +452,28 @@ class Store:
         self._judge_unknown_fields(unknown)
         return checked
 
+    def _check_metadata(self, rtype: ResourceType, meta: dict[str, Any]) -> None:
+        errors = metadata_errors(rtype.key, meta)
+        if errors:
+            raise self._invalid(rtype, meta.get("name") or meta.get("generateName", ""), errors)
+
+    @staticmethod
+    def _invalid(rtype: ResourceType, name: str, errors: list[tuple[str, str, str]]) -> ApiError:
+        """422 Invalid as apimachinery words it: one error bare, several in brackets."""
+        texts = [f"{field_path}: {message}" for field_path, _, message in errors]
+        listed = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+        return ApiError(
+            422,
+            "Invalid",
+            f'{rtype.group_kind} "{name}" is invalid: {listed}',
+            {
+                "name": name,
+                "group": rtype.group,
+                "kind": rtype.kind,
+                "causes": [{"reason": reason, "message": message, "field": path} for path, reason, message in errors],
+            },
+        )
+
     def _judge_unknown_fields(self, paths: list[str]) -> None:
         """`fieldValidation`: Strict refuses unknown fields (400, before any other check), Warn warns, both prune."""
         found = [f'unknown field "{path}"' for path in paths]
@@ -462,7 +495,7 @@ class Store:
             raise ApiError(
                 404,
                 "NotFound",
-                f'{rtype.plural}.{rtype.group or "core"} "{name}" not found',
+                f'{rtype.group_resource} "{name}" not found',
                 {"name": name, "group": rtype.group, "kind": rtype.plural},
             )
         return obj
@@ -497,16 +530,26 @@ class Store:
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta["name"] = generated_name(meta["generateName"])
         name = meta.get("name")
         if not name:
-            raise ApiError(422, "Invalid", f"{rtype.kind} is invalid: metadata.name: Required value: name is required")
+            required = ("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")
+            raise self._invalid(rtype, "", [required])
+        if namespace and rtype.namespaced and meta.get("namespace") not in (None, "", namespace):
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
         ns = (namespace or meta.get("namespace") or "default") if rtype.namespaced else ""
+        if rtype.namespaced and ("", ns) not in self.bucket(self.types[("", "namespaces")]):
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
+        self._check_metadata(rtype, meta)
         if (ns, name) in self.bucket(rtype):
             raise ApiError(
                 409,
                 "AlreadyExists",
-                f'{rtype.plural}.{rtype.group or "core"} "{name}" already exists',
+                f'{rtype.group_resource} "{name}" already exists',
                 {"name": name, "group": rtype.group, "kind": rtype.plural},
             )
         if rtype.has_status and rtype.validated:
@@ -556,7 +599,7 @@ class Store:
             raise ApiError(
                 409,
                 "Conflict",
-                f'Operation cannot be fulfilled on {rtype.plural}.{rtype.group} "{name}": '
+                f'Operation cannot be fulfilled on {rtype.group_resource} "{name}": '
                 "the object has been modified; please apply your changes to the latest version and try again",
                 {"name": name, "group": rtype.group, "kind": rtype.plural},
             )
@@ -579,6 +622,7 @@ class Store:
         candidate["apiVersion"], candidate["kind"] = rtype.api_version(version), rtype.kind
         _fold_string_data(rtype, candidate)
         if subresource != "status":
+            self._check_metadata(rtype, meta)
             candidate = self._validate(rtype, version, candidate, old)
         if candidate == old:
             return old  # a no-op write changes nothing, not even the resourceVersion
@@ -725,7 +769,7 @@ class Store:
                 raise ApiError(
                     409,
                     "Conflict",
-                    f'Operation cannot be fulfilled on {rtype.plural}.{rtype.group or "core"} "{name}": '
+                    f'Operation cannot be fulfilled on {rtype.group_resource} "{name}": '
                     f"Precondition failed: {meta_name} in precondition: {wanted}, {meta_name} in object meta: {actual}",
                     {"name": name, "group": rtype.group, "kind": rtype.plural},
                 )
