@@ -281,3 +281,47 @@ def test_generate_name_gets_a_five_character_suffix_and_a_missing_namespace_is_n
     assert len(name.removeprefix("configmap/settings-")) == 5
     missing = api.kubectl("apply", "-f", "-", stdin=pool_yaml("orphan").replace("llm", "nowhere"), check=False)
     assert 'namespaces "nowhere" not found' in missing.stderr
+
+
+# ---------------------------------------------------------------------------------------------- CEL errors
+
+BAD_STEPS = "  canary: {stableRevision: v1, candidateRevision: v2, steps: [50, 10, 100]}\n"
+
+
+def refusal(api: Stack, name: str, extra_spec: str, port: str = "8000") -> str:
+    manifest = pool_yaml(name, extra_spec).replace("targetPort: 8000", f"targetPort: {port}")
+    result = api.kubectl("apply", "-f", "-", stdin=manifest, check=False)
+    assert result.returncode != 0
+    assert stored(api, name) is None
+    return result.stderr
+
+
+def test_a_rule_failing_on_a_string_names_the_schema_type_as_the_value(api: Stack) -> None:
+    stderr = refusal(api, "fast", "  interval: 500ms\n")
+    assert 'is invalid: spec.interval: Invalid value: "string": interval must be at least 1s' in stderr
+
+
+def test_a_rule_that_cannot_evaluate_is_worded_as_cel_go_and_kube_apiserver_word_it(api: Stack) -> None:
+    # A pattern error does not block CEL in kube-apiserver, so the rule runs and its conversion fails.
+    stderr = refusal(api, "slow", "  interval: five seconds\n")
+    assert 'spec.interval: Invalid value: "five seconds": spec.interval in body should match' in stderr
+    assert (
+        "* spec.interval: Invalid value: \"string\": type conversion error from 'string' to "
+        "'google.protobuf.Duration' evaluating rule: interval must be at least 1s"
+    ) in stderr
+    assert "overflow" not in stderr
+    assert "rule evaluation error" not in stderr
+
+
+def test_a_blocking_schema_error_skips_every_rule_with_the_api_servers_notice(api: Stack) -> None:
+    stderr = refusal(api, "typed", "  engine: tgx\n" + BAD_STEPS)
+    assert '* spec.engine: Unsupported value: "tgx": supported values: "vllm"' in stderr
+    assert (
+        '* <nil>: Invalid value: "null": some validation rules were not checked because the object was invalid; '
+        "correct the existing errors to complete validation"
+    ) in stderr
+    assert "strictly increasing" not in stderr  # the canary rule was not run
+    stderr = refusal(api, "typed", BAD_STEPS, port="eighty")
+    assert '* spec.targetPort: Invalid value: "string": spec.targetPort in body must be of type integer: "string"' in (
+        stderr
+    )

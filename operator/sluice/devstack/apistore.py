@@ -40,6 +40,17 @@ from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 JSON = Any
 
 
+# metav1.CauseType of each field error kind, as the Status details of a 422 name them.
+_CAUSE_TYPES = {
+    "Required value": "FieldValueRequired",
+    "Unsupported value": "FieldValueNotSupported",
+    "Too long": "FieldValueTooLong",
+    "Too many": "FieldValueTooMany",
+    "Forbidden": "FieldValueForbidden",
+    "unknown field": "FieldValueUnknown",
+}
+
+
 class ApiError(Exception):
     """An error the API server answers with a Status object."""
 
@@ -432,7 +443,7 @@ class Store:
             self._judge_unknown_fields(failure.unknown_fields)
             causes = [
                 {
-                    "reason": "FieldValueInvalid" if e.kind != "unknown field" else "FieldValueUnknown",
+                    "reason": _CAUSE_TYPES.get(e.kind, "FieldValueInvalid"),
                     "message": f"{e.kind}: {e.detail}" if e.kind != "unknown field" else str(e),
                     "field": e.path,
                 }
