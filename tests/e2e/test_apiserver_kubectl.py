@@ -325,3 +325,46 @@ def test_a_blocking_schema_error_skips_every_rule_with_the_api_servers_notice(ap
     assert '* spec.targetPort: Invalid value: "string": spec.targetPort in body must be of type integer: "string"' in (
         stderr
     )
+
+
+# ---------------------------------------------------------------------------------------------- size
+
+
+def envoy_filter(name: str, blob_bytes: int) -> str:
+    patch = {"applyTo": "HTTP_FILTER", "patch": {"operation": "MERGE", "value": {"blob": "x" * blob_bytes}}}
+    return json.dumps(
+        {
+            "apiVersion": "networking.istio.io/v1alpha3",
+            "kind": "EnvoyFilter",
+            "metadata": {"name": name, "namespace": "llm"},
+            "spec": {"configPatches": [patch]},
+        }
+    )
+
+
+def test_an_object_over_etcds_request_limit_is_refused_with_etcds_error_but_a_dry_run_passes(api: Stack) -> None:
+    big = envoy_filter("big", 1_600_000)  # over 1.5 MiB stored, under the 3 MiB body limit
+    refused = api.kubectl("create", "-f", "-", stdin=big, check=False)
+    assert refused.returncode != 0
+    assert 'Error from server: error when creating "STDIN": etcdserver: request is too large' in refused.stderr
+    dry = api.kubectl("create", "--dry-run=server", "-f", "-", stdin=big)
+    assert "envoyfilter.networking.istio.io/big created (server dry run)" in dry.stdout
+
+
+def test_a_request_body_over_3_mib_is_refused_with_413(api: Stack) -> None:
+    refused = api.kubectl("create", "-f", "-", stdin=envoy_filter("huge", 3_200_000), check=False)
+    assert "Error from server (RequestEntityTooLarge)" in refused.stderr
+    assert "Request entity too large: limit is 3145728" in refused.stderr
+
+
+def test_config_map_data_over_1_mib_is_invalid(api: Stack) -> None:
+    config = json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "big", "namespace": "llm"},
+            "data": {"a": "y" * 1_100_000},
+        }
+    )
+    refused = api.kubectl("create", "-f", "-", stdin=config, check=False)
+    assert 'The ConfigMap "big" is invalid: []: Too long: must have at most 1048576 bytes' in refused.stderr

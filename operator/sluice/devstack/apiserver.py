@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp.test_utils
 import aiohttp.web
 import attrs
 import kmock
@@ -42,6 +43,8 @@ from sluice.devstack.apistore import (
 )
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+# kube-apiserver's MaxRequestBodyBytes: twice etcd's 1.5 MiB, because JSON is larger than the stored protobuf.
+MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
 
 _kmock_parse_path = kmock_parsing.parse_path
 
@@ -61,6 +64,21 @@ def _parse_path(path: str) -> Any:
 
 
 kmock_parsing.parse_path = _parse_path
+
+
+class _HttpServer(aiohttp.test_utils.RawTestServer):
+    """kmock's HTTP server, reading bodies past aiohttp's 1 MiB default so the API's own limit decides."""
+
+    async def _make_runner(self, debug: bool = True, **kwargs: Any) -> aiohttp.web.ServerRunner:
+        loop = asyncio.get_running_loop()
+
+        def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> aiohttp.web.BaseRequest:
+            return aiohttp.web.BaseRequest(
+                message, payload, protocol, writer, task, loop, client_max_size=4 * MAX_REQUEST_BODY_BYTES
+            )
+
+        server = aiohttp.web.Server(self._handler, loop=loop, debug=debug, request_factory=make_request, **kwargs)
+        return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
 
 
 @attrs.define(kw_only=True)
@@ -187,6 +205,11 @@ class ApiServer(kmock.KubernetesScaffold):
             return await super()._handle(request)  # discovery, /version, unknown paths
         raw = request._raw_request
         self._trim_request_history()
+        if len(request.body) > MAX_REQUEST_BODY_BYTES:
+            too_large = ApiError(
+                413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BODY_BYTES}"
+            )
+            return aiohttp.web.json_response(too_large.status(), status=413)
         try:
             rtype = self.store.find_type(resource.group or "", resource.plural)
             if resource.version not in rtype.versions:
@@ -444,7 +467,7 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with server, kmock.Server(server, host="127.0.0.1", port=args.port) as http:
+    async with server, kmock.Server(server, host="127.0.0.1", port=args.port, server_cls=_HttpServer) as http:
         url = f"http://127.0.0.1:{http.port}"
         write_kubeconfig(Path(args.kubeconfig), url)
         print(f"ready {url}", flush=True)

@@ -34,6 +34,7 @@ from typing import Any
 
 import jsonpatch
 
+from sluice.devstack.apilimits import data_size_errors, exceeds_etcd_limit
 from sluice.devstack.apinames import generated_name, metadata_errors
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
@@ -65,9 +66,10 @@ class ApiError(Exception):
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         }
+        if self.reason:  # omitted, as metav1.Status omits an empty reason
+            body["reason"] = self.reason
         if self.details:
             body["details"] = self.details
         return body
@@ -366,6 +368,7 @@ class Store:
         # Per request, set by the HTTP layer: how unknown fields are judged, and the warnings to send back.
         self.field_validation = "Warn"
         self.warnings: list[str] = []
+        self.dry = False  # inside dry_run(): nothing reaches storage, so storage limits do not apply
         # Server-side apply: which field paths each (object, manager, subresource) applied last time.
         self.owned: dict[tuple[Any, ...], set[tuple[str, ...]]] = {}
 
@@ -416,9 +419,11 @@ class Store:
             dict(self.types),
             self.schemas.snapshot(),
         )
+        self.dry = True
         try:
             yield
         finally:
+            self.dry = False
             objects, owned, log, revision, types, schemas = saved
             self.objects, self.owned, self.revision, self.types = objects, owned, revision, types
             self.log.clear()
@@ -463,10 +468,15 @@ class Store:
         self._judge_unknown_fields(unknown)
         return checked
 
-    def _check_metadata(self, rtype: ResourceType, meta: dict[str, Any]) -> None:
-        errors = metadata_errors(rtype.key, meta)
+    def _check_metadata(self, rtype: ResourceType, meta: dict[str, Any], obj: dict[str, Any]) -> None:
+        errors = metadata_errors(rtype.key, meta) + data_size_errors(rtype.key, obj)
         if errors:
             raise self._invalid(rtype, meta.get("name") or meta.get("generateName", ""), errors)
+
+    def _check_storable(self, obj: dict[str, Any]) -> None:
+        if not self.dry and exceeds_etcd_limit(obj):
+            # kube-apiserver passes etcd's error on as it is: a 500 without a reason.
+            raise ApiError(500, "", "etcdserver: request is too large")
 
     @staticmethod
     def _invalid(rtype: ResourceType, name: str, errors: list[tuple[str, str, str]]) -> ApiError:
@@ -555,7 +565,7 @@ class Store:
         ns = (namespace or meta.get("namespace") or "default") if rtype.namespaced else ""
         if rtype.namespaced and ("", ns) not in self.bucket(self.types[("", "namespaces")]):
             raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
-        self._check_metadata(rtype, meta)
+        self._check_metadata(rtype, meta, obj)
         if (ns, name) in self.bucket(rtype):
             raise ApiError(
                 409,
@@ -587,6 +597,7 @@ class Store:
                 }
             ]
         obj["apiVersion"], obj["kind"] = rtype.api_version(version), rtype.kind
+        self._check_storable(obj)
         self.bucket(rtype)[(ns, name)] = obj
         self._record(rtype, "ADDED", obj)
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
@@ -633,7 +644,7 @@ class Store:
         candidate["apiVersion"], candidate["kind"] = rtype.api_version(version), rtype.kind
         _fold_string_data(rtype, candidate)
         if subresource != "status":
-            self._check_metadata(rtype, meta)
+            self._check_metadata(rtype, meta, candidate)
             candidate = self._validate(rtype, version, candidate, old)
         if candidate == old:
             return old  # a no-op write changes nothing, not even the resourceVersion
@@ -643,6 +654,7 @@ class Store:
         finalizers = meta.get("finalizers") or []
         if meta.get("deletionTimestamp") and not finalizers:
             return self._remove(rtype, candidate)
+        self._check_storable(candidate)
         self.bucket(rtype)[(old["metadata"].get("namespace", ""), name)] = candidate
         self._record(rtype, "MODIFIED", candidate)
         return candidate
