@@ -88,6 +88,8 @@ class ApiServer(kmock.KubernetesScaffold):
     audit_path: Path | None = None
     changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
     openapi_cache: dict[str, Any] = attrs.field(factory=dict)
+    # kube-apiserver sends a watch bookmark about once a minute to clients that allow them.
+    bookmark_interval: float = 60.0
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -344,14 +346,19 @@ class ApiServer(kmock.KubernetesScaffold):
         """One write, answered with the object and the HTTP code; the caller decides whether it is kept."""
         store, params = self.store, request.params
         manager = params.get("fieldManager", "")
+        content_type = request.headers.get("Content-Type", "application/merge-patch+json")
+        if not manager and not content_type.startswith("application/apply-patch"):
+            # kube-apiserver names an update's manager after the client's User-Agent product (up to the "/").
+            manager = request.headers.get("User-Agent", "").split("/", 1)[0][:128]
         if verb == "create":
             body = self._json_body(request)
             return store.create(rtype, version, namespace, body, manager), 201
         if verb == "update":
             body = self._json_body(request)
-            return store.replace(rtype, version, namespace, request.name, body, request.subresource), 200
+            return store.replace(
+                rtype, version, namespace, request.name, body, request.subresource, manager=manager
+            ), 200
         if verb == "patch":
-            content_type = request.headers.get("Content-Type", "application/merge-patch+json")
             force = params.get("force") in ("true", "1")
             obj = store.patch(
                 rtype, version, namespace, request.name, content_type, request.body, request.subresource, manager, force
@@ -390,6 +397,8 @@ class ApiServer(kmock.KubernetesScaffold):
         version = request.resource.version
         timeout = float(params.get("timeoutSeconds", "1800"))
         since = params.get("resourceVersion", "")
+        if since not in ("", "0") and not since.isdigit():
+            raise ApiError(400, "BadRequest", f'invalid resource version "{since}"')
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(raw)
 
@@ -405,32 +414,45 @@ class ApiServer(kmock.KubernetesScaffold):
             line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
             await response.write(line.encode())
 
+        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+
+        async def bookmark(annotations: dict[str, str] | None = None) -> None:
+            # A bookmark carries only the kind and the resourceVersion the watcher has now seen everything up to.
+            meta: dict[str, Any] = {"resourceVersion": str(self.store.revision)}
+            if annotations:
+                meta["annotations"] = annotations
+            await send("BOOKMARK", {"kind": rtype.kind, "metadata": meta})
+
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            if since in ("", "0"):
+            if since in ("", "0") or params.get("sendInitialEvents") in ("true", "1"):
                 last = self.store.revision
                 for obj in self.store.select(rtype, namespace, labels, fields):
                     if visible(obj):
                         await send("ADDED", obj)
+                if bookmarks and params.get("sendInitialEvents") in ("true", "1"):
+                    await bookmark({"k8s.io/initial-events-end": "true"})
             else:
-                try:
-                    last = int(since)
-                except ValueError:
-                    last = self.store.revision
+                last = int(since)
                 try:
                     self.store.events_since(rtype, last)
                 except ApiError as expired:
                     await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
                     return response
+            next_bookmark = loop.time() + self.bookmark_interval
             while loop.time() < deadline:
                 for event in self.store.events_since(rtype, last):
                     last = event.resource_version
                     if visible(event.obj):
                         await send(event.type, event.obj)
+                if bookmarks and loop.time() >= next_bookmark:
+                    await bookmark()
+                    next_bookmark = loop.time() + self.bookmark_interval
+                wait = min(5.0, deadline - loop.time(), next_bookmark - loop.time() if bookmarks else 5.0)
                 async with self.changed:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.0, min(5.0, deadline - loop.time())))
+                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.0, wait))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         with contextlib.suppress(ConnectionResetError):
@@ -457,7 +479,11 @@ def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    server = ApiServer(audit_path=Path(args.audit_log) if args.audit_log else None)
+    server = ApiServer(
+        audit_path=Path(args.audit_log) if args.audit_log else None,
+        store=Store(history=args.watch_history),
+        bookmark_interval=args.bookmark_interval,
+    )
     for crd in args.crd:
         server.load_crds(Path(crd))
     for namespace in args.namespace:
@@ -483,6 +509,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--crd", action="append", default=[], help="CRD file(s) to register at start (repeatable)")
     parser.add_argument("--namespace", action="append", default=["default"], help="namespaces to create at start")
     parser.add_argument("--audit-log", help="append one JSON line per request here")
+    parser.add_argument(
+        "--watch-history", type=int, default=20000, help="events kept for watches from a resourceVersion (older: 410)"
+    )
+    parser.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks")
     args = parser.parse_args(argv)
     try:
         asyncio.run(serve(args))

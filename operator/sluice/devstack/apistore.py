@@ -36,6 +36,15 @@ import jsonpatch
 
 from sluice.devstack.apilimits import data_size_errors, exceeds_etcd_limit
 from sluice.devstack.apinames import generated_name, metadata_errors
+from sluice.devstack.apiownership import (
+    Manager,
+    Ownership,
+    conflict_message,
+    deep_apply,
+    last_applied_fields,
+    owned_leaves,
+    remove_path,
+)
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
 JSON = Any
@@ -156,52 +165,6 @@ def merge_patch(target: JSON, patch: JSON) -> JSON:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
-
-
-def _leaf_paths(value: JSON, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    """Field paths a server-side-apply configuration sets; lists are atomic (Istio's and ours are)."""
-    if isinstance(value, dict) and value:
-        out: set[tuple[str, ...]] = set()
-        for key, child in value.items():
-            out |= _leaf_paths(child, (*prefix, key))
-        return out
-    return {prefix}
-
-
-def fields_v1(paths: set[tuple[str, ...]]) -> dict[str, Any]:
-    """The managedFields FieldsV1 set for these field paths: {"f:spec": {"f:a": {}}}."""
-    root: dict[str, Any] = {}
-    for path in paths:
-        node = root
-        for key in path:
-            node = node.setdefault(f"f:{key}", {})
-    return root
-
-
-def _remove_path(obj: dict[str, Any], path: tuple[str, ...]) -> None:
-    node: Any = obj
-    for key in path[:-1]:
-        if not isinstance(node, dict) or key not in node:
-            return
-        node = node[key]
-    if isinstance(node, dict):
-        node.pop(path[-1], None)
-    # Drop objects left empty by the removal, as the API server prunes them.
-    for depth in range(len(path) - 1, 0, -1):
-        parent: Any = obj
-        for key in path[: depth - 1]:
-            parent = parent.get(key, {}) if isinstance(parent, dict) else {}
-        child = parent.get(path[depth - 1]) if isinstance(parent, dict) else None
-        if isinstance(child, dict) and not child:
-            parent.pop(path[depth - 1], None)
-
-
-def _deep_apply(target: dict[str, Any], applied: dict[str, Any]) -> None:
-    for key, value in applied.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _deep_apply(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
 
 
 # ------------------------------------------------------------------------------------------------ selectors
@@ -369,8 +332,7 @@ class Store:
         self.field_validation = "Warn"
         self.warnings: list[str] = []
         self.dry = False  # inside dry_run(): nothing reaches storage, so storage limits do not apply
-        # Server-side apply: which field paths each (object, manager, subresource) applied last time.
-        self.owned: dict[tuple[Any, ...], set[tuple[str, ...]]] = {}
+        self.ownership = Ownership()  # managedFields: who owns which fields of each object
 
     # ---- types
 
@@ -413,7 +375,7 @@ class Store:
         """`dryRun=All`: run the write through every check and default, then put the store back as it was."""
         saved = (
             copy.deepcopy(self.objects),
-            copy.deepcopy(self.owned),
+            copy.deepcopy(self.ownership.managers),
             list(self.log),
             self.revision,
             dict(self.types),
@@ -425,7 +387,7 @@ class Store:
         finally:
             self.dry = False
             objects, owned, log, revision, types, schemas = saved
-            self.objects, self.owned, self.revision, self.types = objects, owned, revision, types
+            self.objects, self.ownership.managers, self.revision, self.types = objects, owned, revision, types
             self.log.clear()
             self.log.extend(log)
             self.schemas.restore(schemas)
@@ -534,7 +496,8 @@ class Store:
 
     def events_since(self, rtype: ResourceType, resource_version: int) -> list[WatchEvent]:
         if self.log and resource_version < self.log[0].resource_version - 1 and len(self.log) == self.log.maxlen:
-            raise ApiError(410, "Expired", f"too old resource version: {resource_version}")
+            oldest = self.log[0].resource_version - 1
+            raise ApiError(410, "Expired", f"too old resource version: {resource_version} ({oldest})")
         return [e for e in self.log if e.key == rtype.key and e.resource_version > resource_version]
 
     # ---- writes
@@ -546,8 +509,9 @@ class Store:
         namespace: str | None,
         body: dict[str, Any],
         manager: str = "",
-        managed: dict[str, Any] | None = None,
+        applied: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """Store a new object; `applied` is the configuration when server-side apply creates it."""
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
@@ -583,19 +547,16 @@ class Store:
         meta.update(
             uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1, resourceVersion=str(self._bump())
         )
-        if managed is not None:
-            meta["managedFields"] = [managed]
-        elif manager:
-            meta["managedFields"] = [
-                {
-                    "manager": manager,
-                    "operation": "Update",
-                    "apiVersion": rtype.api_version(version),
-                    "time": now_rfc3339(),
-                    "fieldsType": "FieldsV1",
-                    "fieldsV1": fields_v1(_leaf_paths(self._spec_part(obj))),
-                }
-            ]
+        object_key = (rtype.key, ns, name)
+        if manager:
+            operation = "Apply" if applied is not None else "Update"
+            creator = Manager(manager, operation, rtype.api_version(version), time=now_rfc3339())
+            self.ownership.record_create(
+                object_key, creator, owned_leaves(applied if applied is not None else obj, None)
+            )
+        else:
+            self.ownership.forget(object_key)
+        meta["managedFields"] = self.ownership.render(object_key)
         obj["apiVersion"], obj["kind"] = rtype.api_version(version), rtype.kind
         self._check_storable(obj)
         self.bucket(rtype)[(ns, name)] = obj
@@ -613,8 +574,13 @@ class Store:
         new: dict[str, Any],
         subresource: str | None = None,
         check_version: bool = True,
+        manager: str = "",
+        operation: str = "Update",
     ) -> dict[str, Any]:
-        """Write `new` as the object's next state: the common path of PUT, PATCH and apply."""
+        """Write `new` as the object's next state: the common path of PUT, PATCH and apply.
+
+        `manager` owns what an update changes; for an apply (`operation="Apply"`) the caller keeps the books.
+        """
         old = self.get(rtype, namespace, name)
         wanted = new.get("metadata", {}).get("resourceVersion")
         if check_version and wanted and wanted != old["metadata"]["resourceVersion"]:
@@ -641,11 +607,22 @@ class Store:
                 meta[key] = old["metadata"][key]
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         meta["generation"] = old["metadata"].get("generation", 1)
+        # A write without managedFields keeps them; one with different managedFields sets them.
+        written_fields = meta.get("managedFields")
+        meta["managedFields"] = copy.deepcopy(old["metadata"].get("managedFields", []))
         candidate["apiVersion"], candidate["kind"] = rtype.api_version(version), rtype.kind
         _fold_string_data(rtype, candidate)
         if subresource != "status":
             self._check_metadata(rtype, meta, candidate)
             candidate = self._validate(rtype, version, candidate, old)
+        object_key = (rtype.key, old["metadata"].get("namespace", ""), name)
+        owners_before = self.ownership.snapshot(object_key)
+        if written_fields not in (None, old["metadata"].get("managedFields", [])):
+            self.ownership.load(object_key, written_fields or [])
+        elif operation == "Update" and manager:
+            updater = Manager(manager, "Update", rtype.api_version(version), subresource or "", now_rfc3339())
+            self.ownership.record_update(object_key, updater, old, candidate)
+        meta["managedFields"] = self.ownership.render(object_key)
         if candidate == old:
             return old  # a no-op write changes nothing, not even the resourceVersion
         if self._spec_part(candidate) != self._spec_part(old):
@@ -654,7 +631,11 @@ class Store:
         finalizers = meta.get("finalizers") or []
         if meta.get("deletionTimestamp") and not finalizers:
             return self._remove(rtype, candidate)
-        self._check_storable(candidate)
+        try:
+            self._check_storable(candidate)
+        except ApiError:
+            self.ownership.restore(object_key, owners_before)
+            raise
         self.bucket(rtype)[(old["metadata"].get("namespace", ""), name)] = candidate
         self._record(rtype, "MODIFIED", candidate)
         return candidate
@@ -673,7 +654,7 @@ class Store:
     ) -> dict[str, Any]:
         kind = content_type.split(";", maxsplit=1)[0].strip()
         if kind == "application/apply-patch+yaml":
-            return self.apply(rtype, version, namespace, name, body, subresource, manager)
+            return self.apply(rtype, version, namespace, name, body, subresource, manager, force)
         old = self.get(rtype, namespace, name)
         try:
             document = json.loads(body or b"{}")
@@ -688,7 +669,8 @@ class Store:
                 ) from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as failure:
                 raise ApiError(422, "Invalid", f"invalid JSON patch: {failure}") from None
-            return self.replace(rtype, version, namespace, name, new, subresource, check_version=False)
+            # The patched object's resourceVersion is a precondition: a patch that sets a stale one conflicts.
+            return self.replace(rtype, version, namespace, name, new, subresource, manager=manager)
         if kind == "application/strategic-merge-patch+json" and rtype.validated:
             raise ApiError(
                 415,
@@ -698,10 +680,7 @@ class Store:
             )
         if kind in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json"):
             new = merge_patch(old, document)
-            precondition = (document.get("metadata") or {}).get("resourceVersion")
-            return self.replace(
-                rtype, version, namespace, name, new, subresource, check_version=precondition is not None
-            )
+            return self.replace(rtype, version, namespace, name, new, subresource, manager=manager)
         raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {kind}")
 
     def apply(
@@ -713,8 +692,9 @@ class Store:
         body: bytes,
         subresource: str | None,
         manager: str,
+        force: bool,
     ) -> dict[str, Any]:
-        """Server-side apply: the manager's applied fields are set; fields it applied before and dropped are removed."""
+        """Server-side apply, with conflicts against the fields other managers own (see `apiownership`)."""
         import yaml  # noqa: PLC0415 - only this path needs it
 
         if not manager:
@@ -726,61 +706,57 @@ class Store:
         applied = yaml.safe_load(body) or {}
         bucket = self.bucket(rtype)
         ns = (namespace or "") if rtype.namespaced else ""
-        owned_key = f"{manager}/{subresource or 'main'}"
         if (ns, name) not in bucket:
             if subresource:
                 self.get(rtype, namespace, name)
-            entry = self._managed_entry(rtype, version, manager, applied, subresource)
-            created = self.create(rtype, version, namespace, applied, manager, managed=entry)
-            self.owned[(rtype.key, ns, name, owned_key)] = _leaf_paths(self._spec_or_status(applied, subresource))
-            return created
+            return self.create(rtype, version, namespace, applied, manager, applied=applied)
         old = bucket[(ns, name)]
-        new = copy.deepcopy(old)
-        previous = self.owned.get((rtype.key, ns, name, owned_key), set())
-        now_owned = _leaf_paths(self._spec_or_status(applied, subresource))
-        for path in previous - now_owned:
-            _remove_path(new, path)
-        _deep_apply(new, self._spec_or_status(applied, subresource))
-        labels = (applied.get("metadata") or {}).get("labels")
-        annotations = (applied.get("metadata") or {}).get("annotations")
-        owners = (applied.get("metadata") or {}).get("ownerReferences")
-        if labels:
-            new["metadata"].setdefault("labels", {}).update(labels)
-        if annotations:
-            new["metadata"].setdefault("annotations", {}).update(annotations)
-        if owners is not None:
-            new["metadata"]["ownerReferences"] = owners
-        entries = [e for e in new["metadata"].get("managedFields", []) if e.get("manager") != manager]
-        entries.append(self._managed_entry(rtype, version, manager, applied, subresource))
-        new["metadata"]["managedFields"] = entries
-        result = self.replace(rtype, version, namespace, name, new, subresource, check_version=False)
-        self.owned[(rtype.key, ns, name, owned_key)] = now_owned
-        return result
+        object_key = (rtype.key, ns, name)
+        applier = Manager(manager, "Apply", rtype.api_version(version), subresource or "", now_rfc3339())
+        conflicts = self.ownership.conflicts(object_key, applier, applied, old)
+        if conflicts and manager == "kubectl":
+            # fieldmanager's lastAppliedManager: kubectl's server-side apply takes over, without conflict, the
+            # fields its client-side apply set (those in the last-applied annotation).
+            allowed = last_applied_fields(old)
+            conflicts = [c for c in conflicts if not any(c.path[: len(p)] == p for p in allowed)]
+            force = force or not conflicts
+        if conflicts and not force:
+            causes = [
+                {
+                    "reason": "FieldManagerConflict",
+                    "message": f"conflict with {c.manager.printed()}",
+                    "field": c.field_path,
+                }
+                for c in conflicts
+            ]
+            raise ApiError(409, "Conflict", conflict_message(conflicts), {"causes": causes})
+        saved = self.ownership.snapshot(object_key)
+        try:
+            dropped = self.ownership.record_apply(object_key, applier, owned_leaves(applied, subresource), force)
+            new = copy.deepcopy(old)
+            for path in dropped:
+                remove_path(new, path)
+            deep_apply(new, self._spec_or_status(applied, subresource))
+            meta = applied.get("metadata") or {}
+            for key in ("labels", "annotations"):
+                if meta.get(key):
+                    new["metadata"].setdefault(key, {}).update(meta[key])
+            for key in ("ownerReferences", "finalizers"):
+                if meta.get(key) is not None:
+                    new["metadata"][key] = meta[key]
+            new["metadata"].pop("managedFields", None)
+            return self.replace(
+                rtype, version, namespace, name, new, subresource, check_version=False, operation="Apply"
+            )
+        except ApiError:
+            self.ownership.restore(object_key, saved)
+            raise
 
     @staticmethod
     def _spec_or_status(applied: dict[str, Any], subresource: str | None) -> dict[str, Any]:
         if subresource == "status":
             return {"status": applied.get("status", {})}
         return {k: v for k, v in applied.items() if k not in ("metadata", "apiVersion", "kind", "status")}
-
-    def _managed_entry(
-        self, rtype: ResourceType, version: str, manager: str, applied: dict[str, Any], subresource: str | None
-    ) -> dict[str, Any]:
-        owned = _leaf_paths(self._spec_or_status(applied, subresource))
-        meta = applied.get("metadata") or {}
-        for part in ("labels", "annotations"):
-            owned |= {("metadata", part, key) for key in (meta.get(part) or {})}
-        entry = {
-            "manager": manager,
-            "operation": "Apply",
-            "apiVersion": rtype.api_version(version),
-            "time": now_rfc3339(),
-            "fieldsType": "FieldsV1",
-            "fieldsV1": fields_v1(owned),
-        }
-        if subresource:
-            entry["subresource"] = subresource
-        return entry
 
     def delete(
         self, rtype: ResourceType, namespace: str | None, name: str, preconditions: dict[str, str] | None = None
@@ -813,10 +789,7 @@ class Store:
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = str(self._bump())
         self._record(rtype, "DELETED", gone)
-        for key in [
-            k for k in self.owned if k[0] == rtype.key and k[1] == meta.get("namespace", "") and k[2] == meta["name"]
-        ]:
-            self.owned.pop(key, None)
+        self.ownership.forget((rtype.key, meta.get("namespace", ""), meta["name"]))
         self._collect_garbage(meta["uid"])
         return gone
 

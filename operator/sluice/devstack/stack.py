@@ -98,6 +98,7 @@ class Stack:
         self.operator: subprocess.Popen[bytes] | None = None
         self.operator_args: list[str] = []
         self._kubelet_stop = asyncio.Event()
+        self.apiserver_args: list[str] = []  # extra `sluice.devstack.apiserver` options (e.g. a small watch history)
         self.core: k8s.CoreV1Api | None = None
         self.custom: k8s.CustomObjectsApi | None = None
 
@@ -163,6 +164,7 @@ class Stack:
         ]
         for crd in crds:
             args += ["--crd", crd]
+        args += self.apiserver_args
         log_path = self.workdir / "apiserver.log"
         log_path.unlink(missing_ok=True)
         process = self._spawn(args, "apiserver.log")
