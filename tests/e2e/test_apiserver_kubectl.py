@@ -368,3 +368,21 @@ def test_config_map_data_over_1_mib_is_invalid(api: Stack) -> None:
     )
     refused = api.kubectl("create", "-f", "-", stdin=config, check=False)
     assert 'The ConfigMap "big" is invalid: []: Too long: must have at most 1048576 bytes' in refused.stderr
+
+
+# ---------------------------------------------------------------------------------------------- protobuf bodies
+
+
+def test_kubectl_create_sends_protobuf_for_built_in_kinds_and_the_emulator_reads_it(api: Stack) -> None:
+    created = api.kubectl("create", "namespace", "team-proto", "-v=8")
+    assert "Content-Type: application/vnd.kubernetes.protobuf" in created.stderr
+    api.kubectl("create", "configmap", "proto-cm", "-n", "team-proto", "--from-literal=mode=fast")
+    api.kubectl("create", "secret", "generic", "proto-secret", "-n", "team-proto", "--from-literal=token=s3cr3t")
+    api.kubectl("label", "configmap", "proto-cm", "-n", "team-proto", "tier=front")
+    config = json.loads(api.kubectl("get", "configmap", "proto-cm", "-n", "team-proto", "-o", "json").stdout)
+    assert config["data"] == {"mode": "fast"}
+    assert config["metadata"]["labels"] == {"tier": "front"}
+    secret = json.loads(api.kubectl("get", "secret", "proto-secret", "-n", "team-proto", "-o", "json").stdout)
+    assert secret["data"] == {"token": "czNjcjN0"}
+    deleted = api.kubectl("delete", "namespace", "team-proto", "--dry-run=server")
+    assert "(server dry run)" in deleted.stdout

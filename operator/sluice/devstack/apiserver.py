@@ -32,7 +32,7 @@ import yaml
 from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
-from sluice.devstack import apiopenapi
+from sluice.devstack import apiopenapi, apiprotobuf
 from sluice.devstack.apistore import (
     ApiError,
     ResourceType,
@@ -66,6 +66,14 @@ def _parse_path(path: str) -> Any:
 kmock_parsing.parse_path = _parse_path
 
 
+class _Request(aiohttp.web.BaseRequest):
+    """A request whose text never fails: kmock decodes every body, and protobuf bodies are not UTF-8."""
+
+    async def text(self) -> str:
+        body = await self.read()
+        return body.decode(self.charset or "utf-8", errors="replace")
+
+
 class _HttpServer(aiohttp.test_utils.RawTestServer):
     """kmock's HTTP server, reading bodies past aiohttp's 1 MiB default so the API's own limit decides."""
 
@@ -73,9 +81,7 @@ class _HttpServer(aiohttp.test_utils.RawTestServer):
         loop = asyncio.get_running_loop()
 
         def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> aiohttp.web.BaseRequest:
-            return aiohttp.web.BaseRequest(
-                message, payload, protocol, writer, task, loop, client_max_size=4 * MAX_REQUEST_BODY_BYTES
-            )
+            return _Request(message, payload, protocol, writer, task, loop, client_max_size=4 * MAX_REQUEST_BODY_BYTES)
 
         server = aiohttp.web.Server(self._handler, loop=loop, debug=debug, request_factory=make_request, **kwargs)
         return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
@@ -318,6 +324,11 @@ class ApiServer(kmock.KubernetesScaffold):
         """kubectl and client-go send DELETE's options (dryRun, preconditions, propagation) as a body."""
         if not request.body:
             return {}
+        if request.headers.get("Content-Type", "").startswith(apiprotobuf.CONTENT_TYPE):
+            try:
+                return apiprotobuf.decode(request.body)
+            except apiprotobuf.ProtobufError as failure:
+                raise ApiError(415, "UnsupportedMediaType", str(failure)) from None
         try:
             options = json.loads(request.body)
         except json.JSONDecodeError:
@@ -371,6 +382,11 @@ class ApiServer(kmock.KubernetesScaffold):
 
     @staticmethod
     def _json_body(request: Any) -> dict[str, Any]:
+        if request.headers.get("Content-Type", "").startswith(apiprotobuf.CONTENT_TYPE):
+            try:
+                return apiprotobuf.decode(request.body)
+            except apiprotobuf.ProtobufError as failure:
+                raise ApiError(415, "UnsupportedMediaType", str(failure)) from None
         try:
             body = json.loads(request.body or b"{}")
         except json.JSONDecodeError as failure:

@@ -126,6 +126,25 @@ BUILTINS = [
     ResourceType("", ["v1"], "serviceaccounts", "ServiceAccount", True, "serviceaccount", ["sa"]),
     ResourceType("events.k8s.io", ["v1"], "events", "Event", True, "event", ["ev"]),
     ResourceType("coordination.k8s.io", ["v1"], "leases", "Lease", True, "lease"),
+    # what the Helm chart renders, and RBAC, which the emulator enforces
+    ResourceType("apps", ["v1"], "deployments", "Deployment", True, "deployment", ["deploy"], ["all"], has_status=True),
+    ResourceType(
+        "policy",
+        ["v1"],
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        True,
+        "poddisruptionbudget",
+        ["pdb"],
+        has_status=True,
+    ),
+    ResourceType("networking.k8s.io", ["v1"], "networkpolicies", "NetworkPolicy", True, "networkpolicy", ["netpol"]),
+    ResourceType("rbac.authorization.k8s.io", ["v1"], "roles", "Role", True, "role"),
+    ResourceType("rbac.authorization.k8s.io", ["v1"], "rolebindings", "RoleBinding", True, "rolebinding"),
+    ResourceType("rbac.authorization.k8s.io", ["v1"], "clusterroles", "ClusterRole", False, "clusterrole"),
+    ResourceType(
+        "rbac.authorization.k8s.io", ["v1"], "clusterrolebindings", "ClusterRoleBinding", False, "clusterrolebinding"
+    ),
     ResourceType(
         "apiextensions.k8s.io",
         ["v1"],
