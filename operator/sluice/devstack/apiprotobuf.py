@@ -147,7 +147,28 @@ OBJECT_META: Schema = {
     13: ("ownerReferences", _message(OWNER_REFERENCE), True),
     14: ("finalizers", _string, True),
 }
+POLICY_RULE: Schema = {
+    1: ("verbs", _string, True),
+    2: ("apiGroups", _string, True),
+    3: ("resources", _string, True),
+    4: ("resourceNames", _string, True),
+    5: ("nonResourceURLs", _string, True),
+}
+SUBJECT: Schema = {1: ("kind", _string, False), 2: ("apiGroup", _string, False), 3: ("name", _string, False)}
+SUBJECT[4] = ("namespace", _string, False)
+ROLE_REF: Schema = {1: ("apiGroup", _string, False), 2: ("kind", _string, False), 3: ("name", _string, False)}
+RBAC = "rbac.authorization.k8s.io/v1"
+ROLE: Schema = {1: ("metadata", _message(OBJECT_META), False), 2: ("rules", _message(POLICY_RULE), True)}
+BINDING: Schema = {
+    1: ("metadata", _message(OBJECT_META), False),
+    2: ("subjects", _message(SUBJECT), True),
+    3: ("roleRef", _message(ROLE_REF), False),
+}
 KINDS: dict[tuple[str, str], Schema] = {
+    (RBAC, "Role"): ROLE,
+    (RBAC, "ClusterRole"): ROLE,
+    (RBAC, "RoleBinding"): BINDING,
+    (RBAC, "ClusterRoleBinding"): BINDING,
     ("v1", "Secret"): {
         1: ("metadata", _message(OBJECT_META), False),
         2: ("data", _map(_bytes_b64), True),

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import copy
 import json
 import signal
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ import yaml
 from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
-from sluice.devstack import apiopenapi, apiprotobuf
+from sluice.devstack import apiopenapi, apiprotobuf, apirbac, apitls
 from sluice.devstack.apistore import (
     ApiError,
     ResourceType,
@@ -43,6 +45,8 @@ from sluice.devstack.apistore import (
 )
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+ADMIN_TOKEN = "local-stack"
+RBAC_GROUP = "rbac.authorization.k8s.io"
 # kube-apiserver's MaxRequestBodyBytes: twice etcd's 1.5 MiB, because JSON is larger than the stored protobuf.
 MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
 
@@ -94,12 +98,19 @@ class ApiServer(kmock.KubernetesScaffold):
     audit_path: Path | None = None
     changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
     openapi_cache: dict[str, Any] = attrs.field(factory=dict)
+    authenticator: apirbac.Authenticator = attrs.field(factory=apirbac.Authenticator)
+    rbac: apirbac.Rbac = attrs.field(init=False)
     # kube-apiserver sends a watch bookmark about once a minute to clients that allow them.
     bookmark_interval: float = 60.0
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.sync_discovery()
+        # The kubeconfig's token is the cluster admin's: system:masters, which RBAC never restricts.
+        self.authenticator.add(
+            ADMIN_TOKEN, apirbac.User("sluice-local-admin", (apirbac.ADMIN_GROUP, apirbac.AUTHENTICATED))
+        )
+        self.rbac = apirbac.Rbac(lambda plural: self.store.select(self.store.find_type(RBAC_GROUP, plural), None))
 
     def sync_discovery(self) -> None:
         self.openapi_cache.clear()
@@ -126,7 +137,18 @@ class ApiServer(kmock.KubernetesScaffold):
     # ------------------------------------------------------------------------------------------ discovery
 
     async def _serve_server_version(self, request: Any) -> dict[str, Any]:
-        return {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sluice-local", "platform": "linux/amd64"}
+        # Every field version.Info has: typed clients (the Python client's VersionInfo) require them all.
+        return {
+            "major": "1",
+            "minor": "32",
+            "gitVersion": "v1.32.0-sluice-local",
+            "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z",
+            "goVersion": "go1.23.0",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
 
     async def _serve_version(self, request: Any) -> dict[str, Any]:
         """APIResourceList as a real server writes it: subresources carry no short names or categories."""
@@ -206,10 +228,26 @@ class ApiServer(kmock.KubernetesScaffold):
     # ------------------------------------------------------------------------------------------ routing
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
-        if request.url.path.startswith("/openapi/"):
-            return self._serve_openapi(request)
+        user = self.authenticator.authenticate(request.headers.get("Authorization"))
+        if user is None:
+            return aiohttp.web.json_response(ApiError(401, "Unauthorized", "Unauthorized").status(), status=401)
         resource = request.resource
-        if resource is None or resource.plural is None or resource.version is None or request.method is None:
+        is_resource = not (
+            request.url.path.startswith("/openapi/")
+            or resource is None
+            or resource.plural is None
+            or resource.version is None
+            or request.method is None
+        )
+        if not is_resource:
+            if not apirbac.path_allowed(user, request.url.path):
+                verb = str(request.method or "get").split(".")[-1].lower()
+                denied = ApiError(403, "Forbidden", apirbac.forbidden_path_message(user, verb, request.url.path))
+                return aiohttp.web.json_response(denied.status(), status=403)
+            if request.url.path.startswith("/openapi/"):
+                return self._serve_openapi(request)
+            if request.url.path == "/version/":  # the official Python client asks with the slash
+                return aiohttp.web.json_response(await self._serve_server_version(request))
             return await super()._handle(request)  # discovery, /version, unknown paths
         raw = request._raw_request
         self._trim_request_history()
@@ -222,11 +260,38 @@ class ApiServer(kmock.KubernetesScaffold):
             rtype = self.store.find_type(resource.group or "", resource.plural)
             if resource.version not in rtype.versions:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
-            self._audit(request, rtype)
+            allowed = False
+            try:
+                self._authorize(request, rtype, user)
+                allowed = True
+            finally:
+                self._audit(request, rtype, user, allowed)
             response = await self._serve(request, rtype, raw)
         except ApiError as failure:
             return aiohttp.web.json_response(failure.status(), status=failure.code)
         return response
+
+    def _authorize(self, request: Any, rtype: ResourceType, user: apirbac.User) -> None:
+        # A Namespace's own requests are judged in that namespace, so a RoleBinding there can grant them.
+        namespace = request.namespace if rtype.namespaced else ""
+        if rtype.key == ("", "namespaces") and request.name:
+            namespace = request.name
+        attributes = apirbac.Request(
+            self._verb(request),
+            rtype.group,
+            rtype.plural,
+            request.subresource or "",
+            namespace or "",
+            request.name or "",
+        )
+        allowed, reason = self.rbac.authorize(user, attributes)
+        if not allowed:
+            raise ApiError(
+                403,
+                "Forbidden",
+                apirbac.forbidden_message(user, attributes, reason),
+                {"name": attributes.name, "group": rtype.group, "kind": rtype.plural},
+            )
 
     def _trim_request_history(self) -> None:
         # kmock keeps every request for assertions; a long-running server keeps only the recent ones.
@@ -243,8 +308,10 @@ class ApiServer(kmock.KubernetesScaffold):
             method.split(".")[-1], method
         )
 
-    def _audit(self, request: Any, rtype: ResourceType) -> None:
+    def _audit(self, request: Any, rtype: ResourceType, user: apirbac.User, allowed: bool) -> None:
         entry = {
+            "user": user.name,
+            "decision": "allow" if allowed else "forbid",
             "verb": self._verb(request),
             "group": rtype.group,
             "resource": rtype.plural,
@@ -269,6 +336,8 @@ class ApiServer(kmock.KubernetesScaffold):
         store = self.store
         if verb == "watch":
             return await self._watch(request, rtype, namespace, raw)
+        if rtype.key == ("", "serviceaccounts") and request.subresource == "token" and verb == "create":
+            return self._token_request(request)
         if verb == "list":
             items = store.select(rtype, namespace, params.get("labelSelector"), params.get("fieldSelector"))
             if wants_table:
@@ -334,6 +403,21 @@ class ApiServer(kmock.KubernetesScaffold):
         except json.JSONDecodeError:
             raise ApiError(400, "BadRequest", "the DeleteOptions body is not valid JSON") from None
         return options if isinstance(options, dict) else {}
+
+    def _token_request(self, request: Any) -> aiohttp.web.Response:
+        """The TokenRequest API (`kubectl create token SA`): a bearer token authenticating as the service account."""
+        account = self.store.get(self.store.find_type("", "serviceaccounts"), request.namespace, request.name)
+        token = self.authenticator.mint(apirbac.service_account_user(request.namespace, request.name))
+        spec = self._json_body(request).get("spec") or {}
+        expiry = datetime.now(UTC) + timedelta(seconds=int(spec.get("expirationSeconds") or 3600))
+        answer = {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": request.name, "namespace": request.namespace, "uid": account["metadata"]["uid"]},
+            "spec": {"audiences": spec.get("audiences") or ["https://kubernetes.default.svc"], **spec},
+            "status": {"token": token, "expirationTimestamp": expiry.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        }
+        return aiohttp.web.json_response(answer, status=201)
 
     @staticmethod
     def _dry_run(params: Any, delete_options: dict[str, Any]) -> bool:
@@ -476,12 +560,14 @@ class ApiServer(kmock.KubernetesScaffold):
         return response
 
 
-def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:
+def write_kubeconfig(path: Path, url: str, ca_pem: bytes, namespace: str = "default", token: str = ADMIN_TOKEN) -> None:
+    """A kubeconfig for this server; the default token is the admin's, a minted one is a service account's."""
+    cluster = {"server": url, "certificate-authority-data": base64.b64encode(ca_pem).decode()}
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "sluice-local", "cluster": {"server": url}}],
-        "users": [{"name": "sluice-local", "user": {"token": "local-stack"}}],
+        "clusters": [{"name": "sluice-local", "cluster": cluster}],
+        "users": [{"name": "sluice-local", "user": {"token": token}}],
         "contexts": [
             {
                 "name": "sluice-local",
@@ -509,9 +595,17 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with server, kmock.Server(server, host="127.0.0.1", port=args.port, server_cls=_HttpServer) as http:
-        url = f"http://127.0.0.1:{http.port}"
-        write_kubeconfig(Path(args.kubeconfig), url)
+    kubeconfig = Path(args.kubeconfig)
+    cert, key = apitls.serving_certificate(kubeconfig.parent / f"{kubeconfig.name}.tls")
+    context = apitls.server_context(cert, key)
+
+    class HttpsServer(_HttpServer):
+        async def start_server(self, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
+            await super().start_server(loop=loop, ssl=context, **kwargs)
+
+    async with server, kmock.Server(server, host="127.0.0.1", port=args.port, server_cls=HttpsServer) as http:
+        url = f"https://127.0.0.1:{http.port}"
+        write_kubeconfig(kubeconfig, url, cert.read_bytes())
         print(f"ready {url}", flush=True)
         await stop.wait()
 

@@ -83,8 +83,13 @@ class Stack:
     """Start with `with Stack(workdir) as stack:`; everything started is stopped on exit."""
 
     def __init__(
-        self, workdir: Path, namespace: str = "llm", deadline_seconds: float = 900.0, sluice_crd: Path = SLUICE_CRD
+        self,
+        workdir: Path,
+        namespace: str = "llm",
+        deadline_seconds: float = 900.0,
+        sluice_crd: Path | None = SLUICE_CRD,
     ) -> None:
+        """`sluice_crd=None` starts the API without sluice's CRD, for an installer (Helm) to create it."""
         self.workdir = workdir
         self.sluice_crd = sluice_crd
         self.namespace = namespace
@@ -117,9 +122,9 @@ class Stack:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log: str, kubeconfig: Path | None = None) -> subprocess.Popen[bytes]:
         handle = (self.workdir / log).open("ab")
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
         process = subprocess.Popen(
             args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env
         )
@@ -146,7 +151,7 @@ class Stack:
     # ------------------------------------------------------------------------------------ API server
 
     def start_apiserver(self) -> None:
-        crds = [str(self.sluice_crd)]
+        crds = [str(self.sluice_crd)] if self.sluice_crd else []
         if SHARED_ISTIO.exists():
             crds.append(str(SHARED_ISTIO))
         else:
