@@ -33,7 +33,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [patch]
 - apiGroups: [networking.istio.io]
   resources: [destinationrules, virtualservices, serviceentries, envoyfilters]
-  verbs: [get, patch]
+  # create: a server-side apply that creates the object is authorized as a create too
+  verbs: [get, create, patch]
 {{- if .Values.ha.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

@@ -266,10 +266,37 @@ class ApiServer(kmock.KubernetesScaffold):
                 allowed = True
             finally:
                 self._audit(request, rtype, user, allowed)
+            if self._creates_by_apply(request, rtype):
+                self._authorize_create_on_apply(request, rtype, user)
             response = await self._serve(request, rtype, raw)
         except ApiError as failure:
             return aiohttp.web.json_response(failure.status(), status=failure.code)
         return response
+
+    def _creates_by_apply(self, request: Any, rtype: ResourceType) -> bool:
+        is_apply = request.headers.get("Content-Type", "").startswith("application/apply-patch")
+        return (
+            self._verb(request) == "patch"
+            and is_apply
+            and not request.subresource
+            and self._current(rtype, request.namespace if rtype.namespaced else None, request.name) is None
+        )
+
+    def _authorize_create_on_apply(self, request: Any, rtype: ResourceType, user: apirbac.User) -> None:
+        """A server-side apply that creates needs `create` too (the patch handler's withAuthorization)."""
+        attributes = apirbac.Request(
+            "create", rtype.group, rtype.plural, "", (request.namespace or "") if rtype.namespaced else "", request.name
+        )
+        allowed, reason = self.rbac.authorize(user, attributes)
+        self._audit(request, rtype, user, allowed, verb="create")
+        if not allowed:
+            group_resource = f"{rtype.plural}.{rtype.group}" if rtype.group else rtype.plural
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{group_resource} "{request.name}" is forbidden: {reason}',
+                {"name": request.name, "group": rtype.group, "kind": rtype.plural},
+            )
 
     def _authorize(self, request: Any, rtype: ResourceType, user: apirbac.User) -> None:
         # A Namespace's own requests are judged in that namespace, so a RoleBinding there can grant them.
@@ -308,11 +335,13 @@ class ApiServer(kmock.KubernetesScaffold):
             method.split(".")[-1], method
         )
 
-    def _audit(self, request: Any, rtype: ResourceType, user: apirbac.User, allowed: bool) -> None:
+    def _audit(
+        self, request: Any, rtype: ResourceType, user: apirbac.User, allowed: bool, verb: str | None = None
+    ) -> None:
         entry = {
             "user": user.name,
             "decision": "allow" if allowed else "forbid",
-            "verb": self._verb(request),
+            "verb": verb or self._verb(request),
             "group": rtype.group,
             "resource": rtype.plural,
             "subresource": request.subresource or "",

@@ -166,6 +166,9 @@ CUSTOM_RESOURCE_PATCH_TYPES = [
 ]
 
 
+CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
+
+
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -580,7 +583,7 @@ class Store:
         self._check_storable(obj)
         self.bucket(rtype)[(ns, name)] = obj
         self._record(rtype, "ADDED", obj)
-        if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+        if rtype.key == CRD_KEY:
             self.register_crd(obj)
         return obj
 
@@ -657,6 +660,8 @@ class Store:
             raise
         self.bucket(rtype)[(old["metadata"].get("namespace", ""), name)] = candidate
         self._record(rtype, "MODIFIED", candidate)
+        if rtype.key == CRD_KEY:
+            self.register_crd(candidate)  # a changed CRD changes what is served: schema, printer columns, versions
         return candidate
 
     def patch(
@@ -810,7 +815,19 @@ class Store:
         self._record(rtype, "DELETED", gone)
         self.ownership.forget((rtype.key, meta.get("namespace", ""), meta["name"]))
         self._collect_garbage(meta["uid"])
+        if rtype.key == CRD_KEY:
+            self._unregister_crd(obj)
         return gone
+
+    def _unregister_crd(self, crd: dict[str, Any]) -> None:
+        """A deleted CRD takes its custom resources with it, and its API stops being served."""
+        key = (crd["spec"]["group"], crd["spec"]["names"]["plural"])
+        served = self.types.get(key)
+        if served is not None:
+            for obj in list(self.bucket(served).values()):
+                self._remove(served, obj)
+        self.types.pop(key, None)
+        self.objects.pop(key, None)
 
     def _collect_garbage(self, owner_uid: str) -> None:
         """Background cascading deletion: objects whose ownerReferences name a deleted owner go too."""
