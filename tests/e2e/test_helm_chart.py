@@ -171,6 +171,7 @@ def test_helm_upgrade_applies_changed_values_and_an_updated_crd(
 
 
 def test_helm_uninstall_removes_the_release_and_keeps_the_crd_and_the_pools(stack: Stack, helm_config: Any) -> None:
+    stack.stop_operator()
     helm_config.uninstall(RELEASE, timeout=60)
     assert release_secrets(stack) == {}
     assert get(stack, "deployment", f"{RELEASE}-sluice", "-n", NAMESPACE) is None
@@ -178,3 +179,21 @@ def test_helm_uninstall_removes_the_release_and_keeps_the_crd_and_the_pools(stac
     assert get(stack, "serviceaccount", f"{RELEASE}-sluice", "-n", NAMESPACE) is None
     assert get(stack, "crd", "inferencepools.inference.sluice.dev") is not None  # helm.sh/resource-policy: keep
     assert get(stack, "inferencepool", "llama", "-n", "llm") is not None
+
+
+def test_a_namespaced_install_runs_the_operator_with_roles_in_the_watched_namespace_only(
+    stack: Stack, helm_config: Any, chart_dir: Path
+) -> None:
+    helm_config.install(
+        helm.Chart.load(str(chart_dir)), RELEASE, values(watchNamespaces=["llm"]), namespace=NAMESPACE, timeout=60
+    )
+    assert get(stack, "clusterrole", f"{RELEASE}-sluice") is None
+    assert get(stack, "role", f"{RELEASE}-sluice", "-n", "llm") is not None
+    before = (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
+    start_operator_as_the_chart_deploys_it(stack)
+    wait_until(
+        lambda: (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
+        60,
+        "a pass by the operator watching only llm",
+    )
+    assert forbidden_calls(stack) == []
