@@ -2,14 +2,17 @@
 
 kmock provides the HTTP server, request parsing, API discovery (`/api`, `/apis`, group/version resource lists)
 and Status error rendering; `apistore.Store` provides the object semantics (see its docstring). This module joins
-them: routes object requests (get, list, watch, create, update, patch, server-side apply, delete, the status
-subresource) to the store, streams watches as JSON lines (kubectl rejects other content types), answers
-`kubectl get` with server-side Tables, keeps discovery in step with CRDs created at run time, and records an
-audit trail of every request (verb, resource, namespace, subresource, client) for RBAC checks.
+them: serves HTTPS (`apitls`), authenticates and authorizes every request (`apirbac`), routes object requests (get,
+list, watch, create, update, patch, server-side apply, delete, the status subresource, TokenRequest) to the
+store with `dryRun` and `fieldValidation`, decodes protobuf bodies (`apiprotobuf`), refuses bodies over 3 MiB,
+serves the OpenAPI documents (`apiopenapi`), streams watches as JSON lines with bookmarks, answers `kubectl get`
+with server-side Tables, keeps discovery in step with CRDs created at run time, and records an audit trail of
+every request (user, decision, verb, resource, namespace, subresource, client).
 
     python -m sluice.devstack.apiserver --kubeconfig out/kubeconfig [--port 0] [--crd FILE ...] [--audit-log FILE]
 
-It prints `ready <url>` once serving and runs until SIGTERM or SIGINT. It listens on 127.0.0.1 only.
+It prints `ready <url>` once serving and runs until SIGTERM or SIGINT. It listens on 127.0.0.1 only. The
+kubeconfig's token is the admin's; `kubectl create token SA` gives a service account's.
 """
 
 from __future__ import annotations
@@ -35,14 +38,8 @@ from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
 from sluice.devstack import apiopenapi, apiprotobuf, apirbac, apitls
-from sluice.devstack.apistore import (
-    ApiError,
-    ResourceType,
-    Store,
-    as_table,
-    field_selector_matches,
-    label_selector_matches,
-)
+from sluice.devstack.apiselect import as_table, field_selector_matches, label_selector_matches
+from sluice.devstack.apistore import ApiError, ResourceType, Store
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 ADMIN_TOKEN = "local-stack"

@@ -2,20 +2,20 @@
 
 Local-stack tool. Implements the semantics clients such as kopf, the official `kubernetes` client and kubectl rely
 on: `resourceVersion` (one counter for the whole store), `uid`, `creationTimestamp`, `generation` bumped on spec
-changes, optimistic concurrency (409 on a stale resourceVersion), JSON merge patch, JSON patch (a failed `test`
-is 422), strategic merge patch on built-in kinds (treated as a merge patch: enough for the fields used here;
-refused with 415 for custom resources, as kube-apiserver does), dry runs (`dry_run()`: the write runs, then the
-store is put back), delete preconditions, server-side apply with per-manager field ownership (fields a manager
-stops applying are removed), the status subresource (status is ignored on create and on main-resource writes,
-only status changes through /status), finalizers and `deletionTimestamp`, ownerReference garbage collection
-(background cascade), CRD registration by creating a CustomResourceDefinition, schema + CEL validation of custom
-resources with 422 and per-field causes, label and field selectors, an event log for watches from a
-resourceVersion (410 Gone when too old), and server-side printing (`as=Table`) with a CRD's
-additionalPrinterColumns.
+changes, optimistic concurrency (409 on a stale resourceVersion, in a PUT, a merge patch or a JSON patch), JSON
+merge patch, JSON patch (a failed `test` is 422), strategic merge patch on built-in kinds (treated as a merge
+patch; refused with 415 for custom resources, as kube-apiserver does), server-side apply with field ownership and
+conflicts (`apiownership`), dry runs (`dry_run()`: the write runs, then the store is put back), delete
+preconditions, the status subresource (status is ignored on create and on main-resource writes), finalizers and
+`deletionTimestamp`, ownerReference garbage collection (background cascade), CRD registration, update and removal
+by writing CustomResourceDefinitions, schema + CEL validation of custom resources (`apivalidation`) with 422 and
+per-field causes and `fieldValidation` Strict/Warn/Ignore, metadata validation (`apinames`), size limits
+(`apilimits`), label and field selectors (`apiselect`), and an event log for watches from a resourceVersion (410
+Gone when older than the history kept).
 
 Simplifications, stated: one storage version per group/plural (objects are served under every version of the
-group); strategic merge patch does not merge lists by key; server-side apply never reports conflicts (as if
-`force=true`); no admission webhooks, no RBAC.
+group); strategic merge patch does not merge lists by key and lists are atomic for field ownership; built-in kinds
+are not validated against their schemas (only metadata and ConfigMap/Secret size); no admission webhooks.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import base64
 import contextlib
 import copy
 import json
-import re
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from sluice.devstack.apiownership import (
     owned_leaves,
     remove_path,
 )
+from sluice.devstack.apiselect import field_selector_matches, label_selector_matches
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
 JSON = Any
@@ -187,139 +187,6 @@ def merge_patch(target: JSON, patch: JSON) -> JSON:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
-
-
-# ------------------------------------------------------------------------------------------------ selectors
-
-_SET_EXPR = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
-
-
-def _split_selector(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for char in text:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    if current.strip():
-        parts.append(current)
-    return parts
-
-
-def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
-    if not selector:
-        return True
-    for raw_term in _split_selector(selector):
-        term = raw_term.strip()
-        if match := _SET_EXPR.match(term):
-            key, op, values = match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",")}
-            present = key in labels and labels[key] in values
-            if (op == "in" and not present) or (op == "notin" and key in labels and labels[key] in values):
-                return False
-        elif "!=" in term:
-            key, value = (s.strip() for s in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = (s.strip() for s in re.split(r"==?", term, maxsplit=1))
-            if labels.get(key) != value:
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def field_selector_matches(selector: str | None, obj: dict[str, Any]) -> bool:
-    if not selector:
-        return True
-    for term in selector.split(","):
-        negate = "!=" in term
-        path, value = (s.strip() for s in re.split(r"!=|==?", term, maxsplit=1))
-        node: Any = obj
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if (str(node) == value) == negate:
-            return False
-    return True
-
-
-# ------------------------------------------------------------------------------------------------ printing
-
-
-def jsonpath_value(obj: JSON, path: str) -> JSON:
-    """The subset of JSONPath printer columns use: `.a.b`, `[0]`, `[?(@.k=="v")]`."""
-    tokens = re.findall(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_.-]+)==\"([^\"]*)\"\)\]", path)
-    nodes: list[JSON] = [obj]
-    for name, index, filter_key, filter_value in tokens:
-        nxt: list[JSON] = []
-        for node in nodes:
-            if name and isinstance(node, dict) and name in node:
-                nxt.append(node[name])
-            elif index and isinstance(node, list) and int(index) < len(node):
-                nxt.append(node[int(index)])
-            elif filter_key and isinstance(node, list):
-                nxt += [item for item in node if isinstance(item, dict) and str(item.get(filter_key)) == filter_value]
-        nodes = nxt
-    return nodes[0] if nodes else None
-
-
-def _age(timestamp: str | None) -> str:
-    if not timestamp:
-        return "<unknown>"
-    seconds = int((datetime.now(UTC) - datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds())
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
-
-
-def as_table(rtype: ResourceType, objects: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
-    """A meta.k8s.io/v1 Table, as `kubectl get` asks for, using the CRD's printer columns."""
-    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
-    columns += [
-        {
-            "name": c["name"],
-            "type": c.get("type", "string"),
-            "format": "",
-            "description": c.get("description", ""),
-            "priority": c.get("priority", 0),
-        }
-        for c in rtype.printer_columns
-    ] or [{"name": "Age", "type": "date", "format": "", "description": "Age", "priority": 0}]
-    rows = []
-    for obj in objects:
-        cells: list[Any] = [obj["metadata"]["name"]]
-        for column in rtype.printer_columns or [{"jsonPath": ".metadata.creationTimestamp", "type": "date"}]:
-            value = jsonpath_value(obj, column["jsonPath"])
-            if column.get("type") == "date":
-                value = _age(value)
-            cells.append("" if value is None else value)
-        rows.append(
-            {
-                "cells": cells,
-                "object": {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": obj["metadata"],
-                },
-            }
-        )
-    return {
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": columns,
-        "rows": rows,
-    }
 
 
 def _fold_string_data(rtype: ResourceType, obj: dict[str, Any]) -> None:
