@@ -212,6 +212,22 @@ def test_field_validation_ignore_prunes_silently(api: Stack) -> None:
     assert "alpah" not in scoring
 
 
+def test_built_in_kinds_are_decoded_strictly_too_by_their_upstream_definitions(api: Stack) -> None:
+    deployment = (
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo, namespace: llm}\nspec:\n"
+        "  selector: {matchLabels: {app: typo}}\n  template:\n    metadata: {labels: {app: typo}}\n"
+        "    spec: {containers: [{name: main, image: busybox, imagePullPolicyy: Always}]}\n"
+    )
+    refused = api.kubectl("apply", "-f", "-", stdin=deployment, check=False)
+    assert 'strict decoding error: unknown field "spec.template.spec.containers[0].imagePullPolicyy"' in refused.stderr
+    warned = api.kubectl("apply", "--validate=warn", "-f", "-", stdin=deployment)
+    assert 'Warning: unknown field "spec.template.spec.containers[0].imagePullPolicyy"' in warned.stderr
+    containers = api.kubectl(
+        "get", "deployment", "typo", "-n", "llm", "-o", "jsonpath={.spec.template.spec.containers[0]}"
+    ).stdout
+    assert json.loads(containers) == {"name": "main", "image": "busybox"}
+
+
 def test_the_python_client_gets_the_server_default_warn_and_strict_when_it_asks(api: Stack) -> None:
     assert api.custom is not None
     body = yaml.safe_load(pool_yaml("typo-client", TYPO_SPEC))

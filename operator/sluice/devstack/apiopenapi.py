@@ -65,7 +65,7 @@ def _from_json_schema(node: Any, ref_prefix: str) -> Any:
 
 
 @cache
-def _upstream_definitions() -> dict[str, Any]:
+def upstream_definitions() -> dict[str, Any]:
     folder = files("kubernetes_validate") / "kubernetes-json-schema" / f"{KUBERNETES_SCHEMA_VERSION}-local"
     definitions: dict[str, Any] = json.loads((folder / "_definitions.json").read_text())["$defs"]
     # The upstream OpenAPI spells IntOrString as a string with a format; kubernetes-validate made it a oneOf.
@@ -84,7 +84,7 @@ def _upstream_definitions() -> dict[str, Any]:
 
 @cache
 def _converted_definitions(ref_prefix: str) -> dict[str, Any]:
-    converted: dict[str, Any] = _from_json_schema(_upstream_definitions(), ref_prefix)
+    converted: dict[str, Any] = _from_json_schema(upstream_definitions(), ref_prefix)
     return converted
 
 
@@ -99,7 +99,7 @@ def definition_name(group: str, version: str, kind: str) -> str:
 
 
 def builtin_definition_for(group: str, version: str, kind: str) -> str | None:
-    for name, schema in _upstream_definitions().items():
+    for name, schema in upstream_definitions().items():
         for gvk in schema.get("x-kubernetes-group-version-kind", []):
             if (gvk.get("group", ""), gvk.get("version"), gvk.get("kind")) == (group, version, kind):
                 return name

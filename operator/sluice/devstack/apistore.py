@@ -33,6 +33,7 @@ from typing import Any
 
 import jsonpatch
 
+from sluice.devstack.apibuiltin import prune_unknown_fields
 from sluice.devstack.apilimits import data_size_errors, exceeds_etcd_limit
 from sluice.devstack.apinames import generated_name, metadata_errors
 from sluice.devstack.apiownership import (
@@ -290,9 +291,11 @@ class Store:
     def _validate(
         self, rtype: ResourceType, version: str, obj: dict[str, Any], old: dict[str, Any] | None
     ) -> dict[str, Any]:
-        if not rtype.validated:
-            return obj
         candidate = {**obj, "apiVersion": rtype.api_version(version), "kind": rtype.kind}
+        if not rtype.validated:
+            pruned, unknown = prune_unknown_fields(rtype.group, version, rtype.kind, candidate)
+            self._judge_unknown_fields(unknown)
+            return pruned
         try:
             checked, unknown = self.schemas.check(candidate, old)
         except ValidationFailed as failure:
