@@ -115,6 +115,21 @@ def test_a_role_binding_grants_exactly_its_rules_in_its_namespace(api: Stack, to
     assert 'cannot get resource "inferencepools/status" in API group "inference.sluice.dev"' in out  # read first
 
 
+def test_kubectl_auth_can_i_and_whoami_answer_for_an_impersonated_service_account(api: Stack, token: str) -> None:
+    allowed = api.kubectl("auth", "can-i", "list", "inferencepools", "-n", "llm", f"--as={SA}", check=False)
+    assert (allowed.returncode, allowed.stdout.strip()) == (0, "yes")  # the pool-reader binding above
+    denied = api.kubectl("auth", "can-i", "patch", "inferencepools", "-n", "llm", f"--as={SA}", check=False)
+    assert (denied.returncode, denied.stdout.strip()) == (1, "no")
+    who = api.kubectl("auth", "whoami", f"--as={SA}").stdout
+    assert SA in who
+    assert "system:serviceaccounts:llm" in who
+    _, out = as_bot(api, token, "get", "inferencepools", "-n", "llm", "--as=alice")
+    assert (
+        f'users "alice" is forbidden: User "{SA}" cannot impersonate resource "users" in API group "" at the cluster '
+        "scope"
+    ) in out
+
+
 def test_a_cluster_role_binding_grants_everywhere_and_a_missing_role_is_named(api: Stack, token: str) -> None:
     api.kubectl("create", "clusterrolebinding", "bot-ghost", "--clusterrole=does-not-exist", "--serviceaccount=llm:bot")
     code, out = as_bot(api, token, "get", "secrets", "-n", "llm")

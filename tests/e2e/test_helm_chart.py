@@ -140,6 +140,9 @@ def test_the_operator_runs_a_canary_under_the_charts_rbac_with_the_deployments_a
     assert condition(pool, "IstioSynced")["status"] == "True"
     assert stack.istio("serviceentries", "sluice-llama") is not None
     assert forbidden_calls(stack) == []
+    account = f"--as=system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
+    can_i = stack.kubectl("auth", "can-i", "create", "serviceentries.networking.istio.io", "-n", "llm", account)
+    assert can_i.stdout.strip() == "yes"
 
 
 def test_helm_upgrade_applies_changed_values_and_an_updated_crd(
@@ -197,3 +200,6 @@ def test_a_namespaced_install_runs_the_operator_with_roles_in_the_watched_namesp
         "a pass by the operator watching only llm",
     )
     assert forbidden_calls(stack) == []
+    account = f"--as=system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
+    elsewhere = stack.kubectl("auth", "can-i", "patch", "inferencepools", "-n", "default", account, check=False)
+    assert elsewhere.stdout.strip() == "no"

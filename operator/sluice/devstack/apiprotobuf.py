@@ -164,7 +164,26 @@ BINDING: Schema = {
     2: ("subjects", _message(SUBJECT), True),
     3: ("roleRef", _message(ROLE_REF), False),
 }
+RESOURCE_ATTRIBUTES: Schema = {
+    1: ("namespace", _string, False),
+    2: ("verb", _string, False),
+    3: ("group", _string, False),
+    4: ("version", _string, False),
+    5: ("resource", _string, False),
+    6: ("subresource", _string, False),
+    7: ("name", _string, False),
+}
+NON_RESOURCE_ATTRIBUTES: Schema = {1: ("path", _string, False), 2: ("verb", _string, False)}
+ACCESS_REVIEW_SPEC: Schema = {
+    1: ("resourceAttributes", _message(RESOURCE_ATTRIBUTES), False),
+    2: ("nonResourceAttributes", _message(NON_RESOURCE_ATTRIBUTES), False),
+}
 KINDS: dict[tuple[str, str], Schema] = {
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): {
+        1: ("metadata", _message(OBJECT_META), False),
+        2: ("spec", _message(ACCESS_REVIEW_SPEC), False),
+    },
+    ("authentication.k8s.io/v1", "SelfSubjectReview"): {1: ("metadata", _message(OBJECT_META), False)},
     (RBAC, "Role"): ROLE,
     (RBAC, "ClusterRole"): ROLE,
     (RBAC, "RoleBinding"): BINDING,

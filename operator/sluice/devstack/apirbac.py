@@ -10,7 +10,10 @@ verbs, resourceNames, `*`), ClusterRoleBindings cluster-wide, RoleBindings in th
 worded as the API server words it:
 `inferencepools.inference.sluice.dev "llama" is forbidden: User "system:serviceaccount:sluice-system:sluice" cannot
 patch resource "inferencepools" in API group "inference.sluice.dev" in the namespace "llm"`.
-Not emulated: aggregated ClusterRoles (aggregationRule), impersonation, client certificates.
+Impersonation (`kubectl --as`, `--as-group`) needs `impersonate` on users, groups or serviceaccounts (admins have
+it); SelfSubjectAccessReview (`kubectl auth can-i`) and SelfSubjectReview (`kubectl auth whoami`) are open to every
+authenticated user, as the system:basic-user ClusterRole makes them. Not emulated: aggregated ClusterRoles
+(aggregationRule), client certificates.
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ class Rbac:
 
     def authorize(self, user: User, request: Request) -> tuple[bool, str]:
         """(allowed, reason): the reason names a binding's missing role, as the RBAC authorizer does."""
-        if user.is_admin:
+        if user.is_admin or (AUTHENTICATED in user.groups and (request.group, request.resource) in SELF_REVIEWS):
             return True, ""
         reasons: list[str] = []
         bindings = [(b, "") for b in self.objects("clusterrolebindings")]
@@ -151,6 +154,32 @@ class Rbac:
             if any(_rule_allows(rule, request) for rule in rules):
                 return True, ""
         return False, ", ".join(reasons)
+
+
+SELF_REVIEWS = {("authorization.k8s.io", "selfsubjectaccessreviews"), ("authentication.k8s.io", "selfsubjectreviews")}
+
+
+def impersonated(headers: dict[str, Any], rbac: Rbac, requester: User) -> User | str:
+    """The user a request acts as: the requester, or whom it impersonates if allowed (else the 403 message)."""
+    name = headers.get("Impersonate-User")
+    groups = [v for k, v in headers.items() if k.lower() == "impersonate-group"]
+    if not name:
+        return requester
+    if name.startswith("system:serviceaccount:") and name.count(":") == 3:
+        _, _, namespace, account = name.split(":")
+        checks = [Request("impersonate", "", "serviceaccounts", "", namespace, account)]
+        target = service_account_user(namespace, account)
+    else:
+        checks = [Request("impersonate", "", "users", "", "", name)]
+        target = User(name, (*groups, AUTHENTICATED))
+    checks += [Request("impersonate", "", "groups", "", "", group) for group in groups]
+    for check in checks:
+        allowed, reason = rbac.authorize(requester, check)
+        if not allowed:
+            return forbidden_message(requester, check, reason)
+    if groups and name.startswith("system:serviceaccount:"):
+        target = User(target.name, (*target.groups, *groups))
+    return target
 
 
 def forbidden_message(user: User, request: Request, reason: str) -> str:

@@ -225,9 +225,13 @@ class ApiServer(kmock.KubernetesScaffold):
     # ------------------------------------------------------------------------------------------ routing
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
-        user = self.authenticator.authenticate(request.headers.get("Authorization"))
-        if user is None:
+        requester = self.authenticator.authenticate(request.headers.get("Authorization"))
+        if requester is None:
             return aiohttp.web.json_response(ApiError(401, "Unauthorized", "Unauthorized").status(), status=401)
+        acting = apirbac.impersonated(request._raw_request.headers, self.rbac, requester)
+        if isinstance(acting, str):
+            return aiohttp.web.json_response(ApiError(403, "Forbidden", acting).status(), status=403)
+        user = acting
         resource = request.resource
         is_resource = not (
             request.url.path.startswith("/openapi/")
@@ -265,7 +269,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 self._audit(request, rtype, user, allowed)
             if self._creates_by_apply(request, rtype):
                 self._authorize_create_on_apply(request, rtype, user)
-            response = await self._serve(request, rtype, raw)
+            response = await self._serve(request, rtype, raw, user)
         except ApiError as failure:
             return aiohttp.web.json_response(failure.status(), status=failure.code)
         return response
@@ -353,7 +357,9 @@ class ApiServer(kmock.KubernetesScaffold):
             with self.audit_path.open("a") as log:
                 log.write(json.dumps(entry) + "\n")
 
-    async def _serve(self, request: Any, rtype: ResourceType, raw: Any) -> aiohttp.web.StreamResponse:
+    async def _serve(
+        self, request: Any, rtype: ResourceType, raw: Any, user: apirbac.User
+    ) -> aiohttp.web.StreamResponse:
         verb = self._verb(request)
         version = request.resource.version
         namespace = request.namespace if rtype.namespaced else None
@@ -364,6 +370,8 @@ class ApiServer(kmock.KubernetesScaffold):
             return await self._watch(request, rtype, namespace, raw)
         if rtype.key == ("", "serviceaccounts") and request.subresource == "token" and verb == "create":
             return self._token_request(request)
+        if rtype.key in apirbac.SELF_REVIEWS and verb == "create":
+            return self._self_review(request, rtype, user)
         if verb == "list":
             items = store.select(rtype, namespace, params.get("labelSelector"), params.get("fieldSelector"))
             if wants_table:
@@ -429,6 +437,32 @@ class ApiServer(kmock.KubernetesScaffold):
         except json.JSONDecodeError:
             raise ApiError(400, "BadRequest", "the DeleteOptions body is not valid JSON") from None
         return options if isinstance(options, dict) else {}
+
+    def _self_review(self, request: Any, rtype: ResourceType, user: apirbac.User) -> aiohttp.web.Response:
+        """`kubectl auth whoami` (SelfSubjectReview) and `kubectl auth can-i` (SelfSubjectAccessReview)."""
+        review = self._json_body(request)
+        answer: dict[str, Any] = {"kind": rtype.kind, "apiVersion": rtype.api_version("v1"), "metadata": {}}
+        if rtype.plural == "selfsubjectreviews":
+            answer["status"] = {"userInfo": {"username": user.name, "groups": list(user.groups)}}
+            return aiohttp.web.json_response(answer, status=201)
+        spec = review.get("spec") or {}
+        answer["spec"] = spec
+        attributes = spec.get("resourceAttributes")
+        if attributes is None:
+            path = (spec.get("nonResourceAttributes") or {}).get("path", "")
+            answer["status"] = {"allowed": apirbac.path_allowed(user, path)}
+            return aiohttp.web.json_response(answer, status=201)
+        check = apirbac.Request(
+            attributes.get("verb", ""),
+            attributes.get("group", ""),
+            attributes.get("resource", ""),
+            attributes.get("subresource", ""),
+            attributes.get("namespace", ""),
+            attributes.get("name", ""),
+        )
+        allowed, reason = self.rbac.authorize(user, check)
+        answer["status"] = {"allowed": allowed, **({"reason": reason} if reason else {})}
+        return aiohttp.web.json_response(answer, status=201)
 
     def _token_request(self, request: Any) -> aiohttp.web.Response:
         """The TokenRequest API (`kubectl create token SA`): a bearer token authenticating as the service account."""

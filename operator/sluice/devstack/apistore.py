@@ -127,6 +127,18 @@ BUILTINS = [
     ResourceType("", ["v1"], "serviceaccounts", "ServiceAccount", True, "serviceaccount", ["sa"]),
     ResourceType("events.k8s.io", ["v1"], "events", "Event", True, "event", ["ev"]),
     ResourceType("coordination.k8s.io", ["v1"], "leases", "Lease", True, "lease"),
+    # reviews: answered, never stored (`kubectl auth can-i`, `kubectl auth whoami`)
+    ResourceType(
+        "authorization.k8s.io",
+        ["v1"],
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        False,
+        "selfsubjectaccessreview",
+    ),
+    ResourceType(
+        "authentication.k8s.io", ["v1"], "selfsubjectreviews", "SelfSubjectReview", False, "selfsubjectreview"
+    ),
     # what the Helm chart renders, and RBAC, which the emulator enforces
     ResourceType("apps", ["v1"], "deployments", "Deployment", True, "deployment", ["deploy"], ["all"], has_status=True),
     ResourceType(
