@@ -66,7 +66,14 @@ def _from_json_schema(node: Any, ref_prefix: str) -> Any:
 
 @cache
 def upstream_definitions() -> dict[str, Any]:
-    folder = files("kubernetes_validate") / "kubernetes-json-schema" / f"{KUBERNETES_SCHEMA_VERSION}-local"
+    schemas = files("kubernetes_validate") / "kubernetes-json-schema"
+    folder = schemas / f"{KUBERNETES_SCHEMA_VERSION}-local"
+    if not folder.is_dir():  # a kubernetes-validate release without 1.32: the oldest version it still ships
+        local = sorted(
+            (entry for entry in schemas.iterdir() if entry.name.endswith("-local")),
+            key=lambda entry: tuple(int(part) for part in entry.name[1:].removesuffix("-local").split(".")),
+        )
+        folder = local[0]
     definitions: dict[str, Any] = json.loads((folder / "_definitions.json").read_text())["$defs"]
     # The upstream OpenAPI spells IntOrString as a string with a format; kubernetes-validate made it a oneOf.
     definitions["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {
