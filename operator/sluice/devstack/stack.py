@@ -103,6 +103,8 @@ class Stack:
         self.operator: subprocess.Popen[bytes] | None = None
         self.operator_args: list[str] = []
         self._kubelet_stop = asyncio.Event()
+        # The second octet of this stack's pod addresses (see `_own_address`); SLUICE_STACK_OCTET pins it.
+        self.address_octet = int(os.environ.get("SLUICE_STACK_OCTET") or random.randint(1, 254))
         self.apiserver_args: list[str] = []  # extra `sluice.devstack.apiserver` options (e.g. a small watch history)
         self.core: k8s.CoreV1Api | None = None
         self.custom: k8s.CustomObjectsApi | None = None
@@ -251,8 +253,19 @@ class Stack:
 
     # ------------------------------------------------------------------------------------ pods and the kubelet
 
+    def _own_address(self, spec: PodSpec) -> None:
+        """Move a `127.0.x.y` pod address to this stack's own `127.N.x.y`, in place (callers keep the spec).
+
+        Stacks of other checkouts on the same machine use the same example addresses; a server that cannot bind
+        its address never gets Ready, and the tests of both stacks fail for a reason neither has.
+        """
+        parts = spec.ip.split(".")
+        if parts[:2] == ["127", "0"]:
+            spec.ip = ".".join(["127", str(self.address_octet), *parts[2:]])
+
     def add_pod(self, spec: PodSpec) -> None:
         assert self.core is not None
+        self._own_address(spec)
         state = PodState(spec)
         self.pods[spec.name] = state
         labels = {"app": spec.app, "sluice.dev/hardware-class": spec.hardware, "sluice.dev/revision": spec.revision}
@@ -269,6 +282,7 @@ class Stack:
 
     def add_server(self, spec: PodSpec) -> None:
         """A model server scraped by Prometheus, without a pod in the API (for the Envoy benchmark)."""
+        self._own_address(spec)
         state = PodState(spec)
         self.pods[spec.name] = state
         self._start_server(state)
