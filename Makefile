@@ -20,6 +20,9 @@ stack-deps:
 	@command -v prometheus >/dev/null 2>&1 || { \
 		echo "installing Prometheus (Debian package)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+	@command -v openssl >/dev/null 2>&1 || { \
+		echo "installing openssl (the API emulator's TLS certificate)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }
 	@command -v kubectl >/dev/null 2>&1 || { echo "kubectl is required on PATH"; exit 1; }
 
 lint: venv

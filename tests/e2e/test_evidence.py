@@ -32,7 +32,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> I
             stack.add_pod(pod)
         stack.start_operator()
         manifest = pool_manifest(stack).replace("staleAfter: 15s", "staleAfter: 6s")
-        stack.kubectl("apply", "--validate=false", "-f", "-", stdin=manifest)
+        stack.kubectl("apply", "-f", "-", stdin=manifest)
         yield stack
     finally:
         background.call(stack._kubelet_stop.set)

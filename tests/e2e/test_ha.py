@@ -24,9 +24,9 @@ PEERING = "apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata: {name: sluice, 
 def ha_stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
     stack = start_stack(Path(tmp_path_factory.mktemp("ha")), background)
     try:
-        stack.kubectl("apply", "--validate=false", "-f", str(ROOT / "crds" / "kopf.dev_peerings.yaml"))
+        stack.kubectl("apply", "-f", str(ROOT / "crds" / "kopf.dev_peerings.yaml"))
         wait_until(lambda: "kopfpeerings" in stack.kubectl("api-resources").stdout, 10, "the peering CRD is served")
-        stack.kubectl("apply", "--validate=false", "-f", "-", stdin=PEERING)
+        stack.kubectl("apply", "-f", "-", stdin=PEERING)
         for pod in BASE_PODS[:2]:
             stack.add_pod(pod)
         yield stack
@@ -67,7 +67,7 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_dies(ha_stack: Stack)
     stack = ha_stack
     active = replica(stack, 200, "a")
     standby = replica(stack, 100, "b")
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=pool_manifest(stack))
+    stack.kubectl("apply", "-f", "-", stdin=pool_manifest(stack))
     first = wait_until(
         lambda: condition(stack.pool("llama"), "IstioSynced")["status"] == "True" and stack.pool("llama"),
         60,

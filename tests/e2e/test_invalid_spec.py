@@ -54,7 +54,7 @@ def versions(stack: Stack) -> dict[str, str]:
 
 def test_spec_turning_invalid_sets_a_condition_and_writes_nothing(loose_stack: Stack) -> None:
     stack = loose_stack
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=pool_manifest(stack))
+    stack.kubectl("apply", "-f", "-", stdin=pool_manifest(stack))
     wait_until(lambda: condition(stack.pool("llama"), "IstioSynced")["status"] == "True", 40, "objects in sync")
     time.sleep(3)
     before = versions(stack)

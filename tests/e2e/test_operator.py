@@ -57,7 +57,7 @@ def weights(stack: Stack) -> dict[str, int]:
 
 def test_invalid_pool_is_rejected_by_the_api_with_the_cel_message(stack: Stack) -> None:
     bad = pool_manifest(stack).replace("steps: [10, 50, 100]", "steps: [50, 10, 100]")
-    result = stack.kubectl("apply", "--validate=false", "-f", "-", stdin=bad, check=False)
+    result = stack.kubectl("apply", "-f", "-", stdin=bad, check=False)
     assert result.returncode != 0
     assert 'The InferencePool "llama" is invalid' in result.stderr
     assert "spec.canary.steps: Invalid value" in result.stderr
@@ -70,10 +70,10 @@ def test_an_unmanaged_destination_rule_is_left_untouched_and_reported(stack: Sta
         "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: sluice-llama, namespace: llm}\n"
         "spec: {host: someone-elses.llm.svc.cluster.local}\n"
     )
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=foreign)
+    stack.kubectl("apply", "-f", "-", stdin=foreign)
     before = stack.istio("destinationrules", "sluice-llama")
     assert before is not None
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=pool_manifest(stack))
+    stack.kubectl("apply", "-f", "-", stdin=pool_manifest(stack))
     found = wait_until(
         lambda: condition(pool(stack), "IstioSynced")["reason"] == "ObjectNotManaged" and pool(stack),
         30,
@@ -194,7 +194,7 @@ ADOPTED = [
 
 
 def test_adopted_objects_are_given_back_exactly_when_their_pool_is_deleted(stack: Stack) -> None:
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=USERS_OBJECTS)
+    stack.kubectl("apply", "-f", "-", stdin=USERS_OBJECTS)
     originals = {plural: stack.istio(plural, name, version) for plural, name, version in ADOPTED}
     assert all(originals.values())
     adopting = yaml.safe_dump(
@@ -212,7 +212,7 @@ def test_adopted_objects_are_given_back_exactly_when_their_pool_is_deleted(stack
             },
         }
     )
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=adopting)
+    stack.kubectl("apply", "-f", "-", stdin=adopting)
 
     def adopted() -> list[str]:
         taken = []
@@ -254,7 +254,7 @@ def test_deleting_a_second_pool_deletes_what_sluice_created_for_it_and_nothing_e
             },
         }
     )
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=short)
+    stack.kubectl("apply", "-f", "-", stdin=short)
     plurals = ("serviceentries", "destinationrules", "virtualservices")
     wait_until(lambda: all(stack.istio(p, "sluice-short") for p in plurals), 30, "the second pool's objects")
     stack.kubectl("delete", "inferencepool", "short", "-n", "llm", "--wait=false")
@@ -389,7 +389,7 @@ def test_every_api_call_of_the_operator_is_allowed_by_the_chart_and_every_rule_i
 
     # Exercise the permissions the run has not needed yet: a Prometheus token from a Secret, and an EnvoyFilter.
     secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: prom-token, namespace: llm}\nstringData: {token: t0ken}\n"
-    stack.kubectl("apply", "--validate=false", "-f", "-", stdin=secret)
+    stack.kubectl("apply", "-f", "-", stdin=secret)
     stack.patch_pool(
         "llama",
         {

@@ -31,7 +31,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> I
         stack.start_operator()
         # Long steps: only operations move this rollout.
         manifest = pool_manifest(stack).replace("stepInterval: 10s", "stepInterval: 10m")
-        stack.kubectl("apply", "--validate=false", "-f", "-", stdin=manifest)
+        stack.kubectl("apply", "-f", "-", stdin=manifest)
         stack.patch_pool("llama", {"spec": {"canary": {"candidateRevision": "v2"}}})
         yield stack
     finally:

@@ -33,8 +33,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [patch]
 - apiGroups: [networking.istio.io]
   resources: [destinationrules, virtualservices, serviceentries, envoyfilters]
-  # get/patch: publish; list/delete: prune what a pass no longer renders; update: give an adopted object back
-  verbs: [get, list, patch, update, delete]
+  # get/patch: publish by server-side apply (an apply that creates is also authorized as a create);
+  # list/delete: prune what a pass no longer renders; update: give an adopted object back exactly
+  verbs: [get, create, list, patch, update, delete]
 {{- if .Values.ha.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

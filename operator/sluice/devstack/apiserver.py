@@ -2,43 +2,50 @@
 
 kmock provides the HTTP server, request parsing, API discovery (`/api`, `/apis`, group/version resource lists)
 and Status error rendering; `apistore.Store` provides the object semantics (see its docstring). This module joins
-them: routes object requests (get, list, watch, create, update, patch, server-side apply, delete, the status
-subresource) to the store, streams watches as JSON lines (kubectl rejects other content types), answers
-`kubectl get` with server-side Tables, keeps discovery in step with CRDs created at run time, and records an
-audit trail of every request (verb, resource, namespace, subresource, client) for RBAC checks.
+them: serves HTTPS (`apitls`), authenticates and authorizes every request (`apirbac`), routes object requests (get,
+list, watch, create, update, patch, server-side apply, delete, the status subresource, TokenRequest) to the
+store with `dryRun` and `fieldValidation`, decodes protobuf bodies (`apiprotobuf`), refuses bodies over 3 MiB,
+serves the OpenAPI documents (`apiopenapi`), streams watches as JSON lines with bookmarks, answers `kubectl get`
+with server-side Tables, keeps discovery in step with CRDs created at run time, and records an audit trail of
+every request (user, decision, verb, resource, namespace, subresource, client).
 
     python -m sluice.devstack.apiserver --kubeconfig out/kubeconfig [--port 0] [--crd FILE ...] [--audit-log FILE]
 
-It prints `ready <url>` once serving and runs until SIGTERM or SIGINT. It listens on 127.0.0.1 only.
+It prints `ready <url>` once serving and runs until SIGTERM or SIGINT. It listens on 127.0.0.1 only. The
+kubeconfig's token is the admin's; `kubectl create token SA` gives a service account's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import copy
 import json
 import signal
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp.test_utils
 import aiohttp.web
 import attrs
 import kmock
 import yaml
 from kmock._internal import parsing as kmock_parsing
+from multidict import CIMultiDict
 
-from sluice.devstack.apistore import (
-    ApiError,
-    ResourceType,
-    Store,
-    as_table,
-    field_selector_matches,
-    label_selector_matches,
-)
+from sluice.devstack import apiopenapi, apiprotobuf, apirbac, apitls
+from sluice.devstack.apiselect import as_table, field_selector_matches, label_selector_matches
+from sluice.devstack.apistore import ApiError, ResourceType, Store
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+ADMIN_TOKEN = "local-stack"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+# kube-apiserver's MaxRequestBodyBytes: twice etcd's 1.5 MiB, because JSON is larger than the stored protobuf.
+MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
 
 _kmock_parse_path = kmock_parsing.parse_path
 
@@ -60,18 +67,50 @@ def _parse_path(path: str) -> Any:
 kmock_parsing.parse_path = _parse_path
 
 
+class _Request(aiohttp.web.BaseRequest):
+    """A request whose text never fails: kmock decodes every body, and protobuf bodies are not UTF-8."""
+
+    async def text(self) -> str:
+        body = await self.read()
+        return body.decode(self.charset or "utf-8", errors="replace")
+
+
+class _HttpServer(aiohttp.test_utils.RawTestServer):
+    """kmock's HTTP server, reading bodies past aiohttp's 1 MiB default so the API's own limit decides."""
+
+    async def _make_runner(self, debug: bool = True, **kwargs: Any) -> aiohttp.web.ServerRunner:
+        loop = asyncio.get_running_loop()
+
+        def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> aiohttp.web.BaseRequest:
+            return _Request(message, payload, protocol, writer, task, loop, client_max_size=4 * MAX_REQUEST_BODY_BYTES)
+
+        server = aiohttp.web.Server(self._handler, loop=loop, debug=debug, request_factory=make_request, **kwargs)
+        return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesScaffold):
     store: Store = attrs.field(factory=Store)
     audit: list[dict[str, str]] = attrs.field(factory=list)
     audit_path: Path | None = None
     changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+    openapi_cache: dict[str, Any] = attrs.field(factory=dict)
+    authenticator: apirbac.Authenticator = attrs.field(factory=apirbac.Authenticator)
+    rbac: apirbac.Rbac = attrs.field(init=False)
+    # kube-apiserver sends a watch bookmark about once a minute to clients that allow them.
+    bookmark_interval: float = 60.0
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.sync_discovery()
+        # The kubeconfig's token is the cluster admin's: system:masters, which RBAC never restricts.
+        self.authenticator.add(
+            ADMIN_TOKEN, apirbac.User("sluice-local-admin", (apirbac.ADMIN_GROUP, apirbac.AUTHENTICATED))
+        )
+        self.rbac = apirbac.Rbac(lambda plural: self.store.select(self.store.find_type(RBAC_GROUP, plural), None))
 
     def sync_discovery(self) -> None:
+        self.openapi_cache.clear()
         for rtype in self.store.types.values():
             for version in rtype.versions:
                 key = f"{rtype.group}/{version}/{rtype.plural}" if rtype.group else f"v1/{rtype.plural}"
@@ -95,7 +134,18 @@ class ApiServer(kmock.KubernetesScaffold):
     # ------------------------------------------------------------------------------------------ discovery
 
     async def _serve_server_version(self, request: Any) -> dict[str, Any]:
-        return {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sluice-local", "platform": "linux/amd64"}
+        # Every field version.Info has: typed clients (the Python client's VersionInfo) require them all.
+        return {
+            "major": "1",
+            "minor": "32",
+            "gitVersion": "v1.32.0-sluice-local",
+            "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z",
+            "goVersion": "go1.23.0",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
 
     async def _serve_version(self, request: Any) -> dict[str, Any]:
         """APIResourceList as a real server writes it: subresources carry no short names or categories."""
@@ -133,23 +183,143 @@ class ApiServer(kmock.KubernetesScaffold):
             "resources": resources,
         }
 
+    # ------------------------------------------------------------------------------------------ OpenAPI
+
+    def _served_types(self) -> tuple[list[apiopenapi.ServedType], list[dict[str, Any]]]:
+        served = [
+            apiopenapi.ServedType(t.group, version, t.plural, t.kind, t.namespaced, t.has_status)
+            for t in self.store.types.values()
+            for version in t.versions
+        ]
+        crd_type = self.store.find_type("apiextensions.k8s.io", "customresourcedefinitions")
+        return served, list(self.store.bucket(crd_type).values())
+
+    def _openapi_document(self, path: str) -> dict[str, Any] | None:
+        """The document at /openapi/…, built once per set of served types (CRD changes clear the cache)."""
+        if path not in self.openapi_cache:
+            served, crds = self._served_types()
+            if path == "v2":
+                self.openapi_cache[path] = apiopenapi.openapi_v2(served, crds)
+            elif path == "v3":
+                self.openapi_cache[path] = apiopenapi.openapi_v3_root(served, crds)
+            elif path.startswith("v3/"):
+                self.openapi_cache[path] = apiopenapi.openapi_v3_group_version(served, crds, path[3:])
+            else:
+                self.openapi_cache[path] = None
+        document: dict[str, Any] | None = self.openapi_cache[path]
+        return document
+
+    def _serve_openapi(self, request: Any) -> aiohttp.web.StreamResponse:
+        path = request.url.path.removeprefix("/openapi/").strip("/")
+        accept = request.headers.get("Accept", "")
+        if "protobuf" in accept and "json" not in accept and "*/*" not in accept:
+            # kube-apiserver serves protobuf too; clients that ask for it retry with JSON on 406.
+            failure = ApiError(406, "NotAcceptable", "only application/json is served")
+            return aiohttp.web.json_response(failure.status(), status=406)
+        document = self._openapi_document(path)
+        if document is None:
+            failure = ApiError(404, "NotFound", "the server could not find the requested resource")
+            return aiohttp.web.json_response(failure.status(), status=404)
+        return aiohttp.web.json_response(document)
+
     # ------------------------------------------------------------------------------------------ routing
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        requester = self.authenticator.authenticate(request.headers.get("Authorization"))
+        if requester is None:
+            return aiohttp.web.json_response(ApiError(401, "Unauthorized", "Unauthorized").status(), status=401)
+        acting = apirbac.impersonated(request._raw_request.headers, self.rbac, requester)
+        if isinstance(acting, str):
+            return aiohttp.web.json_response(ApiError(403, "Forbidden", acting).status(), status=403)
+        user = acting
         resource = request.resource
-        if resource is None or resource.plural is None or resource.version is None or request.method is None:
+        is_resource = not (
+            request.url.path.startswith("/openapi/")
+            or resource is None
+            or resource.plural is None
+            or resource.version is None
+            or request.method is None
+        )
+        if not is_resource:
+            if not apirbac.path_allowed(user, request.url.path):
+                verb = str(request.method or "get").split(".")[-1].lower()
+                denied = ApiError(403, "Forbidden", apirbac.forbidden_path_message(user, verb, request.url.path))
+                return aiohttp.web.json_response(denied.status(), status=403)
+            if request.url.path.startswith("/openapi/"):
+                return self._serve_openapi(request)
+            if request.url.path == "/version/":  # the official Python client asks with the slash
+                return aiohttp.web.json_response(await self._serve_server_version(request))
             return await super()._handle(request)  # discovery, /version, unknown paths
         raw = request._raw_request
         self._trim_request_history()
+        if len(request.body) > MAX_REQUEST_BODY_BYTES:
+            too_large = ApiError(
+                413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BODY_BYTES}"
+            )
+            return aiohttp.web.json_response(too_large.status(), status=413)
         try:
             rtype = self.store.find_type(resource.group or "", resource.plural)
             if resource.version not in rtype.versions:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
-            self._audit(request, rtype)
-            response = await self._serve(request, rtype, raw)
+            allowed = False
+            try:
+                self._authorize(request, rtype, user)
+                allowed = True
+            finally:
+                self._audit(request, rtype, user, allowed)
+            if self._creates_by_apply(request, rtype):
+                self._authorize_create_on_apply(request, rtype, user)
+            response = await self._serve(request, rtype, raw, user)
         except ApiError as failure:
             return aiohttp.web.json_response(failure.status(), status=failure.code)
         return response
+
+    def _creates_by_apply(self, request: Any, rtype: ResourceType) -> bool:
+        is_apply = request.headers.get("Content-Type", "").startswith("application/apply-patch")
+        return (
+            self._verb(request) == "patch"
+            and is_apply
+            and not request.subresource
+            and self._current(rtype, request.namespace if rtype.namespaced else None, request.name) is None
+        )
+
+    def _authorize_create_on_apply(self, request: Any, rtype: ResourceType, user: apirbac.User) -> None:
+        """A server-side apply that creates needs `create` too (the patch handler's withAuthorization)."""
+        attributes = apirbac.Request(
+            "create", rtype.group, rtype.plural, "", (request.namespace or "") if rtype.namespaced else "", request.name
+        )
+        allowed, reason = self.rbac.authorize(user, attributes)
+        self._audit(request, rtype, user, allowed, verb="create")
+        if not allowed:
+            group_resource = f"{rtype.plural}.{rtype.group}" if rtype.group else rtype.plural
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{group_resource} "{request.name}" is forbidden: {reason}',
+                {"name": request.name, "group": rtype.group, "kind": rtype.plural},
+            )
+
+    def _authorize(self, request: Any, rtype: ResourceType, user: apirbac.User) -> None:
+        # A Namespace's own requests are judged in that namespace, so a RoleBinding there can grant them.
+        namespace = request.namespace if rtype.namespaced else ""
+        if rtype.key == ("", "namespaces") and request.name:
+            namespace = request.name
+        attributes = apirbac.Request(
+            self._verb(request),
+            rtype.group,
+            rtype.plural,
+            request.subresource or "",
+            namespace or "",
+            request.name or "",
+        )
+        allowed, reason = self.rbac.authorize(user, attributes)
+        if not allowed:
+            raise ApiError(
+                403,
+                "Forbidden",
+                apirbac.forbidden_message(user, attributes, reason),
+                {"name": attributes.name, "group": rtype.group, "kind": rtype.plural},
+            )
 
     def _trim_request_history(self) -> None:
         # kmock keeps every request for assertions; a long-running server keeps only the recent ones.
@@ -166,9 +336,13 @@ class ApiServer(kmock.KubernetesScaffold):
             method.split(".")[-1], method
         )
 
-    def _audit(self, request: Any, rtype: ResourceType) -> None:
+    def _audit(
+        self, request: Any, rtype: ResourceType, user: apirbac.User, allowed: bool, verb: str | None = None
+    ) -> None:
         entry = {
-            "verb": self._verb(request),
+            "user": user.name,
+            "decision": "allow" if allowed else "forbid",
+            "verb": verb or self._verb(request),
             "group": rtype.group,
             "resource": rtype.plural,
             "subresource": request.subresource or "",
@@ -183,7 +357,9 @@ class ApiServer(kmock.KubernetesScaffold):
             with self.audit_path.open("a") as log:
                 log.write(json.dumps(entry) + "\n")
 
-    async def _serve(self, request: Any, rtype: ResourceType, raw: Any) -> aiohttp.web.StreamResponse:
+    async def _serve(
+        self, request: Any, rtype: ResourceType, raw: Any, user: apirbac.User
+    ) -> aiohttp.web.StreamResponse:
         verb = self._verb(request)
         version = request.resource.version
         namespace = request.namespace if rtype.namespaced else None
@@ -192,6 +368,10 @@ class ApiServer(kmock.KubernetesScaffold):
         store = self.store
         if verb == "watch":
             return await self._watch(request, rtype, namespace, raw)
+        if rtype.key == ("", "serviceaccounts") and request.subresource == "token" and verb == "create":
+            return self._token_request(request)
+        if rtype.key in apirbac.SELF_REVIEWS and verb == "create":
+            return self._self_review(request, rtype, user)
         if verb == "list":
             items = store.select(rtype, namespace, params.get("labelSelector"), params.get("fieldSelector"))
             if wants_table:
@@ -209,33 +389,148 @@ class ApiServer(kmock.KubernetesScaffold):
             if wants_table:
                 return aiohttp.web.json_response(as_table(rtype, [obj], str(store.revision)))
             return aiohttp.web.json_response(self._versioned(obj, rtype, version))
+        dry_run = self._dry_run(params, self._delete_options(request) if verb == "delete" else {})
+        store.field_validation = self._field_validation(params)
+        store.warnings = []
+        if not dry_run:
+            obj, code = self._write(verb, request, rtype, version, namespace)
+            await self._notify(rtype)
+            return self._answer(obj, code)
+        before = self._current(rtype, namespace, request.name)
+        with store.dry_run():
+            obj, code = self._write(verb, request, rtype, version, namespace)
+        obj = copy.deepcopy(obj)
+        # Nothing was stored, so nothing got a new resourceVersion.
+        if before is None:
+            obj["metadata"].pop("resourceVersion", None)
+        else:
+            obj["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"]
+        return self._answer(obj, code)
+
+    def _answer(self, obj: dict[str, Any], code: int) -> aiohttp.web.Response:
+        """The written object, with one `Warning: 299` header per warning (kubectl prints them as `Warning: …`)."""
+        headers = CIMultiDict(("Warning", f"299 - {json.dumps(text)}") for text in self.store.warnings)
+        return aiohttp.web.json_response(obj, status=code, headers=headers)
+
+    @staticmethod
+    def _field_validation(params: Any) -> str:
+        """The `fieldValidation` directive; kube-apiserver's default, when a client sends none, is Warn."""
+        directive = params.get("fieldValidation") or "Warn"
+        if directive not in ("Strict", "Warn", "Ignore"):
+            raise ApiError(
+                400, "BadRequest", f"fieldValidation must be one of Ignore, Warn or Strict, got {directive!r}"
+            )
+        return str(directive)
+
+    @staticmethod
+    def _delete_options(request: Any) -> dict[str, Any]:
+        """kubectl and client-go send DELETE's options (dryRun, preconditions, propagation) as a body."""
+        if not request.body:
+            return {}
+        if request.headers.get("Content-Type", "").startswith(apiprotobuf.CONTENT_TYPE):
+            try:
+                return apiprotobuf.decode(request.body)
+            except apiprotobuf.ProtobufError as failure:
+                raise ApiError(415, "UnsupportedMediaType", str(failure)) from None
+        try:
+            options = json.loads(request.body)
+        except json.JSONDecodeError:
+            raise ApiError(400, "BadRequest", "the DeleteOptions body is not valid JSON") from None
+        return options if isinstance(options, dict) else {}
+
+    def _self_review(self, request: Any, rtype: ResourceType, user: apirbac.User) -> aiohttp.web.Response:
+        """`kubectl auth whoami` (SelfSubjectReview) and `kubectl auth can-i` (SelfSubjectAccessReview)."""
+        review = self._json_body(request)
+        answer: dict[str, Any] = {"kind": rtype.kind, "apiVersion": rtype.api_version("v1"), "metadata": {}}
+        if rtype.plural == "selfsubjectreviews":
+            answer["status"] = {"userInfo": {"username": user.name, "groups": list(user.groups)}}
+            return aiohttp.web.json_response(answer, status=201)
+        spec = review.get("spec") or {}
+        answer["spec"] = spec
+        attributes = spec.get("resourceAttributes")
+        if attributes is None:
+            path = (spec.get("nonResourceAttributes") or {}).get("path", "")
+            answer["status"] = {"allowed": apirbac.path_allowed(user, path)}
+            return aiohttp.web.json_response(answer, status=201)
+        check = apirbac.Request(
+            attributes.get("verb", ""),
+            attributes.get("group", ""),
+            attributes.get("resource", ""),
+            attributes.get("subresource", ""),
+            attributes.get("namespace", ""),
+            attributes.get("name", ""),
+        )
+        allowed, reason = self.rbac.authorize(user, check)
+        answer["status"] = {"allowed": allowed, **({"reason": reason} if reason else {})}
+        return aiohttp.web.json_response(answer, status=201)
+
+    def _token_request(self, request: Any) -> aiohttp.web.Response:
+        """The TokenRequest API (`kubectl create token SA`): a bearer token authenticating as the service account."""
+        account = self.store.get(self.store.find_type("", "serviceaccounts"), request.namespace, request.name)
+        token = self.authenticator.mint(apirbac.service_account_user(request.namespace, request.name))
+        spec = self._json_body(request).get("spec") or {}
+        expiry = datetime.now(UTC) + timedelta(seconds=int(spec.get("expirationSeconds") or 3600))
+        answer = {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": request.name, "namespace": request.namespace, "uid": account["metadata"]["uid"]},
+            "spec": {"audiences": spec.get("audiences") or ["https://kubernetes.default.svc"], **spec},
+            "status": {"token": token, "expirationTimestamp": expiry.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        }
+        return aiohttp.web.json_response(answer, status=201)
+
+    @staticmethod
+    def _dry_run(params: Any, delete_options: dict[str, Any]) -> bool:
+        values = params.getall("dryRun", []) if hasattr(params, "getall") else [params.get("dryRun")]
+        values = [value for value in [*values, *(delete_options.get("dryRun") or [])] if value]
+        if any(value != "All" for value in values):
+            raise ApiError(400, "BadRequest", f'Invalid value: "{values[0]}": supported values: "All"')
+        return bool(values)
+
+    def _current(self, rtype: ResourceType, namespace: str | None, name: str | None) -> dict[str, Any] | None:
+        if not name:
+            return None
+        try:
+            return self.store.get(rtype, namespace, name)
+        except ApiError:
+            return None
+
+    def _write(
+        self, verb: str, request: Any, rtype: ResourceType, version: str, namespace: str | None
+    ) -> tuple[dict[str, Any], int]:
+        """One write, answered with the object and the HTTP code; the caller decides whether it is kept."""
+        store, params = self.store, request.params
         manager = params.get("fieldManager", "")
+        content_type = request.headers.get("Content-Type", "application/merge-patch+json")
+        if not manager and not content_type.startswith("application/apply-patch"):
+            # kube-apiserver names an update's manager after the client's User-Agent product (up to the "/").
+            manager = request.headers.get("User-Agent", "").split("/", 1)[0][:128]
         if verb == "create":
             body = self._json_body(request)
-            obj = store.create(rtype, version, namespace, body, manager)
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj, status=201)
+            return store.create(rtype, version, namespace, body, manager), 201
         if verb == "update":
             body = self._json_body(request)
-            obj = store.replace(rtype, version, namespace, request.name, body, request.subresource)
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj)
+            return store.replace(
+                rtype, version, namespace, request.name, body, request.subresource, manager=manager
+            ), 200
         if verb == "patch":
-            content_type = request.headers.get("Content-Type", "application/merge-patch+json")
             force = params.get("force") in ("true", "1")
             obj = store.patch(
                 rtype, version, namespace, request.name, content_type, request.body, request.subresource, manager, force
             )
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj)
+            return obj, 200
         if verb == "delete":
-            obj = store.delete(rtype, namespace, request.name)
-            await self._notify(rtype)
-            return aiohttp.web.json_response(obj)
+            preconditions = self._delete_options(request).get("preconditions") or {}
+            return store.delete(rtype, namespace, request.name, preconditions), 200
         raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported")
 
     @staticmethod
     def _json_body(request: Any) -> dict[str, Any]:
+        if request.headers.get("Content-Type", "").startswith(apiprotobuf.CONTENT_TYPE):
+            try:
+                return apiprotobuf.decode(request.body)
+            except apiprotobuf.ProtobufError as failure:
+                raise ApiError(415, "UnsupportedMediaType", str(failure)) from None
         try:
             body = json.loads(request.body or b"{}")
         except json.JSONDecodeError as failure:
@@ -262,6 +557,8 @@ class ApiServer(kmock.KubernetesScaffold):
         version = request.resource.version
         timeout = float(params.get("timeoutSeconds", "1800"))
         since = params.get("resourceVersion", "")
+        if since not in ("", "0") and not since.isdigit():
+            raise ApiError(400, "BadRequest", f'invalid resource version "{since}"')
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(raw)
 
@@ -277,32 +574,45 @@ class ApiServer(kmock.KubernetesScaffold):
             line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
             await response.write(line.encode())
 
+        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+
+        async def bookmark(annotations: dict[str, str] | None = None) -> None:
+            # A bookmark carries only the kind and the resourceVersion the watcher has now seen everything up to.
+            meta: dict[str, Any] = {"resourceVersion": str(self.store.revision)}
+            if annotations:
+                meta["annotations"] = annotations
+            await send("BOOKMARK", {"kind": rtype.kind, "metadata": meta})
+
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            if since in ("", "0"):
+            if since in ("", "0") or params.get("sendInitialEvents") in ("true", "1"):
                 last = self.store.revision
                 for obj in self.store.select(rtype, namespace, labels, fields):
                     if visible(obj):
                         await send("ADDED", obj)
+                if bookmarks and params.get("sendInitialEvents") in ("true", "1"):
+                    await bookmark({"k8s.io/initial-events-end": "true"})
             else:
-                try:
-                    last = int(since)
-                except ValueError:
-                    last = self.store.revision
+                last = int(since)
                 try:
                     self.store.events_since(rtype, last)
                 except ApiError as expired:
                     await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
                     return response
+            next_bookmark = loop.time() + self.bookmark_interval
             while loop.time() < deadline:
                 for event in self.store.events_since(rtype, last):
                     last = event.resource_version
                     if visible(event.obj):
                         await send(event.type, event.obj)
+                if bookmarks and loop.time() >= next_bookmark:
+                    await bookmark()
+                    next_bookmark = loop.time() + self.bookmark_interval
+                wait = min(5.0, deadline - loop.time(), next_bookmark - loop.time() if bookmarks else 5.0)
                 async with self.changed:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.0, min(5.0, deadline - loop.time())))
+                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.0, wait))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         with contextlib.suppress(ConnectionResetError):
@@ -310,12 +620,14 @@ class ApiServer(kmock.KubernetesScaffold):
         return response
 
 
-def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:
+def write_kubeconfig(path: Path, url: str, ca_pem: bytes, namespace: str = "default", token: str = ADMIN_TOKEN) -> None:
+    """A kubeconfig for this server; the default token is the admin's, a minted one is a service account's."""
+    cluster = {"server": url, "certificate-authority-data": base64.b64encode(ca_pem).decode()}
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "sluice-local", "cluster": {"server": url}}],
-        "users": [{"name": "sluice-local", "user": {"token": "local-stack"}}],
+        "clusters": [{"name": "sluice-local", "cluster": cluster}],
+        "users": [{"name": "sluice-local", "user": {"token": token}}],
         "contexts": [
             {
                 "name": "sluice-local",
@@ -329,7 +641,11 @@ def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    server = ApiServer(audit_path=Path(args.audit_log) if args.audit_log else None)
+    server = ApiServer(
+        audit_path=Path(args.audit_log) if args.audit_log else None,
+        store=Store(history=args.watch_history),
+        bookmark_interval=args.bookmark_interval,
+    )
     for crd in args.crd:
         server.load_crds(Path(crd))
     for namespace in args.namespace:
@@ -339,9 +655,17 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with server, kmock.Server(server, host="127.0.0.1", port=args.port) as http:
-        url = f"http://127.0.0.1:{http.port}"
-        write_kubeconfig(Path(args.kubeconfig), url)
+    kubeconfig = Path(args.kubeconfig)
+    cert, key = apitls.serving_certificate(kubeconfig.parent / f"{kubeconfig.name}.tls")
+    context = apitls.server_context(cert, key)
+
+    class HttpsServer(_HttpServer):
+        async def start_server(self, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
+            await super().start_server(loop=loop, ssl=context, **kwargs)
+
+    async with server, kmock.Server(server, host="127.0.0.1", port=args.port, server_cls=HttpsServer) as http:
+        url = f"https://127.0.0.1:{http.port}"
+        write_kubeconfig(kubeconfig, url, cert.read_bytes())
         print(f"ready {url}", flush=True)
         await stop.wait()
 
@@ -355,6 +679,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--crd", action="append", default=[], help="CRD file(s) to register at start (repeatable)")
     parser.add_argument("--namespace", action="append", default=["default"], help="namespaces to create at start")
     parser.add_argument("--audit-log", help="append one JSON line per request here")
+    parser.add_argument(
+        "--watch-history", type=int, default=20000, help="events kept for watches from a resourceVersion (older: 410)"
+    )
+    parser.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks")
     args = parser.parse_args(argv)
     try:
         asyncio.run(serve(args))

@@ -2,38 +2,64 @@
 
 Local-stack tool. Implements the semantics clients such as kopf, the official `kubernetes` client and kubectl rely
 on: `resourceVersion` (one counter for the whole store), `uid`, `creationTimestamp`, `generation` bumped on spec
-changes, optimistic concurrency (409 on a stale resourceVersion), JSON merge patch, JSON patch (a failed `test`
-is 422), strategic merge patch (treated as a merge patch: enough for the fields used here), server-side apply with
-per-manager field ownership (fields a manager stops applying are removed), the status subresource (status is
-ignored on create and on main-resource writes, only status changes through /status), finalizers and
-`deletionTimestamp`, ownerReference garbage collection (background cascade), CRD registration by creating a
-CustomResourceDefinition, schema + CEL validation of custom resources with 422 and per-field causes, label and
-field selectors, an event log for watches from a resourceVersion (410 Gone when too old), and server-side
-printing (`as=Table`) with a CRD's additionalPrinterColumns.
+changes, optimistic concurrency (409 on a stale resourceVersion, in a PUT, a merge patch or a JSON patch), JSON
+merge patch, JSON patch (a failed `test` is 422), strategic merge patch on built-in kinds (treated as a merge
+patch; refused with 415 for custom resources, as kube-apiserver does), server-side apply with field ownership and
+conflicts (`apiownership`), dry runs (`dry_run()`: the write runs, then the store is put back), delete
+preconditions, the status subresource (status is ignored on create and on main-resource writes), finalizers and
+`deletionTimestamp`, ownerReference garbage collection (background cascade), CRD registration, update and removal
+by writing CustomResourceDefinitions, schema + CEL validation of custom resources (`apivalidation`) with 422 and
+per-field causes and `fieldValidation` Strict/Warn/Ignore, metadata validation (`apinames`), size limits
+(`apilimits`), label and field selectors (`apiselect`), and an event log for watches from a resourceVersion (410
+Gone when older than the history kept).
 
 Simplifications, stated: one storage version per group/plural (objects are served under every version of the
-group); strategic merge patch does not merge lists by key; server-side apply never reports conflicts (as if
-`force=true`); no admission webhooks, no RBAC.
+group); strategic merge patch does not merge lists by key and lists are atomic for field ownership; built-in kinds
+are not validated against their schemas (only metadata and ConfigMap/Secret size); no admission webhooks.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
-import itertools
 import json
-import re
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import jsonpatch
 
+from sluice.devstack.apibuiltin import prune_unknown_fields
+from sluice.devstack.apilimits import data_size_errors, exceeds_etcd_limit
+from sluice.devstack.apinames import generated_name, metadata_errors
+from sluice.devstack.apiownership import (
+    Manager,
+    Ownership,
+    conflict_message,
+    deep_apply,
+    last_applied_fields,
+    owned_leaves,
+    remove_path,
+)
+from sluice.devstack.apiselect import field_selector_matches, label_selector_matches
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 
 JSON = Any
+
+
+# metav1.CauseType of each field error kind, as the Status details of a 422 name them.
+_CAUSE_TYPES = {
+    "Required value": "FieldValueRequired",
+    "Unsupported value": "FieldValueNotSupported",
+    "Too long": "FieldValueTooLong",
+    "Too many": "FieldValueTooMany",
+    "Forbidden": "FieldValueForbidden",
+    "unknown field": "FieldValueUnknown",
+}
 
 
 class ApiError(Exception):
@@ -50,9 +76,10 @@ class ApiError(Exception):
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         }
+        if self.reason:  # omitted, as metav1.Status omits an empty reason
+            body["reason"] = self.reason
         if self.details:
             body["details"] = self.details
         return body
@@ -79,6 +106,16 @@ class ResourceType:
     def api_version(self, version: str) -> str:
         return f"{self.group}/{version}" if self.group else version
 
+    @property
+    def group_resource(self) -> str:
+        """`inferencepools.inference.sluice.dev`, or just `configmaps` in the core group, as errors name resources."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def group_kind(self) -> str:
+        """`InferencePool.inference.sluice.dev`, or `ConfigMap`: how `... is invalid` messages name kinds."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
 
 BUILTINS = [
     ResourceType("", ["v1"], "namespaces", "Namespace", False, "namespace", ["ns"], has_status=True),
@@ -90,6 +127,37 @@ BUILTINS = [
     ResourceType("", ["v1"], "serviceaccounts", "ServiceAccount", True, "serviceaccount", ["sa"]),
     ResourceType("events.k8s.io", ["v1"], "events", "Event", True, "event", ["ev"]),
     ResourceType("coordination.k8s.io", ["v1"], "leases", "Lease", True, "lease"),
+    # reviews: answered, never stored (`kubectl auth can-i`, `kubectl auth whoami`)
+    ResourceType(
+        "authorization.k8s.io",
+        ["v1"],
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        False,
+        "selfsubjectaccessreview",
+    ),
+    ResourceType(
+        "authentication.k8s.io", ["v1"], "selfsubjectreviews", "SelfSubjectReview", False, "selfsubjectreview"
+    ),
+    # what the Helm chart renders, and RBAC, which the emulator enforces
+    ResourceType("apps", ["v1"], "deployments", "Deployment", True, "deployment", ["deploy"], ["all"], has_status=True),
+    ResourceType(
+        "policy",
+        ["v1"],
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        True,
+        "poddisruptionbudget",
+        ["pdb"],
+        has_status=True,
+    ),
+    ResourceType("networking.k8s.io", ["v1"], "networkpolicies", "NetworkPolicy", True, "networkpolicy", ["netpol"]),
+    ResourceType("rbac.authorization.k8s.io", ["v1"], "roles", "Role", True, "role"),
+    ResourceType("rbac.authorization.k8s.io", ["v1"], "rolebindings", "RoleBinding", True, "rolebinding"),
+    ResourceType("rbac.authorization.k8s.io", ["v1"], "clusterroles", "ClusterRole", False, "clusterrole"),
+    ResourceType(
+        "rbac.authorization.k8s.io", ["v1"], "clusterrolebindings", "ClusterRoleBinding", False, "clusterrolebinding"
+    ),
     ResourceType(
         "apiextensions.k8s.io",
         ["v1"],
@@ -101,6 +169,17 @@ BUILTINS = [
         has_status=True,
     ),
 ]
+
+
+# Custom resources have no Go struct to merge by, so kube-apiserver refuses strategic merge patches for them.
+CUSTOM_RESOURCE_PATCH_TYPES = [
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/apply-patch+yaml",
+]
+
+
+CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 
 
 def now_rfc3339() -> str:
@@ -121,185 +200,6 @@ def merge_patch(target: JSON, patch: JSON) -> JSON:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
-
-
-def _leaf_paths(value: JSON, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    """Field paths a server-side-apply configuration sets; lists are atomic (Istio's and ours are)."""
-    if isinstance(value, dict) and value:
-        out: set[tuple[str, ...]] = set()
-        for key, child in value.items():
-            out |= _leaf_paths(child, (*prefix, key))
-        return out
-    return {prefix}
-
-
-def fields_v1(paths: set[tuple[str, ...]]) -> dict[str, Any]:
-    """The managedFields FieldsV1 set for these field paths: {"f:spec": {"f:a": {}}}."""
-    root: dict[str, Any] = {}
-    for path in paths:
-        node = root
-        for key in path:
-            node = node.setdefault(f"f:{key}", {})
-    return root
-
-
-def _remove_path(obj: dict[str, Any], path: tuple[str, ...]) -> None:
-    node: Any = obj
-    for key in path[:-1]:
-        if not isinstance(node, dict) or key not in node:
-            return
-        node = node[key]
-    if isinstance(node, dict):
-        node.pop(path[-1], None)
-    # Drop objects left empty by the removal, as the API server prunes them.
-    for depth in range(len(path) - 1, 0, -1):
-        parent: Any = obj
-        for key in path[: depth - 1]:
-            parent = parent.get(key, {}) if isinstance(parent, dict) else {}
-        child = parent.get(path[depth - 1]) if isinstance(parent, dict) else None
-        if isinstance(child, dict) and not child:
-            parent.pop(path[depth - 1], None)
-
-
-def _deep_apply(target: dict[str, Any], applied: dict[str, Any]) -> None:
-    for key, value in applied.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _deep_apply(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
-
-
-# ------------------------------------------------------------------------------------------------ selectors
-
-_SET_EXPR = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
-
-
-def _split_selector(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for char in text:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    if current.strip():
-        parts.append(current)
-    return parts
-
-
-def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
-    if not selector:
-        return True
-    for raw_term in _split_selector(selector):
-        term = raw_term.strip()
-        if match := _SET_EXPR.match(term):
-            key, op, values = match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",")}
-            present = key in labels and labels[key] in values
-            if (op == "in" and not present) or (op == "notin" and key in labels and labels[key] in values):
-                return False
-        elif "!=" in term:
-            key, value = (s.strip() for s in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = (s.strip() for s in re.split(r"==?", term, maxsplit=1))
-            if labels.get(key) != value:
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def field_selector_matches(selector: str | None, obj: dict[str, Any]) -> bool:
-    if not selector:
-        return True
-    for term in selector.split(","):
-        negate = "!=" in term
-        path, value = (s.strip() for s in re.split(r"!=|==?", term, maxsplit=1))
-        node: Any = obj
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if (str(node) == value) == negate:
-            return False
-    return True
-
-
-# ------------------------------------------------------------------------------------------------ printing
-
-
-def jsonpath_value(obj: JSON, path: str) -> JSON:
-    """The subset of JSONPath printer columns use: `.a.b`, `[0]`, `[?(@.k=="v")]`."""
-    tokens = re.findall(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_.-]+)==\"([^\"]*)\"\)\]", path)
-    nodes: list[JSON] = [obj]
-    for name, index, filter_key, filter_value in tokens:
-        nxt: list[JSON] = []
-        for node in nodes:
-            if name and isinstance(node, dict) and name in node:
-                nxt.append(node[name])
-            elif index and isinstance(node, list) and int(index) < len(node):
-                nxt.append(node[int(index)])
-            elif filter_key and isinstance(node, list):
-                nxt += [item for item in node if isinstance(item, dict) and str(item.get(filter_key)) == filter_value]
-        nodes = nxt
-    return nodes[0] if nodes else None
-
-
-def _age(timestamp: str | None) -> str:
-    if not timestamp:
-        return "<unknown>"
-    seconds = int((datetime.now(UTC) - datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds())
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
-
-
-def as_table(rtype: ResourceType, objects: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
-    """A meta.k8s.io/v1 Table, as `kubectl get` asks for, using the CRD's printer columns."""
-    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
-    columns += [
-        {
-            "name": c["name"],
-            "type": c.get("type", "string"),
-            "format": "",
-            "description": c.get("description", ""),
-            "priority": c.get("priority", 0),
-        }
-        for c in rtype.printer_columns
-    ] or [{"name": "Age", "type": "date", "format": "", "description": "Age", "priority": 0}]
-    rows = []
-    for obj in objects:
-        cells: list[Any] = [obj["metadata"]["name"]]
-        for column in rtype.printer_columns or [{"jsonPath": ".metadata.creationTimestamp", "type": "date"}]:
-            value = jsonpath_value(obj, column["jsonPath"])
-            if column.get("type") == "date":
-                value = _age(value)
-            cells.append("" if value is None else value)
-        rows.append(
-            {
-                "cells": cells,
-                "object": {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": obj["metadata"],
-                },
-            }
-        )
-    return {
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": columns,
-        "rows": rows,
-    }
 
 
 def _fold_string_data(rtype: ResourceType, obj: dict[str, Any]) -> None:
@@ -328,11 +228,13 @@ class Store:
         self.types: dict[tuple[str, str], ResourceType] = {rt.key: rt for rt in BUILTINS}
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
         self.log: deque[WatchEvent] = deque(maxlen=history)
-        self.counter = itertools.count(1000)
         self.revision = 1000
         self.schemas = SchemaRegistry()
-        # Server-side apply: which field paths each (object, manager, subresource) applied last time.
-        self.owned: dict[tuple[Any, ...], set[tuple[str, ...]]] = {}
+        # Per request, set by the HTTP layer: how unknown fields are judged, and the warnings to send back.
+        self.field_validation = "Warn"
+        self.warnings: list[str] = []
+        self.dry = False  # inside dry_run(): nothing reaches storage, so storage limits do not apply
+        self.ownership = Ownership()  # managedFields: who owns which fields of each object
 
     # ---- types
 
@@ -367,8 +269,30 @@ class Store:
     # ---- bookkeeping
 
     def _bump(self) -> int:
-        self.revision = next(self.counter)
+        self.revision += 1
         return self.revision
+
+    @contextlib.contextmanager
+    def dry_run(self) -> Iterator[None]:
+        """`dryRun=All`: run the write through every check and default, then put the store back as it was."""
+        saved = (
+            copy.deepcopy(self.objects),
+            copy.deepcopy(self.ownership.managers),
+            list(self.log),
+            self.revision,
+            dict(self.types),
+            self.schemas.snapshot(),
+        )
+        self.dry = True
+        try:
+            yield
+        finally:
+            self.dry = False
+            objects, owned, log, revision, types, schemas = saved
+            self.objects, self.ownership.managers, self.revision, self.types = objects, owned, revision, types
+            self.log.clear()
+            self.log.extend(log)
+            self.schemas.restore(schemas)
 
     def _record(self, rtype: ResourceType, event_type: str, obj: dict[str, Any]) -> None:
         self.log.append(WatchEvent(int(obj["metadata"]["resourceVersion"]), rtype.key, event_type, copy.deepcopy(obj)))
@@ -379,15 +303,18 @@ class Store:
     def _validate(
         self, rtype: ResourceType, version: str, obj: dict[str, Any], old: dict[str, Any] | None
     ) -> dict[str, Any]:
-        if not rtype.validated:
-            return obj
         candidate = {**obj, "apiVersion": rtype.api_version(version), "kind": rtype.kind}
+        if not rtype.validated:
+            pruned, unknown = prune_unknown_fields(rtype.group, version, rtype.kind, candidate)
+            self._judge_unknown_fields(unknown)
+            return pruned
         try:
-            return self.schemas.validate(candidate, old)
+            checked, unknown = self.schemas.check(candidate, old)
         except ValidationFailed as failure:
+            self._judge_unknown_fields(failure.unknown_fields)
             causes = [
                 {
-                    "reason": "FieldValueInvalid" if e.kind != "unknown field" else "FieldValueUnknown",
+                    "reason": _CAUSE_TYPES.get(e.kind, "FieldValueInvalid"),
                     "message": f"{e.kind}: {e.detail}" if e.kind != "unknown field" else str(e),
                     "field": e.path,
                 }
@@ -404,6 +331,44 @@ class Store:
                     "causes": causes,
                 },
             ) from None
+        self._judge_unknown_fields(unknown)
+        return checked
+
+    def _check_metadata(self, rtype: ResourceType, meta: dict[str, Any], obj: dict[str, Any]) -> None:
+        errors = metadata_errors(rtype.key, meta) + data_size_errors(rtype.key, obj)
+        if errors:
+            raise self._invalid(rtype, meta.get("name") or meta.get("generateName", ""), errors)
+
+    def _check_storable(self, obj: dict[str, Any]) -> None:
+        if not self.dry and exceeds_etcd_limit(obj):
+            # kube-apiserver passes etcd's error on as it is: a 500 without a reason.
+            raise ApiError(500, "", "etcdserver: request is too large")
+
+    @staticmethod
+    def _invalid(rtype: ResourceType, name: str, errors: list[tuple[str, str, str]]) -> ApiError:
+        """422 Invalid as apimachinery words it: one error bare, several in brackets."""
+        texts = [f"{field_path}: {message}" for field_path, _, message in errors]
+        listed = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+        return ApiError(
+            422,
+            "Invalid",
+            f'{rtype.group_kind} "{name}" is invalid: {listed}',
+            {
+                "name": name,
+                "group": rtype.group,
+                "kind": rtype.kind,
+                "causes": [{"reason": reason, "message": message, "field": path} for path, reason, message in errors],
+            },
+        )
+
+    def _judge_unknown_fields(self, paths: list[str]) -> None:
+        """`fieldValidation`: Strict refuses unknown fields (400, before any other check), Warn warns, both prune."""
+        found = [f'unknown field "{path}"' for path in paths]
+        if not found or self.field_validation == "Ignore":
+            return
+        if self.field_validation == "Strict":
+            raise ApiError(400, "BadRequest", "strict decoding error: " + ", ".join(found))
+        self.warnings += found
 
     @staticmethod
     def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:
@@ -417,7 +382,7 @@ class Store:
             raise ApiError(
                 404,
                 "NotFound",
-                f'{rtype.plural}.{rtype.group or "core"} "{name}" not found',
+                f'{rtype.group_resource} "{name}" not found',
                 {"name": name, "group": rtype.group, "kind": rtype.plural},
             )
         return obj
@@ -435,7 +400,8 @@ class Store:
 
     def events_since(self, rtype: ResourceType, resource_version: int) -> list[WatchEvent]:
         if self.log and resource_version < self.log[0].resource_version - 1 and len(self.log) == self.log.maxlen:
-            raise ApiError(410, "Expired", f"too old resource version: {resource_version}")
+            oldest = self.log[0].resource_version - 1
+            raise ApiError(410, "Expired", f"too old resource version: {resource_version} ({oldest})")
         return [e for e in self.log if e.key == rtype.key and e.resource_version > resource_version]
 
     # ---- writes
@@ -447,21 +413,32 @@ class Store:
         namespace: str | None,
         body: dict[str, Any],
         manager: str = "",
-        managed: dict[str, Any] | None = None,
+        applied: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """Store a new object; `applied` is the configuration when server-side apply creates it."""
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta["name"] = generated_name(meta["generateName"])
         name = meta.get("name")
         if not name:
-            raise ApiError(422, "Invalid", f"{rtype.kind} is invalid: metadata.name: Required value: name is required")
+            required = ("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")
+            raise self._invalid(rtype, "", [required])
+        if namespace and rtype.namespaced and meta.get("namespace") not in (None, "", namespace):
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
         ns = (namespace or meta.get("namespace") or "default") if rtype.namespaced else ""
+        if rtype.namespaced and ("", ns) not in self.bucket(self.types[("", "namespaces")]):
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
+        self._check_metadata(rtype, meta, obj)
         if (ns, name) in self.bucket(rtype):
             raise ApiError(
                 409,
                 "AlreadyExists",
-                f'{rtype.plural}.{rtype.group or "core"} "{name}" already exists',
+                f'{rtype.group_resource} "{name}" already exists',
                 {"name": name, "group": rtype.group, "kind": rtype.plural},
             )
         if rtype.has_status and rtype.validated:
@@ -474,23 +451,21 @@ class Store:
         meta.update(
             uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1, resourceVersion=str(self._bump())
         )
-        if managed is not None:
-            meta["managedFields"] = [managed]
-        elif manager:
-            meta["managedFields"] = [
-                {
-                    "manager": manager,
-                    "operation": "Update",
-                    "apiVersion": rtype.api_version(version),
-                    "time": now_rfc3339(),
-                    "fieldsType": "FieldsV1",
-                    "fieldsV1": fields_v1(_leaf_paths(self._spec_part(obj))),
-                }
-            ]
+        object_key = (rtype.key, ns, name)
+        if manager:
+            operation = "Apply" if applied is not None else "Update"
+            creator = Manager(manager, operation, rtype.api_version(version), time=now_rfc3339())
+            self.ownership.record_create(
+                object_key, creator, owned_leaves(applied if applied is not None else obj, None)
+            )
+        else:
+            self.ownership.forget(object_key)
+        meta["managedFields"] = self.ownership.render(object_key)
         obj["apiVersion"], obj["kind"] = rtype.api_version(version), rtype.kind
+        self._check_storable(obj)
         self.bucket(rtype)[(ns, name)] = obj
         self._record(rtype, "ADDED", obj)
-        if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+        if rtype.key == CRD_KEY:
             self.register_crd(obj)
         return obj
 
@@ -503,15 +478,20 @@ class Store:
         new: dict[str, Any],
         subresource: str | None = None,
         check_version: bool = True,
+        manager: str = "",
+        operation: str = "Update",
     ) -> dict[str, Any]:
-        """Write `new` as the object's next state: the common path of PUT, PATCH and apply."""
+        """Write `new` as the object's next state: the common path of PUT, PATCH and apply.
+
+        `manager` owns what an update changes; for an apply (`operation="Apply"`) the caller keeps the books.
+        """
         old = self.get(rtype, namespace, name)
         wanted = new.get("metadata", {}).get("resourceVersion")
         if check_version and wanted and wanted != old["metadata"]["resourceVersion"]:
             raise ApiError(
                 409,
                 "Conflict",
-                f'Operation cannot be fulfilled on {rtype.plural}.{rtype.group} "{name}": '
+                f'Operation cannot be fulfilled on {rtype.group_resource} "{name}": '
                 "the object has been modified; please apply your changes to the latest version and try again",
                 {"name": name, "group": rtype.group, "kind": rtype.plural},
             )
@@ -531,10 +511,22 @@ class Store:
                 meta[key] = old["metadata"][key]
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         meta["generation"] = old["metadata"].get("generation", 1)
+        # A write without managedFields keeps them; one with different managedFields sets them.
+        written_fields = meta.get("managedFields")
+        meta["managedFields"] = copy.deepcopy(old["metadata"].get("managedFields", []))
         candidate["apiVersion"], candidate["kind"] = rtype.api_version(version), rtype.kind
         _fold_string_data(rtype, candidate)
         if subresource != "status":
+            self._check_metadata(rtype, meta, candidate)
             candidate = self._validate(rtype, version, candidate, old)
+        object_key = (rtype.key, old["metadata"].get("namespace", ""), name)
+        owners_before = self.ownership.snapshot(object_key)
+        if written_fields not in (None, old["metadata"].get("managedFields", [])):
+            self.ownership.load(object_key, written_fields or [])
+        elif operation == "Update" and manager:
+            updater = Manager(manager, "Update", rtype.api_version(version), subresource or "", now_rfc3339())
+            self.ownership.record_update(object_key, updater, old, candidate)
+        meta["managedFields"] = self.ownership.render(object_key)
         if candidate == old:
             return old  # a no-op write changes nothing, not even the resourceVersion
         if self._spec_part(candidate) != self._spec_part(old):
@@ -543,8 +535,15 @@ class Store:
         finalizers = meta.get("finalizers") or []
         if meta.get("deletionTimestamp") and not finalizers:
             return self._remove(rtype, candidate)
+        try:
+            self._check_storable(candidate)
+        except ApiError:
+            self.ownership.restore(object_key, owners_before)
+            raise
         self.bucket(rtype)[(old["metadata"].get("namespace", ""), name)] = candidate
         self._record(rtype, "MODIFIED", candidate)
+        if rtype.key == CRD_KEY:
+            self.register_crd(candidate)  # a changed CRD changes what is served: schema, printer columns, versions
         return candidate
 
     def patch(
@@ -561,7 +560,7 @@ class Store:
     ) -> dict[str, Any]:
         kind = content_type.split(";", maxsplit=1)[0].strip()
         if kind == "application/apply-patch+yaml":
-            return self.apply(rtype, version, namespace, name, body, subresource, manager)
+            return self.apply(rtype, version, namespace, name, body, subresource, manager, force)
         old = self.get(rtype, namespace, name)
         try:
             document = json.loads(body or b"{}")
@@ -576,13 +575,18 @@ class Store:
                 ) from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as failure:
                 raise ApiError(422, "Invalid", f"invalid JSON patch: {failure}") from None
-            return self.replace(rtype, version, namespace, name, new, subresource, check_version=False)
+            # The patched object's resourceVersion is a precondition: a patch that sets a stale one conflicts.
+            return self.replace(rtype, version, namespace, name, new, subresource, manager=manager)
+        if kind == "application/strategic-merge-patch+json" and rtype.validated:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"{', '.join(CUSTOM_RESOURCE_PATCH_TYPES)}",
+            )
         if kind in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json"):
             new = merge_patch(old, document)
-            precondition = (document.get("metadata") or {}).get("resourceVersion")
-            return self.replace(
-                rtype, version, namespace, name, new, subresource, check_version=precondition is not None
-            )
+            return self.replace(rtype, version, namespace, name, new, subresource, manager=manager)
         raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {kind}")
 
     def apply(
@@ -594,8 +598,9 @@ class Store:
         body: bytes,
         subresource: str | None,
         manager: str,
+        force: bool,
     ) -> dict[str, Any]:
-        """Server-side apply: the manager's applied fields are set; fields it applied before and dropped are removed."""
+        """Server-side apply, with conflicts against the fields other managers own (see `apiownership`)."""
         import yaml  # noqa: PLC0415 - only this path needs it
 
         if not manager:
@@ -607,36 +612,51 @@ class Store:
         applied = yaml.safe_load(body) or {}
         bucket = self.bucket(rtype)
         ns = (namespace or "") if rtype.namespaced else ""
-        owned_key = f"{manager}/{subresource or 'main'}"
         if (ns, name) not in bucket:
             if subresource:
                 self.get(rtype, namespace, name)
-            entry = self._managed_entry(rtype, version, manager, applied, subresource)
-            created = self.create(rtype, version, namespace, applied, manager, managed=entry)
-            self.owned[(rtype.key, ns, name, owned_key)] = _leaf_paths(self._spec_or_status(applied, subresource))
-            return created
+            return self.create(rtype, version, namespace, applied, manager, applied=applied)
         old = bucket[(ns, name)]
-        new = copy.deepcopy(old)
-        previous = self.owned.get((rtype.key, ns, name, owned_key), set())
-        now_owned = _leaf_paths(self._spec_or_status(applied, subresource))
-        for path in previous - now_owned:
-            _remove_path(new, path)
-        _deep_apply(new, self._spec_or_status(applied, subresource))
-        labels = (applied.get("metadata") or {}).get("labels")
-        annotations = (applied.get("metadata") or {}).get("annotations")
-        owners = (applied.get("metadata") or {}).get("ownerReferences")
-        if labels:
-            new["metadata"].setdefault("labels", {}).update(labels)
-        if annotations:
-            new["metadata"].setdefault("annotations", {}).update(annotations)
-        if owners is not None:
-            new["metadata"]["ownerReferences"] = owners
-        entries = [e for e in new["metadata"].get("managedFields", []) if e.get("manager") != manager]
-        entries.append(self._managed_entry(rtype, version, manager, applied, subresource))
-        new["metadata"]["managedFields"] = entries
-        result = self.replace(rtype, version, namespace, name, new, subresource, check_version=False)
-        self.owned[(rtype.key, ns, name, owned_key)] = now_owned
-        return result
+        object_key = (rtype.key, ns, name)
+        applier = Manager(manager, "Apply", rtype.api_version(version), subresource or "", now_rfc3339())
+        conflicts = self.ownership.conflicts(object_key, applier, applied, old)
+        if conflicts and manager == "kubectl":
+            # fieldmanager's lastAppliedManager: kubectl's server-side apply takes over, without conflict, the
+            # fields its client-side apply set (those in the last-applied annotation).
+            allowed = last_applied_fields(old)
+            conflicts = [c for c in conflicts if not any(c.path[: len(p)] == p for p in allowed)]
+            force = force or not conflicts
+        if conflicts and not force:
+            causes = [
+                {
+                    "reason": "FieldManagerConflict",
+                    "message": f"conflict with {c.manager.printed()}",
+                    "field": c.field_path,
+                }
+                for c in conflicts
+            ]
+            raise ApiError(409, "Conflict", conflict_message(conflicts), {"causes": causes})
+        saved = self.ownership.snapshot(object_key)
+        try:
+            dropped = self.ownership.record_apply(object_key, applier, owned_leaves(applied, subresource), force)
+            new = copy.deepcopy(old)
+            for path in dropped:
+                remove_path(new, path)
+            deep_apply(new, self._spec_or_status(applied, subresource))
+            meta = applied.get("metadata") or {}
+            for key in ("labels", "annotations"):
+                if meta.get(key):
+                    new["metadata"].setdefault(key, {}).update(meta[key])
+            for key in ("ownerReferences", "finalizers"):
+                if meta.get(key) is not None:
+                    new["metadata"][key] = meta[key]
+            new["metadata"].pop("managedFields", None)
+            return self.replace(
+                rtype, version, namespace, name, new, subresource, check_version=False, operation="Apply"
+            )
+        except ApiError:
+            self.ownership.restore(object_key, saved)
+            raise
 
     @staticmethod
     def _spec_or_status(applied: dict[str, Any], subresource: str | None) -> dict[str, Any]:
@@ -644,27 +664,20 @@ class Store:
             return {"status": applied.get("status", {})}
         return {k: v for k, v in applied.items() if k not in ("metadata", "apiVersion", "kind", "status")}
 
-    def _managed_entry(
-        self, rtype: ResourceType, version: str, manager: str, applied: dict[str, Any], subresource: str | None
+    def delete(
+        self, rtype: ResourceType, namespace: str | None, name: str, preconditions: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        owned = _leaf_paths(self._spec_or_status(applied, subresource))
-        meta = applied.get("metadata") or {}
-        for part in ("labels", "annotations"):
-            owned |= {("metadata", part, key) for key in (meta.get(part) or {})}
-        entry = {
-            "manager": manager,
-            "operation": "Apply",
-            "apiVersion": rtype.api_version(version),
-            "time": now_rfc3339(),
-            "fieldsType": "FieldsV1",
-            "fieldsV1": fields_v1(owned),
-        }
-        if subresource:
-            entry["subresource"] = subresource
-        return entry
-
-    def delete(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         obj = self.get(rtype, namespace, name)
+        for field_name, meta_name in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted, actual = (preconditions or {}).get(field_name), obj["metadata"].get(field_name)
+            if wanted and wanted != actual:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {rtype.group_resource} "{name}": '
+                    f"Precondition failed: {meta_name} in precondition: {wanted}, {meta_name} in object meta: {actual}",
+                    {"name": name, "group": rtype.group, "kind": rtype.plural},
+                )
         if obj["metadata"].get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
                 marked = copy.deepcopy(obj)
@@ -682,12 +695,21 @@ class Store:
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = str(self._bump())
         self._record(rtype, "DELETED", gone)
-        for key in [
-            k for k in self.owned if k[0] == rtype.key and k[1] == meta.get("namespace", "") and k[2] == meta["name"]
-        ]:
-            self.owned.pop(key, None)
+        self.ownership.forget((rtype.key, meta.get("namespace", ""), meta["name"]))
         self._collect_garbage(meta["uid"])
+        if rtype.key == CRD_KEY:
+            self._unregister_crd(obj)
         return gone
+
+    def _unregister_crd(self, crd: dict[str, Any]) -> None:
+        """A deleted CRD takes its custom resources with it, and its API stops being served."""
+        key = (crd["spec"]["group"], crd["spec"]["names"]["plural"])
+        served = self.types.get(key)
+        if served is not None:
+            for obj in list(self.bucket(served).values()):
+                self._remove(served, obj)
+        self.types.pop(key, None)
+        self.objects.pop(key, None)
 
     def _collect_garbage(self, owner_uid: str) -> None:
         """Background cascading deletion: objects whose ownerReferences name a deleted owner go too."""

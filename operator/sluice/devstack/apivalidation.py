@@ -6,11 +6,11 @@ Istio object sluice renders with it, and the API emulator uses it to answer 422 
 What it does, in the API server's order: apply schema defaults (recursively, into defaulted values too); check the
 structural schema (types, `nullable`, `x-kubernetes-int-or-string`, `x-kubernetes-preserve-unknown-fields`,
 enums, bounds, lengths, patterns, item counts, `required`, `oneOf`/`anyOf`/`allOf`/`not`); reject unknown fields
-(strict field validation, kubectl's default); then evaluate every `x-kubernetes-validations` CEL rule with `self`
-bound to the value at that node (root rules also see `metadata.name` and `metadata.generateName`; a failure is
-reported at the rule's `fieldPath` when it has one). Transition rules (`oldSelf`) run only when an old object is
-given. Kubernetes' CEL extension functions used by real CRDs (strings `substring`, lists `isSorted`, ...) are
-registered.
+(`validate`, strict) or prune and report them (`check`, for the server's `fieldValidation`); then evaluate every
+`x-kubernetes-validations` CEL rule with `self` bound to the value at that node (root rules also see
+`metadata.name` and `metadata.generateName`; a failure is reported at the rule's `fieldPath` when it has one).
+Transition rules (`oldSelf`) run only when an old object is given. Kubernetes' CEL extension functions used
+by real CRDs (strings `substring`, lists `isSorted`, ...) are registered.
 Messages follow the API server: `spec.canary.steps: Invalid value: "array": steps must be strictly increasing`.
 """
 
@@ -49,8 +49,10 @@ class ValidationFailed(Exception):
 
     def __init__(self, kind: str, name: str, errors: list[FieldError]) -> None:
         self.errors = errors
+        self.unknown_fields: list[str] = []
         details = ", ".join(str(error) for error in errors)
-        super().__init__(f'{kind} "{name}" is invalid: {details}')
+        # apimachinery's aggregate: one error bare, several in brackets
+        super().__init__(f'{kind} "{name}" is invalid: ' + (details if len(errors) == 1 else f"[{details}]"))
 
 
 # ------------------------------------------------------------------------------------------------ CEL
@@ -81,7 +83,23 @@ def _k8s_find_all(value: celtypes.StringType, pattern: celtypes.StringType, limi
     return celtypes.ListType(found if limit is None or int(limit) < 0 else found[: int(limit)])
 
 
+_GO_DURATION = re.compile(r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h))+$")
+
+
+def _k8s_duration(value: Any) -> Any:
+    """cel-go's duration(string): Go's time.ParseDuration grammar, and cel-go's error when it does not parse."""
+    if isinstance(value, celtypes.DurationType):
+        return value
+    text = str(value)
+    if text in ("0", "+0", "-0"):
+        return celtypes.DurationType(0)
+    if not _GO_DURATION.match(text):
+        return CELEvalError("type conversion error from 'string' to 'google.protobuf.Duration'")
+    return celtypes.DurationType(text)
+
+
 CEL_EXTENSIONS: dict[str, Any] = {
+    "duration": _k8s_duration,
     "findAll": _k8s_find_all,
     "substring": _k8s_substring,
     "isSorted": _k8s_is_sorted,
@@ -129,6 +147,13 @@ def _to_cel(schema: dict[str, Any], value: JSON) -> Any:
 
 # ------------------------------------------------------------------------------------------------ schema walk
 
+# Error types after which apiextensions' hasBlockingErr skips every CEL rule (TypeInvalid is flagged where found).
+BLOCKING_KINDS = {"Required value", "Unsupported value", "Too long", "Too many"}
+CEL_SKIPPED = (
+    "some validation rules were not checked because the object was invalid; "
+    "correct the existing errors to complete validation"
+)
+
 _TYPE_NAMES = {"object": "object", "array": "array", "string": "string", "integer": "integer", "number": "number"}
 
 
@@ -155,6 +180,18 @@ def _type_ok(kind: str | None, value: JSON) -> bool:
     return True
 
 
+def _json_type(value: JSON) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
 def _describe(value: JSON) -> str:
     if isinstance(value, dict):
         return '"object"'
@@ -172,14 +209,38 @@ def _join(path: str, name: str) -> str:
 
 
 class _Walker:
-    def __init__(self, strict: bool, run_cel: bool, old: JSON = None) -> None:
+    def __init__(
+        self, strict: bool, run_cel: bool, old: JSON = None, root_metadata: tuple[JSON, JSON] = (None, None)
+    ) -> None:
+        self.root_metadata = root_metadata
+        """(metadata, old metadata) that root rules see, as kube-apiserver shows them name and generateName."""
         self.errors: list[FieldError] = []
+        self.unknown: list[str] = []  # field paths pruned when not strict, as the API server prunes them
+        self.blocking = False  # an error after which kube-apiserver runs no CEL rule at all
         self.strict = strict
         self.run_cel = run_cel
         self.old = old
 
     def error(self, path: str, kind: str, detail: str) -> None:
         self.errors.append(FieldError(path, kind, detail))
+        if kind in BLOCKING_KINDS:
+            self.blocking = True
+
+    def run(self, schema: dict[str, Any], value: JSON, old: JSON) -> JSON:
+        """The whole object: schema first; CEL only if no blocking error, as apiextensions' `hasBlockingErr`."""
+        run_cel, self.run_cel = self.run_cel, False
+        checked = self.walk(schema, value, "", old)
+        if not run_cel:
+            return checked
+        if self.blocking:
+            self.error("<nil>", "Invalid value", f'"null": {CEL_SKIPPED}')
+            return checked
+        schema_errors = self.errors
+        self.run_cel, self.errors, self.unknown = True, [], []
+        checked = self.walk(schema, value, "", old)
+        # The API server lists the schema errors first, then the rules' errors.
+        self.errors = schema_errors + [e for e in self.errors if e not in schema_errors]
+        return checked
 
     def walk(self, schema: dict[str, Any], value: JSON, path: str, old: JSON = None) -> JSON:
         """Default, check and return the value at `path`."""
@@ -193,11 +254,11 @@ class _Walker:
                 self.error(path, "Invalid value", f"{_describe(value)}: must be an integer or a string")
                 return value
         elif not _type_ok(schema.get("type"), value):
+            actual = _json_type(value)
             self.error(
-                path,
-                "Invalid value",
-                f"{_describe(value)}: {path} in body must be of type {schema.get('type')}",
+                path, "Invalid value", f'"{actual}": {path} in body must be of type {schema.get("type")}: "{actual}"'
             )
+            self.blocking = True  # field.TypeInvalid
             return value
         self._value_checks(schema, value, path)
         if isinstance(value, dict):
@@ -295,6 +356,9 @@ class _Walker:
                 continue
             elif self.strict:
                 self.error(child_path, "unknown field", "")
+            else:
+                self.unknown.append(child_path)
+                del result[name]
         return result
 
     def _matches(self, schema: dict[str, Any], value: JSON, path: str) -> bool:
@@ -335,20 +399,42 @@ class _Walker:
             uses_old = re.search(r"\boldSelf\b", text) is not None
             if uses_old and old is None:
                 continue  # transition rule: only on update
+            if path == "" and isinstance(value, dict) and self.root_metadata[0] is not None:
+                value = {**value, "metadata": self.root_metadata[0]}
+                if isinstance(old, dict) and self.root_metadata[1] is not None:
+                    old = {**old, "metadata": self.root_metadata[1]}
             activation = {"self": _to_cel(schema, value)}
             if uses_old:
                 activation["oldSelf"] = _to_cel(schema, old)
             target = _join(path, rule["fieldPath"].removeprefix(".")) if rule.get("fieldPath") else path
+            # kube-apiserver reports the schema type as the bad value, not the value itself.
+            bad_value = f'"{schema.get("type", "")}"'
+            rule_text = (rule.get("message") or text).strip()
             try:
                 outcome = _program(text).evaluate(activation)
             except CELEvalError as failure:
-                self.error(target, "Invalid value", f"{_describe(value)}: rule evaluation error: {failure.args[0]}")
-                continue
+                outcome = failure
             if isinstance(outcome, CELEvalError):
-                self.error(target, "Invalid value", f"{_describe(value)}: rule evaluation error: {outcome.args[0]}")
+                self.error(
+                    target, "Invalid value", f"{bad_value}: {_cel_error_text(outcome)} evaluating rule: {rule_text}"
+                )
             elif not bool(outcome):
-                message = rule.get("message") or f"failed rule: {text}"
-                self.error(target, "Invalid value", f"{_describe(value)}: {message}")
+                message = (rule.get("message") or "").strip() or f"failed rule: {text.strip()}"
+                reason = rule.get("reason", "FieldValueInvalid")
+                if reason == "FieldValueRequired":
+                    self.error(target, "Required value", message)
+                elif reason == "FieldValueForbidden":
+                    self.error(target, "Forbidden", message)
+                else:
+                    self.error(target, "Invalid value", f"{bad_value}: {message}")
+
+
+def _cel_error_text(failure: CELEvalError) -> str:
+    """cel-go's words for a runtime error; cel-python calls every ValueError an overflow."""
+    text = str(failure.args[0]) if failure.args else "evaluation error"
+    if text == "return error for overflow" and len(failure.args) > 2 and failure.args[2]:
+        return str(failure.args[2][0])
+    return text
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -383,6 +469,12 @@ class SchemaRegistry:
             )
             self._by_gvk[(f"{entry.group}/{entry.version}", entry.kind)] = entry
 
+    def snapshot(self) -> dict[tuple[str, str], CrdVersion]:
+        return dict(self._by_gvk)
+
+    def restore(self, snapshot: dict[tuple[str, str], CrdVersion]) -> None:
+        self._by_gvk = dict(snapshot)
+
     def load(self, path: str | Path) -> SchemaRegistry:
         for document in yaml.safe_load_all(Path(path).read_text()):
             if document and document.get("kind") == "CustomResourceDefinition":
@@ -402,23 +494,32 @@ class SchemaRegistry:
         """The defaulted object, or ValidationFailed listing every error (schema and CEL)."""
         entry = self.get(obj.get("apiVersion", ""), obj.get("kind", ""))
         schema = entry.schema
-        walker = _Walker(strict=True, run_cel=True)
+        walker = _Walker(strict=True, run_cel=True, root_metadata=(_cel_metadata(obj), _cel_metadata(old or {})))
         body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
         old_body = (
             {k: v for k, v in (old or {}).items() if k not in ("apiVersion", "kind", "metadata")} if old else None
         )
-        body_schema = {k: v for k, v in schema.items() if k != "x-kubernetes-validations"}
-        checked = walker.walk({**body_schema, "properties": _without_meta(schema)}, body, "", old_body)
-        if "x-kubernetes-validations" in schema:
-            # Root rules see metadata.name and metadata.generateName besides the body, as in kube-apiserver.
-            root = {**checked, "metadata": _cel_metadata(obj)}
-            old_root = {**old_body, "metadata": _cel_metadata(old or {})} if old_body is not None else None
-            walker._cel(schema, root, "", old_root)
+        checked = walker.run({**schema, "properties": _without_meta(schema)}, body, old_body)
         if walker.errors:
             name = obj.get("metadata", {}).get("name", "")
             fixed = [FieldError(e.path, e.kind, e.detail) for e in walker.errors]
             raise ValidationFailed(f"{entry.kind}.{entry.group}", name, fixed)
         return {**obj, **checked}
+
+    def check(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+        """Like `validate`, but unknown fields are pruned and returned, for the server's `fieldValidation` to judge."""
+        entry = self.get(obj.get("apiVersion", ""), obj.get("kind", ""))
+        walker = _Walker(strict=False, run_cel=True, root_metadata=(_cel_metadata(obj), _cel_metadata(old or {})))
+        body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+        old_body = {k: v for k, v in old.items() if k not in ("apiVersion", "kind", "metadata")} if old else None
+        checked = walker.run({**entry.schema, "properties": _without_meta(entry.schema)}, body, old_body)
+        if walker.errors:
+            failure = ValidationFailed(
+                f"{entry.kind}.{entry.group}", obj.get("metadata", {}).get("name", ""), walker.errors
+            )
+            failure.unknown_fields = walker.unknown
+            raise failure
+        return {**obj, **checked}, walker.unknown
 
 
 def _cel_metadata(obj: dict[str, Any]) -> dict[str, Any]:

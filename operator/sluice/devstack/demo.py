@@ -134,7 +134,7 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
         stack.start_operator()
         operator_started = time.monotonic()
         manifest = POOL_FILE.read_text().replace("PROMETHEUS_URL", stack.prometheus_url)
-        await asyncio.to_thread(stack.kubectl, "apply", "--validate=false", "-f", "-", stdin=manifest)
+        await asyncio.to_thread(stack.kubectl, "apply", "-f", "-", stdin=manifest)
         story.say("kubectl apply -f examples/local/pool.yaml")
         load = asyncio.create_task(traffic.run(stack.remaining()))
 

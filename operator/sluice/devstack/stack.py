@@ -32,7 +32,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import defaultdict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -87,8 +87,13 @@ class Stack:
     """Start with `with Stack(workdir) as stack:`; everything started is stopped on exit."""
 
     def __init__(
-        self, workdir: Path, namespace: str = "llm", deadline_seconds: float = 900.0, sluice_crd: Path = SLUICE_CRD
+        self,
+        workdir: Path,
+        namespace: str = "llm",
+        deadline_seconds: float = 900.0,
+        sluice_crd: Path | None = SLUICE_CRD,
     ) -> None:
+        """`sluice_crd=None` starts the API without sluice's CRD, for an installer (Helm) to create it."""
         self.workdir = workdir
         self.sluice_crd = sluice_crd
         self.namespace = namespace
@@ -102,9 +107,9 @@ class Stack:
         self.operator: subprocess.Popen[bytes] | None = None
         self.operator_args: list[str] = []
         self._kubelet_stop = asyncio.Event()
-        # Each stack puts its pods in its own loopback /16 (127.<block>.x.y for a requested 127.0.x.y), so two
-        # stacks on one machine (a demo next to the tests, parallel test runs) never fight over an address.
-        self.address_block = random.Random().randrange(100, 250)
+        # The second octet of this stack's pod addresses (see `_own_address`); SLUICE_STACK_OCTET pins it.
+        self.address_octet = int(os.environ.get("SLUICE_STACK_OCTET") or random.randint(1, 254))
+        self.apiserver_args: list[str] = []  # extra `sluice.devstack.apiserver` options (e.g. a small watch history)
         self.core: k8s.CoreV1Api | None = None
         self.custom: k8s.CustomObjectsApi | None = None
 
@@ -123,9 +128,9 @@ class Stack:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log: str, kubeconfig: Path | None = None) -> subprocess.Popen[bytes]:
         handle = (self.workdir / log).open("ab")
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
         process = subprocess.Popen(
             args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env
         )
@@ -152,7 +157,7 @@ class Stack:
     # ------------------------------------------------------------------------------------ API server
 
     def start_apiserver(self) -> None:
-        crds = [str(self.sluice_crd)]
+        crds = [str(self.sluice_crd)] if self.sluice_crd else []
         if SHARED_ISTIO.exists():
             crds.append(str(SHARED_ISTIO))
         else:
@@ -170,6 +175,7 @@ class Stack:
         ]
         for crd in crds:
             args += ["--crd", crd]
+        args += self.apiserver_args
         log_path = self.workdir / "apiserver.log"
         log_path.unlink(missing_ok=True)
         process = self._spawn(args, "apiserver.log")
@@ -257,16 +263,19 @@ class Stack:
 
     # ------------------------------------------------------------------------------------ pods and the kubelet
 
-    def own_address(self, spec: PodSpec) -> PodSpec:
-        """The pod spec with its loopback address moved into this stack's block."""
+    def _own_address(self, spec: PodSpec) -> None:
+        """Move a `127.0.x.y` pod address to this stack's own `127.N.x.y`, in place (callers keep the spec).
+
+        Stacks of other checkouts on the same machine use the same example addresses; a server that cannot bind
+        its address never gets Ready, and the tests of both stacks fail for a reason neither has.
+        """
         parts = spec.ip.split(".")
-        if len(parts) != 4 or parts[:2] != ["127", "0"]:
-            return spec
-        return replace(spec, ip=f"127.{self.address_block}.{parts[2]}.{parts[3]}")
+        if parts[:2] == ["127", "0"]:
+            spec.ip = ".".join(["127", str(self.address_octet), *parts[2:]])
 
     def add_pod(self, spec: PodSpec) -> None:
         assert self.core is not None
-        spec = self.own_address(spec)
+        self._own_address(spec)
         state = PodState(spec)
         self.pods[spec.name] = state
         labels = {"app": spec.app, "sluice.dev/hardware-class": spec.hardware, "sluice.dev/revision": spec.revision}
@@ -285,8 +294,8 @@ class Stack:
         self.write_targets()
 
     def add_server(self, spec: PodSpec) -> None:
-        """A model server scraped by Prometheus, without a pod in the API (for the Envoy benchmark; its address is
-        used as given, since the caller points its own data plane at it)."""
+        """A model server scraped by Prometheus, without a pod in the API (for the Envoy benchmark)."""
+        self._own_address(spec)
         state = PodState(spec)
         self.pods[spec.name] = state
         self._start_server(state)
