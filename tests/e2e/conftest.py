@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sluice.devstack.stack import ROOT, PodSpec, Stack
+from sluice.devstack.stack import ROOT, PodSpec, Stack, Traffic
 
 
 class Background:
@@ -88,3 +88,32 @@ def start_stack(workdir: Path, background: Background, **kwargs: Any) -> Stack:
     stack = Stack(workdir, deadline_seconds=600, **kwargs).__enter__()
     background.start(stack.kubelet())
     return stack
+
+
+def operator_stack(
+    workdir: Path,
+    background: Background,
+    pods: list[PodSpec],
+    operator_args: list[str] | None = None,
+    setup: Callable[[Stack], None] | None = None,
+) -> Iterator[Stack]:
+    """A module's stack: the pods, a running operator, then `setup` (apply a pool...); stops itself."""
+    stack = start_stack(workdir, background)
+    try:
+        for pod in pods:
+            stack.add_pod(pod)
+        stack.start_operator(operator_args or [])
+        if setup is not None:
+            setup(stack)
+        yield stack
+    finally:
+        background.call(stack._kubelet_stop.set)
+        stack.close()
+
+
+def running_traffic(stack: Stack, background: Background, rate: float) -> Iterator[Traffic]:
+    """Bounded load on the pool `llama` for the rest of the module."""
+    load = Traffic(stack, "llama", rate=rate)
+    background.start(load.run(stack.remaining()))
+    yield load
+    background.call(load.stop.set)

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from sluice.devstack.stack import PodSpec, Stack, Traffic
-from tests.e2e.conftest import Background, condition, pool_manifest, rows, start_stack, wait_until
+from tests.e2e.conftest import (
+    Background,
+    condition,
+    operator_stack,
+    pool_manifest,
+    rows,
+    running_traffic,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 PODS = [
@@ -24,27 +32,19 @@ PODS = [
 ]
 
 
+def apply_pool(stack: Stack) -> None:
+    manifest = pool_manifest(stack).replace("staleAfter: 15s", "staleAfter: 6s")
+    stack.kubectl("apply", "-f", "-", stdin=manifest)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
-    stack = start_stack(Path(tmp_path_factory.mktemp("evidence")), background)
-    try:
-        for pod in PODS:
-            stack.add_pod(pod)
-        stack.start_operator()
-        manifest = pool_manifest(stack).replace("staleAfter: 15s", "staleAfter: 6s")
-        stack.kubectl("apply", "-f", "-", stdin=manifest)
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+    yield from operator_stack(Path(tmp_path_factory.mktemp("evidence")), background, PODS, setup=apply_pool)
 
 
 @pytest.fixture(scope="module")
 def traffic(stack: Stack, background: Background) -> Iterator[Traffic]:
-    load = Traffic(stack, "llama", rate=8.0)
-    background.start(load.run(stack.remaining()))
-    yield load
-    background.call(load.stop.set)
+    yield from running_traffic(stack, background, rate=8.0)
 
 
 def pool(stack: Stack) -> dict[str, Any]:

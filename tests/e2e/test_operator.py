@@ -17,7 +17,16 @@ import yaml
 
 from sluice.devstack.apivalidation import SchemaRegistry
 from sluice.devstack.stack import ROOT, SHARED_ISTIO, PodSpec, Stack, Traffic, free_port
-from tests.e2e.conftest import BASE_PODS, Background, condition, pool_manifest, rows, start_stack, wait_until
+from tests.e2e.conftest import (
+    BASE_PODS,
+    Background,
+    condition,
+    operator_stack,
+    pool_manifest,
+    rows,
+    running_traffic,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 METRICS_PORT = free_port()
@@ -25,23 +34,13 @@ METRICS_PORT = free_port()
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
-    stack = start_stack(Path(tmp_path_factory.mktemp("stack")), background)
-    try:
-        for pod in BASE_PODS:
-            stack.add_pod(pod)
-        stack.start_operator(["--metrics-port", str(METRICS_PORT), "--metrics-address", "127.0.0.1"])
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+    args = ["--metrics-port", str(METRICS_PORT), "--metrics-address", "127.0.0.1"]
+    yield from operator_stack(Path(tmp_path_factory.mktemp("stack")), background, BASE_PODS, args)
 
 
 @pytest.fixture(scope="module")
 def traffic(stack: Stack, background: Background) -> Iterator[Traffic]:
-    load = Traffic(stack, "llama", rate=10.0)
-    background.start(load.run(stack.remaining()))
-    yield load
-    background.call(load.stop.set)
+    yield from running_traffic(stack, background, rate=10.0)
 
 
 def pool(stack: Stack) -> dict[str, Any]:
@@ -151,6 +150,21 @@ def test_toggling_routing_options_prunes_what_is_no_longer_rendered(stack: Stack
     assert stack.istio("destinationrules", "sluice-llama") is not None
 
 
+def small_pool(stack: Stack, name: str, routing: dict[str, Any] | None = None) -> str:
+    """A second pool over the same pods (service `llama-<name>`), as YAML for kubectl."""
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": "llama"}},
+        "targetPort": 8000,
+        "service": f"llama-{name}",
+        "interval": "2s",
+        "metrics": {"prometheusUrl": stack.prometheus_url, "window": "10s"},
+    }
+    if routing:
+        spec["routing"] = routing
+    pool = {"apiVersion": "inference.sluice.dev/v1alpha1", "kind": "InferencePool"}
+    return yaml.safe_dump({**pool, "metadata": {"name": name, "namespace": "llm"}, "spec": spec})
+
+
 USERS_OBJECTS = """apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata:
@@ -197,21 +211,7 @@ def test_adopted_objects_are_given_back_exactly_when_their_pool_is_deleted(stack
     stack.kubectl("apply", "-f", "-", stdin=USERS_OBJECTS)
     originals = {plural: stack.istio(plural, name, version) for plural, name, version in ADOPTED}
     assert all(originals.values())
-    adopting = yaml.safe_dump(
-        {
-            "apiVersion": "inference.sluice.dev/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": "adopt", "namespace": "llm"},
-            "spec": {
-                "selector": {"matchLabels": {"app": "llama"}},
-                "targetPort": 8000,
-                "service": "llama-adopt",
-                "interval": "2s",
-                "metrics": {"prometheusUrl": stack.prometheus_url, "window": "10s"},
-                "routing": {"adoptExisting": True, "leastRequest": {"choiceCount": 2}},
-            },
-        }
-    )
+    adopting = small_pool(stack, "adopt", routing={"adoptExisting": True, "leastRequest": {"choiceCount": 2}})
     stack.kubectl("apply", "-f", "-", stdin=adopting)
 
     def adopted() -> list[str]:
@@ -240,20 +240,7 @@ def test_adopted_objects_are_given_back_exactly_when_their_pool_is_deleted(stack
 
 
 def test_deleting_a_second_pool_deletes_what_sluice_created_for_it_and_nothing_else(stack: Stack) -> None:
-    short = yaml.safe_dump(
-        {
-            "apiVersion": "inference.sluice.dev/v1alpha1",
-            "kind": "InferencePool",
-            "metadata": {"name": "short", "namespace": "llm"},
-            "spec": {
-                "selector": {"matchLabels": {"app": "llama"}},
-                "targetPort": 8000,
-                "service": "llama-short",
-                "interval": "2s",
-                "metrics": {"prometheusUrl": stack.prometheus_url, "window": "10s"},
-            },
-        }
-    )
+    short = small_pool(stack, "short")
     stack.kubectl("apply", "-f", "-", stdin=short)
     plurals = ("serviceentries", "destinationrules", "virtualservices")
     wait_until(lambda: all(stack.istio(p, "sluice-short") for p in plurals), 30, "the second pool's objects")

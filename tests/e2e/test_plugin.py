@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sluice.devstack.stack import PodSpec, Stack, Traffic
-from tests.e2e.conftest import Background, pool_manifest, start_stack, wait_until
+from tests.e2e.conftest import Background, operator_stack, pool_manifest, running_traffic, wait_until
 
 pytestmark = pytest.mark.slow
 PODS = [
@@ -22,29 +22,21 @@ PODS = [
 ]
 
 
+def apply_rollout(stack: Stack) -> None:
+    # Long steps: only operations move this rollout.
+    manifest = pool_manifest(stack).replace("stepInterval: 10s", "stepInterval: 10m")
+    stack.kubectl("apply", "-f", "-", stdin=manifest)
+    stack.patch_pool("llama", {"spec": {"canary": {"candidateRevision": "v2"}}})
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
-    stack = start_stack(Path(tmp_path_factory.mktemp("plugin")), background)
-    try:
-        for pod in PODS:
-            stack.add_pod(pod)
-        stack.start_operator()
-        # Long steps: only operations move this rollout.
-        manifest = pool_manifest(stack).replace("stepInterval: 10s", "stepInterval: 10m")
-        stack.kubectl("apply", "-f", "-", stdin=manifest)
-        stack.patch_pool("llama", {"spec": {"canary": {"candidateRevision": "v2"}}})
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+    yield from operator_stack(Path(tmp_path_factory.mktemp("plugin")), background, PODS, setup=apply_rollout)
 
 
 @pytest.fixture(scope="module")
 def traffic(stack: Stack, background: Background) -> Iterator[Traffic]:
-    load = Traffic(stack, "llama", rate=8.0)
-    background.start(load.run(stack.remaining()))
-    yield load
-    background.call(load.stop.set)
+    yield from running_traffic(stack, background, rate=8.0)
 
 
 def kubectl_sluice(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:

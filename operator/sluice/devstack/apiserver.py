@@ -23,8 +23,10 @@ import base64
 import contextlib
 import copy
 import json
+import queue
 import signal
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -88,11 +90,36 @@ class _HttpServer(aiohttp.test_utils.RawTestServer):
         return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
 
 
+class AuditFile:
+    """Appends audit entries to a JSON-lines file from its own thread, so no request handler waits on the disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._drain, name="audit-log", daemon=True)
+        self._thread.start()
+
+    def write(self, entry: dict[str, str]) -> None:
+        self._queue.put(json.dumps(entry) + "\n")
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _drain(self) -> None:
+        with self.path.open("a") as log:
+            while (line := self._queue.get()) is not None:
+                log.write(line)
+                if self._queue.empty():
+                    log.flush()  # readers (the RBAC test) see every entry as soon as the burst is over
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesScaffold):
     store: Store = attrs.field(factory=Store)
     audit: list[dict[str, str]] = attrs.field(factory=list)
     audit_path: Path | None = None
+    audit_file: AuditFile | None = attrs.field(default=None, init=False)
     changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
     openapi_cache: dict[str, Any] = attrs.field(factory=dict)
     authenticator: apirbac.Authenticator = attrs.field(factory=apirbac.Authenticator)
@@ -354,8 +381,9 @@ class ApiServer(kmock.KubernetesScaffold):
         if len(self.audit) > 100_000:
             del self.audit[:50_000]
         if self.audit_path is not None:
-            with self.audit_path.open("a") as log:
-                log.write(json.dumps(entry) + "\n")
+            if self.audit_file is None:
+                self.audit_file = AuditFile(self.audit_path)
+            self.audit_file.write(entry)
 
     async def _serve(
         self, request: Any, rtype: ResourceType, raw: Any, user: apirbac.User
