@@ -10,8 +10,10 @@ when released), never anybody else's. Releasing an object sluice created deletes
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -87,9 +89,14 @@ def _json(answer: Any) -> Any:
 class KubeCluster:
     """The operator's adapter: the `Cluster` port over the Kubernetes API."""
 
-    def __init__(self, api_client: k8s.ApiClient) -> None:
+    def __init__(self, api_client: k8s.ApiClient, resync_seconds: float = 60.0) -> None:
         api_client.user_agent = USER_AGENT  # lets audit logs (and the RBAC test) tell the operator's calls apart
         self.api_client = api_client
+        # An object this process applied (or found equal) is not read again while the pass still wants the same
+        # thing, for up to `resync_seconds`: a steady pass makes no GET. Edits or deletions by others are
+        # corrected at the next resync.
+        self.resync_seconds = resync_seconds
+        self._verified: dict[tuple[str, str, str], tuple[tuple[dict[str, Any], bool], float]] = {}
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
 
@@ -144,11 +151,17 @@ class KubeCluster:
     def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
         meta = desired["metadata"]
         kind, name, namespace = desired["kind"], meta["name"], meta["namespace"]
+        key = (namespace, kind, name)
+        seen = self._verified.get(key)
+        if seen is not None and seen[0] == (desired, adopt) and time.monotonic() - seen[1] < self.resync_seconds:
+            return WriteResult(kind, name, "unchanged")  # what this process verified recently: no GET
+        self._verified.pop(key, None)
         live = self._get(kind, namespace, name)
         decision = decide(live, desired, pool_uid, adopt)
         if decision.action == "refuse":
             return WriteResult(kind, name, "refused", f"{kind} {namespace}/{name} exists and is not managed by sluice")
         if decision.action == "unchanged" or decision.body is None:
+            self._verified[key] = ((copy.deepcopy(desired), adopt), time.monotonic())
             return WriteResult(kind, name, "unchanged")
         if decision.action == "restore":
             self._replace(decision.body)
@@ -167,9 +180,11 @@ class KubeCluster:
                 _content_type=APPLY,
             )
         )
+        self._verified[key] = ((copy.deepcopy(desired), adopt), time.monotonic())  # only once the write succeeded
         return WriteResult(kind, name, "created" if live is None else "updated")
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
+        self._verified.pop((namespace, key.kind, key.name), None)
         live = self._get(key.kind, namespace, key.name)
         if live is None:
             return WriteResult(key.kind, key.name, "unchanged")

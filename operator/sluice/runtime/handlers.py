@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from sluice.io.prometheus import PromIO
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.reconciler import Reconciler
+from sluice.runtime.report import PassReport
 
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
@@ -116,23 +118,31 @@ async def pool_loop(
     assert metrics is not None, "startup builds it before any daemon runs"
     await stopped.wait(runtime.config.first_pass_delay)
     uid = ""
+    due = time.monotonic()
     try:
         while not stopped:
             waker.clear()
             snapshot = _snapshot(body)
             uid = snapshot.meta.uid or ""
+            submitted = time.monotonic()
+
+            def timed(snapshot: PoolSnapshot = snapshot) -> tuple[float, PassReport]:
+                return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
+
             try:
-                report = await asyncio.to_thread(reconciler.run, snapshot, datetime.now(UTC))
+                started, report = await asyncio.to_thread(timed)
             except Exception:  # a pass that crashed is logged, reported in the status, and retried
                 log.exception("pass failed for %s", snapshot.key)
                 metrics.passes.labels(snapshot.key, "error").inc()
             else:
                 metrics.record(report)
+                metrics.timing(report.pool, lag=started - due, queued=started - submitted)
                 written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
                 log.info(
                     "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
                 )
             interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
+            due = submitted + interval  # a wake-up before that is early, never late
             await asyncio.sleep(MIN_GAP)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waker.wait(), timeout=max(0.0, interval - MIN_GAP))

@@ -5,6 +5,8 @@ Series (all labelled by `pool` = namespace/name):
 |---|---|---|
 | `sluice_reconcile_duration_seconds` | histogram | time of one pass (observe, plan, apply, status) |
 | `sluice_reconcile_total{result}` | counter | passes: `ok`, `invalid_spec`, `error` |
+| `sluice_pass_lag_seconds` | histogram | how late a pass started after it was due (an operator that cannot keep up) |
+| `sluice_pass_queue_seconds` | histogram | time a pass waited for a worker thread (not in the duration above) |
 | `sluice_prometheus_query_seconds` | histogram | time to read a pool's signals |
 | `sluice_prometheus_query_errors_total{signal}` | counter | failed queries, per signal |
 | `sluice_metrics_available` | gauge | 1 when signals are fresh, 0 when weights are frozen |
@@ -41,6 +43,21 @@ class OperatorMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.passes = Counter("sluice_reconcile", "Reconcile passes.", ["pool", "result"], registry=r)
+        lag_buckets = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+        self.pass_lag = Histogram(
+            "sluice_pass_lag_seconds",
+            "How late a pass started after it was due.",
+            ["pool"],
+            registry=r,
+            buckets=lag_buckets,
+        )
+        self.queue_wait = Histogram(
+            "sluice_pass_queue_seconds",
+            "Time a pass waited for a worker thread.",
+            ["pool"],
+            registry=r,
+            buckets=lag_buckets,
+        )
         self.query_seconds = Histogram(
             "sluice_prometheus_query_seconds",
             "Reading a pool's signals.",
@@ -105,6 +122,10 @@ class OperatorMetrics:
         self.canary_step.labels(pool).set(-1 if step is None else step)
         for phase in PHASES:
             self.canary_phase.labels(pool, phase).set(1.0 if canary is not None and canary.phase == phase else 0.0)
+
+    def timing(self, pool: str, lag: float, queued: float) -> None:
+        self.pass_lag.labels(pool).observe(max(0.0, lag))
+        self.queue_wait.labels(pool).observe(max(0.0, queued))
 
     def forget(self, pool: str) -> None:
         for pod, revision in self._pods.pop(pool, set()):

@@ -1,0 +1,86 @@
+"""The Kubernetes adapter's call budget: a steady pass reads nothing it verified recently; failures are retried."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from sluice.io.kube import KubeCluster
+from sluice.io.ports import ClusterError
+
+DESIRED = {
+    "apiVersion": "networking.istio.io/v1",
+    "kind": "ServiceEntry",
+    "metadata": {"name": "sluice-llama", "namespace": "llm", "labels": {"app.kubernetes.io/managed-by": "sluice"}},
+    "spec": {"hosts": ["llama.llm.sluice.internal"], "endpoints": [{"address": "10.0.0.1", "weight": 5}]},
+}
+
+
+class FakeCustom:
+    def __init__(self) -> None:
+        self.live: dict[str, Any] | None = None
+        self.gets = 0
+        self.patches = 0
+        self.fail_patch = False
+
+    def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+        self.gets += 1
+        if self.live is None:
+            raise ApiException(status=404, reason="Not Found")
+        return SimpleNamespace(data=json.dumps(self.live).encode())
+
+    def patch_namespaced_custom_object(
+        self, group: str, version: str, ns: str, plural: str, name: str, body: Any, **_: Any
+    ) -> None:
+        self.patches += 1
+        if self.fail_patch:
+            raise ApiException(status=500, reason="Internal Server Error")
+        self.live = body
+
+
+@pytest.fixture
+def cluster() -> tuple[KubeCluster, FakeCustom]:
+    adapter = KubeCluster(k8s.ApiClient(), resync_seconds=60)
+    fake = FakeCustom()
+    adapter.custom = fake  # type: ignore[assignment]
+    return adapter, fake
+
+
+def test_a_steady_pass_makes_no_get_once_the_object_is_verified(cluster):
+    adapter, fake = cluster
+    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+    for _ in range(5):
+        assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+    assert (fake.gets, fake.patches) == (1, 1)
+
+
+def test_a_changed_object_is_read_and_written_again(cluster):
+    adapter, fake = cluster
+    adapter.apply(DESIRED, None, adopt=False)
+    changed = json.loads(json.dumps(DESIRED))
+    changed["spec"]["endpoints"][0]["weight"] = 9
+    assert adapter.apply(changed, None, adopt=False).action == "updated"
+    assert (fake.gets, fake.patches) == (2, 2)
+
+
+def test_an_object_is_read_again_after_the_resync_interval(cluster):
+    adapter, fake = cluster
+    adapter.resync_seconds = 0.0
+    adapter.apply(DESIRED, None, adopt=False)
+    fake.live = None  # someone deleted it
+    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+    assert fake.gets == 2
+
+
+def test_a_failed_write_is_not_remembered_as_done(cluster):
+    adapter, fake = cluster
+    fake.fail_patch = True
+    with pytest.raises(ClusterError):
+        adapter.apply(DESIRED, None, adopt=False)
+    fake.fail_patch = False
+    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
