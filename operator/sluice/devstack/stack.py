@@ -502,18 +502,35 @@ async def stream_completion(
     http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int
 ) -> tuple[float | None, bool]:
     """One streamed completion: (time to the first SSE chunk, whether it completed). Errors are (None, False)."""
+    ttft, ok, _ = await attempt_completion(http, url, prompt, max_tokens)
+    return ttft, ok
+
+
+async def attempt_completion(
+    http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int
+) -> tuple[float | None, bool, str | None]:
+    """One attempt: (TTFT, completed, the Envoy retry condition it failed with before any response byte, if any).
+
+    The conditions are Envoy's `retryOn` names: `connect-failure` (no connection), `reset` (dropped before the
+    response headers), `gateway-error` (502/503/504). A failure after the response started has none: Envoy never
+    retries once it has sent the client part of an answer.
+    """
     started = time.monotonic()
     ttft: float | None = None
+    headers_seen = False
     try:
         async with http.post(url, json={"prompt": prompt, "max_tokens": max_tokens, "stream": True}) as answer:
+            headers_seen = True
             if answer.status != 200:
-                return None, False
+                return None, False, "gateway-error" if answer.status in (502, 503, 504) else None
             async for line in answer.content:
                 if ttft is None and line.startswith(b"data:"):
                     ttft = time.monotonic() - started
+    except aiohttp.ClientConnectorError:
+        return None, False, "connect-failure"
     except (aiohttp.ClientError, TimeoutError):
-        return ttft, False
-    return ttft, True
+        return ttft, False, None if headers_seen else "reset"
+    return ttft, True, None
 
 
 @dataclass
@@ -523,11 +540,32 @@ class Sample:
     revision: str
     ttft: float | None
     ok: bool
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The VirtualService route's `retries`, as Envoy applies them."""
+
+    attempts: int = 0
+    retry_on: frozenset[str] = frozenset()
+    ignore_previous_hosts: bool = True
+
+    @classmethod
+    def of(cls, retries: dict[str, Any] | None) -> RetryPolicy:
+        if not retries:
+            return cls()
+        return cls(
+            attempts=int(retries.get("attempts", 0)),
+            retry_on=frozenset(filter(None, str(retries.get("retryOn", "")).split(","))),
+            ignore_previous_hosts=bool(retries.get("retryIgnorePreviousHosts", False)),
+        )
 
 
 @dataclass
 class Traffic:
-    """Bounded load through the published routing: revision split, then weighted least-request."""
+    """Bounded load through the published routing: revision split, then weighted least-request, and the
+    route's retry policy (another pod, on failures before the response starts) as Envoy applies it."""
 
     stack: Stack
     pool: str
@@ -536,6 +574,7 @@ class Traffic:
     samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=20000))
     active: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     routes: tuple[dict[str, int], dict[str, list[tuple[str, str, int]]]] = field(default=({}, {}))
+    retries: RetryPolicy = field(default_factory=RetryPolicy)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     seed: int = 7
 
@@ -559,13 +598,18 @@ class Traffic:
             )
         revision_of = {subset_name(revision): revision for revision in by_revision if revision}
         split: dict[str, int] = {}
-        for route in (service or {}).get("spec", {}).get("http", [{}])[0].get("route", []):
+        http_route = (service or {}).get("spec", {}).get("http", [{}])[0]
+        self.retries = RetryPolicy.of(http_route.get("retries"))
+        for route in http_route.get("route", []):
             subset = route["destination"].get("subset")
             split[revision_of.get(subset, subset) if subset else ""] = int(route.get("weight", 100))
         self.routes = (split, dict(by_revision))
 
-    def pick(self, rng: random.Random) -> tuple[str, str, str] | None:
+    def pick(self, rng: random.Random, avoid: frozenset[str] = frozenset()) -> tuple[str, str, str] | None:
         split, by_revision = self.routes
+        if avoid:  # a retry that ignores previous hosts
+            by_revision = {r: [e for e in group if e[0] not in avoid] for r, group in by_revision.items()}
+            by_revision = {r: group for r, group in by_revision.items() if group}
         if not by_revision:
             return None
         if split and "" not in split:
@@ -610,12 +654,29 @@ class Traffic:
             await asyncio.sleep(0.5)
 
     async def _one(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str, revision: str) -> None:
-        self.active[pod] += 1
-        try:
-            ttft, ok = await stream_completion(http, f"http://{ip}:8000/v1/completions", prompt, self.max_tokens)
-        finally:
-            self.active[pod] -= 1
-        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok))
+        policy, tried, attempts = self.retries, {pod}, 1
+        rng = random.Random(hash((pod, time.monotonic())))
+        while True:
+            self.active[pod] += 1
+            try:
+                url = f"http://{ip}:8000/v1/completions"
+                ttft, ok, condition = await attempt_completion(http, url, prompt, self.max_tokens)
+            finally:
+                self.active[pod] -= 1
+            if ok or condition not in policy.retry_on or attempts > policy.attempts:
+                break
+            retry = self.pick(rng, frozenset(tried) if policy.ignore_previous_hosts else frozenset())
+            if retry is None:
+                break
+            pod, ip, revision = retry
+            tried.add(pod)
+            attempts += 1
+        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok, attempts))
+
+    def failures(self, since: float, until: float | None = None) -> tuple[int, int]:
+        """(failed, all) requests finished in the window."""
+        recent = [s for s in self.samples if s.at >= since and (until is None or s.at <= until)]
+        return sum(1 for s in recent if not s.ok), len(recent)
 
     def share(self, since: float, key: str = "pod") -> dict[str, float]:
         recent = [s for s in self.samples if s.at >= since]
