@@ -36,7 +36,7 @@ class EngineConfig:
     block_size: int = 16
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler removes *this* sequence from its lists
 class Sequence:
     req_id: int
     arrival: float
@@ -136,29 +136,35 @@ class Engine:
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
         budget = self.config.max_num_batched_tokens
+        block = self.config.block_size
         scheduled: list[tuple[Sequence, int]] = []
         preempted = False
         index = 0
-        while index < len(self.running) and budget > 0:
-            sequence = self.running[index]
-            tokens = min(sequence.tokens - sequence.computed, budget)
-            need = self._blocks_for(sequence.computed + tokens) - sequence.blocks
-            preempted_itself = False
-            while need > self.free_blocks:
-                victim = self.running.pop()  # the lowest priority under FCFS: the last admitted
-                self._preempt(victim)
-                preempted = True
-                if victim is sequence:
-                    preempted_itself = True
-                    break
-            if preempted_itself:
-                break  # nothing after it is left in the running list
-            self.free_blocks -= need
-            sequence.blocks += need
+        running = self.running
+        while index < len(running) and budget > 0:
+            sequence = running[index]
+            tokens = sequence.prompt + sequence.generated - sequence.computed
+            if tokens > budget:  # noqa: PLR1730 - the hot loop: min() is a call
+                tokens = budget
+            need = -(-(sequence.computed + tokens) // block) - sequence.blocks
+            if need > self.free_blocks:
+                preempted_itself = False
+                while need > self.free_blocks:
+                    victim = running.pop()  # the lowest priority under FCFS: the last admitted
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is sequence:
+                        preempted_itself = True
+                        break
+                if preempted_itself:
+                    break  # nothing after it is left in the running list
+            if need > 0:
+                self.free_blocks -= need
+                sequence.blocks += need
             scheduled.append((sequence, tokens))
             budget -= tokens
             index += 1
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+        while self.waiting and budget > 0 and len(running) < self.config.max_num_seqs and not preempted:
             sequence = self.waiting[0]
             tokens = min(sequence.tokens - sequence.computed, budget)
             need = self._blocks_for(sequence.computed + tokens) - sequence.blocks
@@ -167,20 +173,24 @@ class Engine:
             self.waiting.popleft()
             self.free_blocks -= need
             sequence.blocks += need
-            self.running.append(sequence)
+            running.append(sequence)
             scheduled.append((sequence, tokens))
             budget -= tokens
         return scheduled
 
     def step_seconds(self, scheduled: list[tuple[Sequence, int]]) -> float:
         """fleet_sim's roofline for one step with exactly these sequences and token counts."""
-        tokens = sum(n for _, n in scheduled)
-        # fleet_sim's attention term is 4·h·d·c·(c/2 + q)·L: pick q so that c·(c/2 + q) equals the true
-        # sum over sequences of n·(n/2 + history) (decode tokens do not attend to each other).
-        attention = sum(n * (n / 2 + s.computed) for s, n in scheduled)
+        tokens = 0
+        attention = 0.0
+        context = 0
+        for sequence, n in scheduled:
+            tokens += n
+            # fleet_sim's attention term is 4·h·d·c·(c/2 + q)·L: pick q so that c·(c/2 + q) equals the true
+            # sum over sequences of n·(n/2 + history) (decode tokens do not attend to each other).
+            attention += n * (n / 2 + sequence.computed)
+            context += sequence.computed + n
         history = attention / tokens - tokens / 2
-        kv_read = sum(s.computed + n for s, n in scheduled) / len(scheduled)
-        seconds = self.profile.prefill_iter_latency(tokens, history, len(scheduled), kv_read)
+        seconds = self.profile.prefill_iter_latency(tokens, history, len(scheduled), context / len(scheduled))
         return float(seconds) * self.slowdown
 
     def _start_step(self, now: float) -> None:
@@ -195,9 +205,10 @@ class Engine:
 
     def _finish_step(self, end: float) -> list[StepEvent]:
         events: list[StepEvent] = []
+        done = False
         for sequence, tokens in self.step:
             sequence.computed += tokens
-            if sequence.computed < sequence.tokens:
+            if sequence.computed < sequence.prompt + sequence.generated:
                 continue  # a prefill chunk that did not reach the end of the prompt yet
             sequence.generated += 1
             if sequence.first_token_at is None:
@@ -207,7 +218,9 @@ class Engine:
                 sequence.finished_at = end
                 self.free_blocks += sequence.blocks
                 sequence.blocks = 0
-                self.running.remove(sequence)
+                done = True
                 events.append(StepEvent(end, sequence, "finished"))
+        if done:
+            self.running = [s for s in self.running if s.finished_at is None]
         self.step = []
         return events
