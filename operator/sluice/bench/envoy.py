@@ -312,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
             "strategies": list(STRATEGIES),
         }
     )
-    trace = make_trace(scenario.workload, args.rate, duration, args.seed, 1)[: args.requests]
+    # Exactly `--requests` arrivals: draw past the nominal duration, keep the first ones, end the run at the last.
+    trace = make_trace(scenario.workload, args.rate, 3 * duration + 10, args.seed, 1)[: args.requests]
+    workload = scenario.workload.model_copy(update={"duration": trace[-1].at})
+    scenario = scenario.model_copy(update={"workload": workload})
     # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
     stack = Stack(out / "stack", namespace="bench", deadline_seconds=900)
     stack.workdir.mkdir(parents=True, exist_ok=True)
