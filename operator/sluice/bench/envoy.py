@@ -1,6 +1,7 @@
 """Real data-plane cross-check: real Envoy in front of the simulated servers, weights from the real sluice core.
 
     python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8] [--requests 400]
+        [--peers round_robin,power_of_two,consistent_hash,cache_aware] [--vllm-router PATH]
 
 Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced in real time by
 the benchmark's iteration-level engine); real Prometheus scrapes them every second. For each strategy a real Envoy
@@ -10,9 +11,11 @@ the benchmark's iteration-level engine); real Prometheus scrapes them every seco
 - `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
   signals, the real core plans, and the ServiceEntry's endpoint weights are written to the EDS file (what istiod
   would push as EDS `load_balancing_weight`).
-A bounded open-loop generator on loopback replays one trace (`sluice.bench.trace`, the same for every strategy)
-and measures TTFT from the SSE stream. The same configuration is then run
-through the simulation (`sluice bench`), and the report shows how far the simulation's ratios are from Envoy's.
+With `--peers`, the real vLLM router (PyPI `vllm-router`) runs each listed policy in front of the same servers
+(`make bench-real`). A bounded open-loop generator on loopback replays one trace (`sluice.bench.trace`, the same
+for every strategy, one keep-alive connection pool, the session id as `X-Session-ID` and body `user` for all) and
+measures TTFT from the SSE stream. The same trace is then run through the simulation, and the report shows the
+simulated-vs-real gap per strategy (the vLLM router's policies against the simulation's models of them).
 Servers are restarted between strategies so each starts idle. Everything binds to loopback and stops at the end.
 """
 

@@ -75,7 +75,9 @@ def _aggregate(cells: list[list[dict[str, Any]]], strategies: list[str]) -> dict
     return out
 
 
-def goodput(cells: list[list[dict[str, Any]]], loads: list[float], capacity: float, slo_ms: float, strategy: str):  # type: ignore[no-untyped-def]
+def goodput(
+    cells: list[list[dict[str, Any]]], loads: list[float], capacity: float, slo_ms: float, strategy: str
+) -> tuple[float, float, float]:
     """Per seed, the highest load (req/s) at which it and every lower load keep P99 TTFT within the SLO."""
     order = sorted(range(len(loads)), key=lambda i: loads[i])
     per_seed = []
@@ -274,8 +276,9 @@ def run(scenario_files: list[Path], out: Path, plots: bool = True, jobs: int | N
             f"{len(r['strategies'])} strategies simulated in {r['seconds']:.0f} s._\n"
         )
         print(f"{scenario.name}: {r['seconds']:.0f} s", flush=True)
-        first = scenario.model_copy(update={})
-        trace = make_trace(first.workload, scenario.loads[0] * r["capacity"], first.workload.duration, first.seed, 1)
+        # The first sweep point's trace, for replaying the same arrivals elsewhere (inference-perf's trace replay).
+        work = scenario.workload
+        trace = make_trace(work, scenario.loads[0] * r["capacity"], work.duration, scenario.seed, 1)
         write_azure_csv(trace, out / f"{scenario.name}-trace.csv")
     checks = targets.check(results["scenarios"])
     results["targets"] = checks

@@ -56,7 +56,6 @@ STRATEGIES = (
     "consistent-hash",
 )
 EXTRA_STRATEGIES = ("blind-canary",)
-MESH_STRATEGIES = ("round-robin", "least-request", "static-capacity", "sluice", "best-static")
 DRAIN_SECONDS = 600.0  # after the last arrival; a request without a first token by then counts as infinitely late
 
 
