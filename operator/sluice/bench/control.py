@@ -1,0 +1,137 @@
+"""sluice's control loop as the simulation sees it: simulated Prometheus in, published weights out.
+
+Called by `sluice.bench.sim`. `SluiceControl.step(now, observed)` is the one place the simulation runs sluice's
+reconcile pass (today `sluice.core.reconcile.plan_pass`; it becomes the single `Reconciler` behind an in-memory
+port without the simulation changing). `ScrapedServer` plays Prometheus for one pod: gauges are sampled only at
+scrapes; rates and quantiles cover the window that ends at the last scrape, so every signal is as old as a real one
+would be (TTFT quantiles from exact observations, not histogram buckets: slightly better than real).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
+from sluice.bench.scenario import Scenario
+from sluice.core.observed import Observed, ObservedPod, PodSignals, SignalSnapshot
+from sluice.core.reconcile import plan_pass
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+# The hardware classes a user would declare (seed 000's K: A100=10, 4090=4, CPU=1; the others by the same guess).
+# These are the user's guesses, not measurements: the benchmark measures how far they are from the servers.
+CAPACITY_CLASSES = {"h100": 16.0, "a100": 10.0, "l40s": 6.0, "a10g": 3.0, "rtx4090": 4.0, "cpu": 1.0}
+
+
+@dataclass
+class ScrapedServer:
+    """What Prometheus knows of one server: observations with their times, gauges as of the last scrape."""
+
+    name: str
+    hardware: str
+    revision: str
+    ttfts: deque[tuple[float, float]] = field(default_factory=deque)
+    outcomes: deque[tuple[float, bool]] = field(default_factory=deque)
+    gauges: dict[str, float] = field(default_factory=dict)
+
+    def observe_ttft(self, at: float, seconds: float) -> None:
+        self.ttfts.append((at, seconds))
+
+    def observe_outcome(self, at: float, ok: bool) -> None:
+        self.outcomes.append((at, ok))
+
+    def scrape(self, at: float, running: int, waiting: int, kv_usage: float, horizon: float) -> None:
+        self.gauges = {"at": at, "running": float(running), "queue": float(waiting), "kv": kv_usage}
+        while self.ttfts and self.ttfts[0][0] < at - horizon:
+            self.ttfts.popleft()
+        while self.outcomes and self.outcomes[0][0] < at - horizon:
+            self.outcomes.popleft()
+
+    def signals(self, window: float) -> PodSignals:
+        if "at" not in self.gauges:
+            return PodSignals()
+        at = self.gauges["at"]
+        ttfts = sorted(v for when, v in self.ttfts if at - window < when <= at)
+        outcomes = [ok for when, ok in self.outcomes if at - window < when <= at]
+        ok = sum(outcomes)
+        return PodSignals(
+            ttft_seconds=statistics.fmean(ttfts) if ttfts else None,
+            ttft_p95_seconds=ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
+            kv_cache_usage=self.gauges["kv"],
+            queue_length=self.gauges["queue"],
+            running_requests=self.gauges["running"],
+            request_rate=ok / window,
+            error_rate=(len(outcomes) - ok) / len(outcomes) if outcomes else None,
+        )
+
+
+def pool_spec(scenario: Scenario) -> InferencePoolSpec:
+    """The InferencePool the benchmark runs sluice with: defaults plus the scenario's overrides."""
+    s = scenario.sluice
+    base: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": "bench"}},
+        "targetPort": 8000,
+        "service": "bench",
+        "interval": f"{max(1.0, s.interval):g}s",
+        "capacity": {"classes": CAPACITY_CLASSES},
+        "metrics": {"window": f"{s.window:g}s", "staleAfter": f"{max(15.0, 3 * s.scrape_interval):g}s"},
+    }
+    return InferencePoolSpec.model_validate(_merge(base, s.pool))
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one pass publishes: per-pod endpoint weights and, during a canary, the revision split (percent)."""
+
+    weights: dict[str, int]
+    split: dict[str, int]
+
+
+class SluiceControl:
+    """sluice's reconcile loop over an in-memory cluster: one pass per `step`, its status kept between passes."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.spec = pool_spec(scenario)
+        self.window = scenario.sluice.window
+        self.status: InferencePoolStatus | None = None
+
+    def observed(self, servers: list[ScrapedServer]) -> Observed:
+        pods = [
+            ObservedPod(
+                name=s.name,
+                ip=f"10.0.{i // 250}.{i % 250 + 1}",
+                ready=True,
+                labels={"app": "bench", "sluice.dev/hardware-class": s.hardware, "sluice.dev/revision": s.revision},
+            )
+            for i, s in enumerate(servers)
+        ]
+        scraped = max((s.gauges.get("at", 0.0) for s in servers), default=0.0)
+        snapshot = SignalSnapshot(
+            collected_at=EPOCH + timedelta(seconds=scraped),
+            pods={s.name: s.signals(self.window) for s in servers},
+        )
+        return Observed(pods=pods, signals=snapshot)
+
+    def step(self, now: float, observed: Observed) -> Published | None:
+        """One reconcile pass at `now` (seconds); None when sluice would leave the mesh as it is."""
+        plan = plan_pass(self.spec, 1, observed, self.status, EPOCH + timedelta(seconds=now))
+        self.status = plan.status
+        if not plan.publish:
+            return None
+        return Published({e.pod: e.weight for e in plan.endpoints}, dict(plan.revision_weights))
+
+    @property
+    def active_request_bias(self) -> float:
+        least = self.spec.routing.least_request
+        return least.active_request_bias if least is not None else 1.0  # Envoy's default without sluice's filter
