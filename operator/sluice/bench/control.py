@@ -1,8 +1,8 @@
 """sluice's control loop as the simulation sees it: simulated Prometheus in, published weights out.
 
 Called by `sluice.bench.sim`. `SluiceControl.step(now, observed)` is the one place the simulation runs sluice's
-reconcile pass (today `sluice.core.reconcile.plan_pass`; it becomes the single `Reconciler` behind an in-memory
-port without the simulation changing). `ScrapedServer` plays Prometheus for one pod: gauges are sampled only at
+reconcile pass: the operator's own `Reconciler` over an in-memory cluster, its published weights read back from the
+Istio objects it rendered. `ScrapedServer` plays Prometheus for one pod: gauges are sampled only at
 scrapes; rates and quantiles cover the window that ends at the last scrape, so every signal is as old as a real one
 would be (TTFT quantiles from exact observations, not histogram buckets: slightly better than real).
 """
@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
+from sluice.api.snapshot import PoolSnapshot
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
 from sluice.bench.scenario import Scenario
 from sluice.core.observed import Observed, ObservedPod, PodSignals, SignalSnapshot
-from sluice.core.reconcile import plan_pass
+from sluice.io.memory import MemoryCluster
+from sluice.io.ports import PromAuth
+from sluice.istio.render import subset_name
+from sluice.runtime.reconciler import Reconciler
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 # The hardware classes a user would declare (seed 000's K: A100=10, 4090=4, CPU=1; the others by the same guess).
@@ -98,12 +102,32 @@ class Published:
     split: dict[str, int]
 
 
+class SnapshotSource:
+    """The `SignalSource` port over the simulated Prometheus: it answers with the snapshot of this step."""
+
+    def __init__(self) -> None:
+        self.snapshot = SignalSnapshot()
+
+    def read_signals(
+        self, spec: InferencePoolSpec, namespace: str, pod_names: list[str], auth: PromAuth, now: datetime
+    ) -> SignalSnapshot:
+        return self.snapshot
+
+
 class SluiceControl:
-    """sluice's reconcile loop over an in-memory cluster: one pass per `step`, its status kept between passes."""
+    """sluice's one reconcile loop (`Reconciler`) over an in-memory cluster: one pass per `step`.
+
+    What the simulated sidecars get is read back from the Istio objects the pass wrote — the ServiceEntry's endpoint
+    weights and the VirtualService's split — exactly what a mesh would be handed.
+    """
 
     def __init__(self, scenario: Scenario) -> None:
         self.spec = pool_spec(scenario)
         self.window = scenario.sluice.window
+        self.cluster = MemoryCluster()
+        self.source = SnapshotSource()
+        self.reconciler = Reconciler(self.cluster, self.source)
+        self.meta = ObjectMeta(name="bench", namespace="bench", uid="bench-pool", generation=1)
         self.status: InferencePoolStatus | None = None
 
     def observed(self, servers: list[ScrapedServer]) -> Observed:
@@ -124,12 +148,32 @@ class SluiceControl:
         return Observed(pods=pods, signals=snapshot)
 
     def step(self, now: float, observed: Observed) -> Published | None:
-        """One reconcile pass at `now` (seconds); None when sluice would leave the mesh as it is."""
-        plan = plan_pass(self.spec, 1, observed, self.status, EPOCH + timedelta(seconds=now))
-        self.status = plan.status
-        if not plan.publish:
+        """One reconcile pass at `now` (seconds); None while sluice has published nothing yet."""
+        self.cluster.pod_list = list(observed.pods)
+        self.source.snapshot = observed.signals
+        snapshot = PoolSnapshot(meta=self.meta, spec=self.spec, spec_error=None, status=self.status)
+        report = self.reconciler.run(snapshot, EPOCH + timedelta(seconds=now))
+        self.status = report.status
+        return self.published(observed)
+
+    def published(self, observed: Observed) -> Published | None:
+        """The weights and split in the Istio objects the loop wrote (what a mesh would be handed)."""
+        entry = self.cluster.objects.get(("bench", "ServiceEntry", "sluice-bench"))
+        if entry is None:
             return None
-        return Published({e.pod: e.weight for e in plan.endpoints}, dict(plan.revision_weights))
+        pod_at = {p.ip: p.name for p in observed.pods}
+        endpoints = entry["spec"]["endpoints"]
+        weights = {pod_at[e["address"]]: int(e["weight"]) for e in endpoints if e["address"] in pod_at}
+        service = self.cluster.objects.get(("bench", "VirtualService", "sluice-bench"))
+        revision_of = {
+            subset_name(p.labels["sluice.dev/revision"]): p.labels["sluice.dev/revision"] for p in observed.pods
+        }
+        split: dict[str, int] = {}
+        for route in (service or {}).get("spec", {}).get("http", [{}])[0].get("route", []):
+            subset = route["destination"].get("subset")
+            if subset:
+                split[revision_of.get(subset, subset)] = int(route.get("weight", 100))
+        return Published(weights, split)
 
     @property
     def active_request_bias(self) -> float:

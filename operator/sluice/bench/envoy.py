@@ -38,14 +38,17 @@ from typing import Any
 import aiohttp
 import yaml
 
-from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
+from sluice.api.snapshot import PoolSnapshot
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
 from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
 from sluice.bench.trace import Arrival, make_trace
-from sluice.core.observed import Observed, ObservedPod
-from sluice.core.reconcile import plan_pass
+from sluice.core.observed import ObservedPod
 from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
-from sluice.io.prometheus import PromAuth, PromIO
+from sluice.io.memory import MemoryCluster
+from sluice.io.ports import WriteResult
+from sluice.io.prometheus import PromIO
+from sluice.runtime.reconciler import Reconciler
 
 SERVERS = [
     PodSpec("a100-0", "a100", "v1", "127.0.30.1"),
@@ -98,15 +101,14 @@ def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str) -> dict
     }
 
 
-def write_eds(workdir: Path, weights: dict[str, int]) -> None:
+def write_eds(workdir: Path, endpoints: list[tuple[str, int]]) -> None:
     """Atomically replace the EDS file Envoy watches (write, then rename in the watched directory)."""
-    endpoints = [
+    lb_endpoints = [
         {
-            "endpoint": {"address": {"socket_address": {"address": spec.ip, "port_value": 8000}}},
-            "load_balancing_weight": max(1, weights.get(spec.name, 1)),
+            "endpoint": {"address": {"socket_address": {"address": address, "port_value": 8000}}},
+            "load_balancing_weight": max(1, weight),
         }
-        for spec in SERVERS
-        if weights.get(spec.name, 1) > 0
+        for address, weight in endpoints
     ]
     document = {
         "version_info": str(time.monotonic_ns()),
@@ -114,13 +116,33 @@ def write_eds(workdir: Path, weights: dict[str, int]) -> None:
             {
                 "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
                 "cluster_name": "pool",
-                "endpoints": [{"lb_endpoints": endpoints}],
+                "endpoints": [{"lb_endpoints": lb_endpoints}],
             }
         ],
     }
     tmp = workdir / ".eds.tmp"
     tmp.write_text(yaml.safe_dump(document))
     tmp.replace(workdir / "eds.yaml")
+
+
+def idle_eds(workdir: Path) -> None:
+    """Before sluice (and for the other strategies): every server at weight 1."""
+    write_eds(workdir, [(spec.ip, 1) for spec in SERVERS])
+
+
+class EdsFileCluster(MemoryCluster):
+    """The `Cluster` port for a bare Envoy: the ServiceEntry sluice applies becomes the EDS file Envoy watches
+    (its endpoints, and only those, with their weights), exactly as Istio would turn it into EDS."""
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__()
+        self.workdir = workdir
+
+    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
+        result = super().apply(desired, pool_uid, adopt)
+        if desired["kind"] == "ServiceEntry" and result.action in ("created", "updated"):
+            write_eds(self.workdir, [(e["address"], int(e["weight"])) for e in desired["spec"]["endpoints"]])
+        return result
 
 
 def pool_spec(prometheus_url: str, interval: float, window: float) -> InferencePoolSpec:
@@ -144,23 +166,26 @@ def pool_spec(prometheus_url: str, interval: float, window: float) -> InferenceP
 async def sluice_loop(
     workdir: Path, spec: InferencePoolSpec, stop: asyncio.Event, timeline: list[tuple[float, dict[str, int]]]
 ) -> None:
-    """The real core on real Prometheus signals, publishing endpoint weights to Envoy through EDS."""
+    """sluice's one reconcile loop on real Prometheus signals, publishing to Envoy through the EDS-file cluster."""
     prom = PromIO()
-    status: InferencePoolStatus | None = None
-    pods = [
+    cluster = EdsFileCluster(workdir)
+    cluster.pod_list = [
         ObservedPod(name=s.name, ip=s.ip, labels={"app": "bench", "sluice.dev/hardware-class": s.hardware})
         for s in SERVERS
     ]
+    reconciler = Reconciler(cluster, prom)
+    meta = ObjectMeta(name="bench", namespace="bench", uid="bench-pool", generation=1)
+    status: InferencePoolStatus | None = None
+    name_at = {s.ip: s.name for s in SERVERS}
     started = time.monotonic()
     try:
         while not stop.is_set():
-            now = datetime.now(UTC)
-            signals = await asyncio.to_thread(prom.read_signals, spec, "bench", [p.name for p in pods], PromAuth(), now)
-            plan = plan_pass(spec, 1, Observed(pods=pods, signals=signals), status, now)
-            status = plan.status
-            if plan.publish:
-                weights = {e.pod: e.weight for e in plan.endpoints}
-                write_eds(workdir, weights)
+            snapshot = PoolSnapshot(meta=meta, spec=spec, spec_error=None, status=status)
+            report = await asyncio.to_thread(reconciler.run, snapshot, datetime.now(UTC))
+            status = report.status
+            entry = cluster.objects.get(("bench", "ServiceEntry", "sluice-bench"))
+            if entry is not None:
+                weights = {name_at[e["address"]]: int(e["weight"]) for e in entry["spec"]["endpoints"]}
                 timeline.append((time.monotonic() - started, weights))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), spec.interval)
@@ -299,7 +324,7 @@ def run_strategy(
     restart_servers(stack)
     envoy_dir = workdir / strategy
     envoy_dir.mkdir(parents=True, exist_ok=True)
-    write_eds(envoy_dir, {})
+    idle_eds(envoy_dir)
     listen, admin = free_port(), free_port()
     lb = "ROUND_ROBIN" if strategy == "round-robin" else "LEAST_REQUEST"
     (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(envoy_config(envoy_dir, listen, admin, lb)))

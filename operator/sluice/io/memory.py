@@ -8,6 +8,7 @@ the Kubernetes adapter does, and can be told to fail calls, to test the loop's e
 from __future__ import annotations
 
 import copy
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +24,12 @@ class MemoryCluster:
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     """(namespace, kind, name) -> object."""
-    statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
+    statuses: deque[tuple[str, str, dict[str, Any]]] = field(default_factory=lambda: deque(maxlen=1000))
+    """The latest status writes (bounded: a simulation runs for hours of simulated time)."""
+    events: deque[Event] = field(default_factory=lambda: deque(maxlen=10000))
     failures: dict[str, ClusterError] = field(default_factory=dict)
     """Method name -> the error its next calls raise (until removed)."""
-    calls: list[str] = field(default_factory=list)
+    calls: deque[str] = field(default_factory=lambda: deque(maxlen=10000))
 
     def _enter(self, method: str) -> None:
         self.calls.append(method)
