@@ -148,7 +148,9 @@ def cmd_plan(session: Session, args: argparse.Namespace) -> int:
     if snapshot.spec is None:
         raise PluginError(snapshot.spec_error or "invalid spec")
     status = _status(pool)
-    pods = KubeCluster(session.api).pods(snapshot.meta.namespace, snapshot.spec.selector.match_labels)
+    # The user's own request, named as theirs in audit logs (not as the operator's).
+    cluster = KubeCluster(session.api, user_agent="kubectl-sluice")
+    pods = cluster.pods(snapshot.meta.namespace, snapshot.spec.selector.match_labels)
     now = datetime.now(UTC)
     # The last observation is what the status recorded: the signals of each pod, as seen at the last pass.
     last = SignalSnapshot(

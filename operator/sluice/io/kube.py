@@ -89,8 +89,8 @@ def _json(answer: Any) -> Any:
 class KubeCluster:
     """The operator's adapter: the `Cluster` port over the Kubernetes API."""
 
-    def __init__(self, api_client: k8s.ApiClient, resync_seconds: float = 60.0) -> None:
-        api_client.user_agent = USER_AGENT  # lets audit logs (and the RBAC test) tell the operator's calls apart
+    def __init__(self, api_client: k8s.ApiClient, resync_seconds: float = 60.0, user_agent: str = USER_AGENT) -> None:
+        api_client.user_agent = user_agent  # lets audit logs (and the RBAC test) tell the operator's calls apart
         self.api_client = api_client
         # An object this process applied (or found equal) is not read again while the pass still wants the same
         # thing, for up to `resync_seconds`: a steady pass makes no GET. Edits or deletions by others are
