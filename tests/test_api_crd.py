@@ -342,20 +342,20 @@ def test_label_keys_and_values_the_cluster_accepts_are_accepted_by_crd_and_model
 
 
 def _declared_rules(model: type[BaseModel]) -> Iterator[Rule]:
-    """Every Rule of `model` and of the models its fields hold, each model once."""
-    seen: set[type[BaseModel]] = set()
+    """Every Rule of `model` and of the models its fields hold, once per place a model appears in the tree (a
+    model used by two fields, like AnalysisSpec in canary.analysis and canary.shadow.analysis, sits on two nodes)."""
     pending = [model]
     while pending:
         current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
         yield from getattr(current, "rules", ())
         for info in current.model_fields.values():
-            for candidate in [info.annotation, *typing.get_args(info.annotation)]:
-                for inner in [candidate, *typing.get_args(candidate)]:
-                    if isinstance(inner, type) and issubclass(inner, BaseModel):
-                        pending.append(inner)
+            held = {
+                inner
+                for candidate in [info.annotation, *typing.get_args(info.annotation)]
+                for inner in [candidate, *typing.get_args(candidate)]
+                if isinstance(inner, type) and issubclass(inner, BaseModel)
+            }
+            pending.extend(held)
 
 
 def test_every_cel_rule_of_the_crd_has_exactly_one_python_twin_with_the_same_message():

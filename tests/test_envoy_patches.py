@@ -127,6 +127,15 @@ CASES = {
         "servicePort": 80,
         "routing": {"weightsVia": "EnvoyFilter", "endpointWeights": False, "leastRequest": {"choiceCount": 4}},
     },
+    "shadow-endpoint-weights": {
+        "canary": {"stableRevision": "v1", "candidateRevision": "v2", "shadow": {"mirrorPercent": 12.5}},
+        "routing": {"weightsVia": "EnvoyFilter"},
+    },
+    "shadow-service-host": {
+        "canary": {"stableRevision": "v1", "candidateRevision": "v2", "shadow": {}},
+        "servicePort": 80,
+        "routing": {"weightsVia": "EnvoyFilter", "endpointWeights": False},
+    },
     "no-split-endpoint-weights": {"routing": {"weightsVia": "EnvoyFilter", "leastRequest": {}}},
     "bounded-load-hashing": {
         "routing": {
@@ -169,3 +178,52 @@ def test_the_check_rejects_a_broken_patch(tmp_path):
     result = envoy_validate(build_config(s, objects, []), tmp_path)
     assert result.returncode != 0
     assert "choice_count" in result.stdout + result.stderr
+
+
+def _route(config: dict[str, Any]) -> dict[str, Any]:
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    route: dict[str, Any] = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+    return route
+
+
+def test_shadow_mirror_is_a_request_mirror_policy_on_the_route_to_the_candidate_subset(tmp_path):
+    s = spec(**CASES["shadow-endpoint-weights"])
+    plan = run(s, PODS, SIGNALS, 0)
+    assert plan.status.canary is not None
+    assert plan.status.canary.mirror_percent == 12.5
+    config = build_config(s, render(POOL, s, plan), ["rev-v1", "rev-v2"])
+    action = _route(config)["route"]
+    host, port = destination_host(POOL, s), destination_port(s)
+    assert action["cluster"] == cluster_name(port, "rev-v1", host)  # users: the stable subset only
+    assert action["request_mirror_policies"] == [
+        {
+            "cluster": cluster_name(port, "rev-v2", host),
+            "runtime_fraction": {"default_value": {"numerator": 125_000, "denominator": "MILLION"}},
+        }
+    ]
+    result = envoy_validate(config, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_envoy_rejects_a_mirror_to_a_cluster_it_does_not_have(tmp_path):
+    """The mirror's cluster is checked by Envoy like the route's: a mirror to a subset without a cluster fails."""
+    s = spec(**CASES["shadow-endpoint-weights"])
+    plan = run(s, PODS, SIGNALS, 0)
+    config = build_config(s, render(POOL, s, plan), ["rev-v1"])  # no rev-v2 cluster
+    result = envoy_validate(config, tmp_path)
+    assert result.returncode != 0
+    assert "rev-v2" in result.stdout + result.stderr
+
+
+def test_no_mirror_policy_once_the_shadow_is_over(tmp_path):
+    s = spec(**CASES["shadow-endpoint-weights"])
+    status = None
+    for t in range(0, 200, 10):  # the default 120 s shadow, then live
+        plan = run(s, PODS, SIGNALS, t, status)
+        status = plan.status
+    assert status is not None
+    assert status.canary is not None
+    assert status.canary.stage == "Live"
+    config = build_config(s, render(POOL, s, plan), ["rev-v1", "rev-v2"])
+    assert "request_mirror_policies" not in _route(config)["route"]
+    assert envoy_validate(config, tmp_path).returncode == 0

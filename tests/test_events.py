@@ -148,6 +148,48 @@ TABLE: list[tuple[str, dict[str, Any] | None, dict[str, Any], str, str]] = [
         "v2 promoted",
     ),
     (
+        "CanaryStarted",
+        {},
+        {"canary": canary("Shadow", stage="Shadow", mirrorPercent=50)},
+        "Normal",
+        "rolling out v2 over v1 in shadow first (mirrored requests only)",
+    ),
+    (
+        "ShadowMirroring",
+        {"canary": canary("Waiting", stage="Shadow")},
+        {"canary": canary("Shadow", stage="Shadow", mirrorPercent=50)},
+        "Normal",
+        "50% of requests mirrored to v2",
+    ),
+    (
+        "ShadowMirrorRemoved",
+        {"canary": canary("Shadow", stage="Shadow", mirrorPercent=50)},
+        {"canary": canary("Waiting", stage="Shadow", message="shadow: candidate v2 has no routable pods")},
+        "Normal",
+        "no mirror to v2: shadow: candidate v2 has no routable pods",
+    ),
+    (
+        "ShadowPassed",
+        {"canary": canary("Shadow", stage="Shadow", mirrorPercent=50)},
+        {"canary": canary("Progressing", stage="Live", weight=10, shadowVerdict="passed after 60s: ok")},
+        "Normal",
+        "v2 shadow passed after 60s: ok: to live steps",
+    ),
+    (
+        "CanaryCheckFailed",
+        {"canary": canary("Shadow", stage="Shadow", mirrorPercent=50)},
+        {"canary": canary("Shadow", stage="Shadow", mirrorPercent=50, failedChecks=1, lastCheckReason="5xx")},
+        "Warning",
+        "v2 in shadow: 5xx (1 failed)",
+    ),
+    (
+        "CanaryRolledBack",
+        {"canary": canary("Shadow", stage="Shadow", mirrorPercent=50, failedChecks=1)},
+        {"canary": canary("RolledBack", stage="Shadow", failedChecks=1, message="rolled back v2 in shadow")},
+        "Warning",
+        "rolled back v2 in shadow",
+    ),
+    (
         "CanaryAborted",
         {"canary": canary("Progressing")},
         {"canary": {"phase": "Idle", "stableRevision": "v1"}},
@@ -157,7 +199,10 @@ TABLE: list[tuple[str, dict[str, Any] | None, dict[str, Any], str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("reason", "before", "after", "kind", "says"), TABLE, ids=[row[0] for row in TABLE])
+IDS = [f"{row[0]}-{sum(1 for other in TABLE[:i] if other[0] == row[0])}" for i, row in enumerate(TABLE)]
+
+
+@pytest.mark.parametrize(("reason", "before", "after", "kind", "says"), TABLE, ids=IDS)
 def test_each_event_comes_from_its_transition(reason, before, after, kind, says):
     previous = status(**before) if before is not None else None
     events = derive_events(previous, status(**after))
@@ -167,7 +212,10 @@ def test_each_event_comes_from_its_transition(reason, before, after, kind, says)
     assert says in matching[0].message
 
 
-@pytest.mark.parametrize(("reason", "before", "after", "kind", "says"), TABLE, ids=[row[0] for row in TABLE])
+IDS = [f"{row[0]}-{sum(1 for other in TABLE[:i] if other[0] == row[0])}" for i, row in enumerate(TABLE)]
+
+
+@pytest.mark.parametrize(("reason", "before", "after", "kind", "says"), TABLE, ids=IDS)
 def test_no_event_when_nothing_changed(reason, before, after, kind, says):
     same = status(**after)
     assert [e.reason for e in derive_events(same, same)] == []

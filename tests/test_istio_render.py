@@ -53,6 +53,8 @@ EXTRAS: list[dict[str, Any]] = [
     {"routing": {"retries": {"attempts": 3, "perTryTimeout": "30s", "backoff": "25ms"}}},
     {"canary": CANARY},
     {"canary": CANARY, "protection": {"outlierDetection": {"enabled": False}}},
+    {"canary": {**CANARY, "shadow": {"mirrorPercent": 12.5}}},
+    {"canary": {**CANARY, "shadow": {}}, "routing": {"retries": {"attempts": 2}}},
 ]
 
 
@@ -171,3 +173,40 @@ def test_retries_render_as_istio_http_retry_before_any_response_byte(istio):
     }
     s, plan = plan_for()
     assert "retries" not in by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]["spec"]["http"][0]
+
+
+def test_shadow_renders_an_istio_mirror_to_the_candidate_subset_while_users_stay_on_stable(istio):
+    s, plan = plan_for(canary={**CANARY, "shadow": {"mirrorPercent": 12.5}})
+    assert plan.status.canary is not None
+    assert plan.status.canary.phase == "Shadow"
+    vs = by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]
+    istio.validate(vs)
+    http = vs["spec"]["http"][0]
+    host = "llama.llm.sluice.internal"
+    assert http["route"] == [
+        {"destination": {"host": host, "port": {"number": 8000}, "subset": "rev-v1"}, "weight": 100}
+    ]
+    assert http["mirrors"] == [
+        {"destination": {"host": host, "port": {"number": 8000}, "subset": "rev-v2"}, "percentage": {"value": 12.5}}
+    ]
+    assert "mirror" not in http
+    assert "mirrorPercentage" not in http
+
+
+def test_the_istio_schema_check_refuses_a_malformed_mirror(istio):
+    """The mirror is really checked: a destination without a host is refused by Istio's schema."""
+    s, plan = plan_for(canary={**CANARY, "shadow": {}})
+    vs = by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]
+    del vs["spec"]["http"][0]["mirrors"][0]["destination"]["host"]
+    with pytest.raises(Exception, match="host"):
+        istio.validate(vs)
+
+
+def test_no_mirror_is_rendered_without_a_shadow_or_without_candidate_pods(istio):
+    s, plan = plan_for(canary=CANARY)
+    assert "mirrors" not in by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]["spec"]["http"][0]
+    s = spec(canary={**CANARY, "shadow": {}})
+    plan = run(s, PODS[:2], SIGNALS, 0)  # no v2 pod
+    assert plan.status.canary is not None
+    assert plan.status.canary.mirror_percent is None
+    assert "mirrors" not in by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]["spec"]["http"][0]

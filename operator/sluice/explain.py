@@ -67,8 +67,13 @@ def summary(status: InferencePoolStatus) -> str:
     if status.canary is not None:
         c = status.canary
         step = "-" if c.step_index is None else str(c.step_index + 1)
+        if c.stage == "Shadow" and c.phase not in ("Promoted", "Idle"):
+            step = "shadow"
+        mirror = f" mirror={c.mirror_percent:g}%" if c.mirror_percent is not None else ""
         lines.append(
             f"canary: {c.phase} stable={c.stable_revision or '-'} candidate={c.candidate_revision or '-'} "
-            f"step={step} weight={c.weight}% failedChecks={c.failed_checks} - {c.message}"
+            f"step={step} weight={c.weight}%{mirror} failedChecks={c.failed_checks} - {c.message}"
         )
+        if c.shadow_verdict:
+            lines.append(f"shadow: {c.shadow_verdict}")
     return "\n".join(lines)

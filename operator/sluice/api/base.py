@@ -22,7 +22,8 @@ PLURAL = "inferencepools"
 Engine = Literal["vllm", "sglang", "trtllm", "triton", "tgi", "custom"]
 WeightsVia = Literal["VirtualService", "EnvoyFilter"]
 EndpointState = Literal["Routable", "Zeroed", "Recovering"]
-CanaryPhase = Literal["Idle", "Waiting", "Progressing", "Paused", "Promoted", "RolledBack"]
+CanaryPhase = Literal["Idle", "Waiting", "Shadow", "Progressing", "Paused", "Promoted", "RolledBack"]
+CanaryStage = Literal["Shadow", "Live"]
 CheckResult = Literal["Pass", "Fail", "Inconclusive"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 

@@ -176,6 +176,13 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.canary.weight",
             "description": "Candidate traffic %",
         },
+        {
+            "name": "Mirror",
+            "type": "number",
+            "jsonPath": ".status.canary.mirrorPercent",
+            "description": "Requests mirrored to the candidate (shadow), %",
+            "priority": 1,
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -401,6 +401,34 @@ class AnalysisSpec(ApiModel):
     )
 
 
+class ShadowSpec(ApiModel):
+    """A phase before the first live step: the candidate gets a mirrored copy of the stable revision's requests.
+
+    Envoy sends the copy fire-and-forget and discards the candidate's answers, so no user is served by it; the
+    candidate is judged on its own signals under that load. Costs (docs/guide.md, "Shadow canaries"): mirrored
+    requests use candidate capacity, non-idempotent requests run twice, a streamed answer is generated in full.
+    """
+
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("duration"),)
+
+    mirror_percent: float = Field(
+        default=100.0,
+        gt=0,
+        le=100,
+        description="Share of the stable revision's requests copied to the candidate (VirtualService "
+        "mirrors[].percentage; request_mirror_policies in EnvoyFilter mode).",
+    )
+    duration: Duration = Field(
+        default=120.0,
+        description="Minimum time in shadow; the shadow passes after it, on a passing check, to the first live step.",
+    )
+    analysis: AnalysisSpec = Field(
+        default_factory=AnalysisSpec,
+        description="The shadow's own gates (same kinds as canary.analysis), judged on the candidate under the "
+        "mirrored load; ttftRatioToStable compares it with the stable revision under live load.",
+    )
+
+
 def _distinct_revisions(canary: CanarySpec) -> bool:
     return canary.candidate_revision is None or canary.candidate_revision != canary.stable_revision
 
@@ -459,6 +487,11 @@ class CanarySpec(ApiModel):
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Checks that gate each step.")
     max_failed_checks: int = Field(default=3, ge=1, le=100, description="Failed checks that roll the candidate back.")
     paused: bool = Field(default=False, description="Hold the current step; checks still run and can roll back.")
+    shadow: ShadowSpec | None = Field(
+        default=None,
+        description="Shadow phase before the first live step: mirrored traffic only, judged by its own analysis; "
+        "a failed shadow rolls back before any user request reaches the candidate.",
+    )
 
 
 class SessionAffinitySpec(ApiModel):

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from sluice.api.base import ApiModel, CanaryPhase, CheckResult, ConditionStatus, EndpointState
+from sluice.api.base import ApiModel, CanaryPhase, CanaryStage, CheckResult, ConditionStatus, EndpointState
 
 
 class StatusModel(ApiModel):
@@ -105,7 +105,16 @@ class OperationRecord(StatusModel):
 
 
 class CanaryStatus(StatusModel):
-    phase: CanaryPhase = Field(description="Idle, Waiting, Progressing, Paused, Promoted or RolledBack.")
+    phase: CanaryPhase = Field(description="Idle, Waiting, Shadow, Progressing, Paused, Promoted or RolledBack.")
+    stage: CanaryStage = Field(
+        default="Live",
+        description="Shadow while the candidate gets mirrored traffic only (spec.canary.shadow), then Live (the "
+        "steps). Paused, Waiting and RolledBack keep the stage they happened in.",
+    )
+    mirror_percent: float | None = Field(
+        default=None,
+        description="Share of requests mirrored to the candidate as rendered now; null when no mirror is rendered.",
+    )
     stable_revision: str | None = Field(default=None, description="Revision taking the remaining traffic.")
     candidate_revision: str | None = Field(default=None, description="Revision being rolled out.")
     step_index: int | None = Field(default=None, description="Index into spec.canary.steps.")
@@ -126,6 +135,9 @@ class CanaryStatus(StatusModel):
         default=None, description="Set while a pause operation holds the rollout (spec.canary.paused also holds it)."
     )
     last_operation: OperationRecord | None = Field(default=None, description="The last rollout operation.")
+    shadow_verdict: str | None = Field(
+        default=None, description="How this rollout's shadow phase ended (passed, skipped, removed from the spec)."
+    )
 
 
 class InferencePoolStatus(StatusModel):

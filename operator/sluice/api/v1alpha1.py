@@ -30,6 +30,7 @@ from sluice.api.base import (
     VERSION,
     ApiModel,
     CanaryPhase,
+    CanaryStage,
     CheckResult,
     ConditionStatus,
     EndpointState,
@@ -64,6 +65,7 @@ from sluice.api.spec import (
     ScoringSpec,
     SecretKeyRef,
     SessionAffinitySpec,
+    ShadowSpec,
 )
 from sluice.api.status import (
     CanaryStatus,
@@ -148,6 +150,7 @@ __all__ = [
     "ApiModel",
     "CanaryPhase",
     "CanarySpec",
+    "CanaryStage",
     "CanaryStatus",
     "CapacitySpec",
     "CheckResult",
@@ -180,6 +183,7 @@ __all__ = [
     "ScoringSpec",
     "SecretKeyRef",
     "SessionAffinitySpec",
+    "ShadowSpec",
     "StatusModel",
     "WeightsVia",
     "cel_string",

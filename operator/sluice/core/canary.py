@@ -11,6 +11,14 @@ step *and* a passing check at that step; `maxFailedChecks` failed checks roll th
 until the candidate revision changes; a new candidate restarts at the first step; a candidate with no routable
 pods waits with no traffic. When one side of the split has no healthy routable pod, the published split is
 forced to the other side, `splitForced` says why, and the rollout does not advance while it lasts.
+
+Shadow (`spec.canary.shadow`): a new candidate first gets no live traffic, only a mirrored copy of
+`mirrorPercent` % of the stable revision's requests (Envoy discards the candidate's answers). It is judged by the
+shadow's own analysis on its own signals under that load; `maxFailedChecks` failed checks roll it back before any
+user request reached it; after `duration` and a passing check it goes to the first live step. The shadow's clock
+runs only while the mirror is rendered; the mirror is rendered only while the candidate has routable pods and the
+stage is Shadow (not after a rollback, nor once live), and `status.canary.mirrorPercent` is exactly what is
+rendered.
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ from sluice.api.v1alpha1 import (
     CheckResult,
     Gate,
     OperationRecord,
+    ShadowSpec,
 )
-from sluice.core.operations import apply_operation, is_new, refuse_without_rollout
+from sluice.core.operations import apply_operation, first_state, go_live, is_new, refuse_without_rollout
 
-ACTIVE_PHASES: tuple[CanaryPhase, ...] = ("Progressing", "Paused", "Waiting")
+ACTIVE_PHASES: tuple[CanaryPhase, ...] = ("Shadow", "Progressing", "Paused", "Waiting")
 
 
 @dataclass(frozen=True)
@@ -47,10 +56,20 @@ class RevisionStats:
 
 
 @dataclass(frozen=True)
+class Mirror:
+    """A request mirror on the route: a copy of `percent` % of the requests goes to `revision`'s subset."""
+
+    revision: str
+    percent: float
+
+
+@dataclass(frozen=True)
 class CanaryOutcome:
     status: CanaryStatus | None
     weights: dict[str, int]
     """Traffic % per revision as published; empty means no split (route to every pod of the pool)."""
+    mirror: Mirror | None = None
+    """The mirror to render (shadow phase only); `status.mirrorPercent` is its percent."""
 
 
 @dataclass(frozen=True)
@@ -184,14 +203,7 @@ def step_canary(
         record = refuse_without_rollout(fresh_op, now) if fresh_op else remembered
         return _settled(stable, previous, record)
     if previous is None or previous.candidate_revision != candidate:
-        previous = CanaryStatus(
-            phase="Progressing",
-            stable_revision=stable,
-            candidate_revision=candidate,
-            step_index=0,
-            step_started_at=now,
-            last_operation=remembered,
-        )
+        previous = first_state(spec, stable, candidate, now).model_copy(update={"last_operation": remembered})
     previous = previous.model_copy(update={"stable_revision": stable})
     if fresh_op is not None:
         applied = apply_operation(spec, previous, fresh_op, now)
@@ -200,11 +212,17 @@ def step_canary(
             return _promoted(
                 candidate, previous.last_check, previous.last_check_reason, previous.last_check_at, applied.record
             )
+    if previous.stage == "Shadow" and spec.shadow is None and previous.phase != "RolledBack":
+        previous = go_live(previous, now, "ended: spec.canary.shadow was removed")
     if previous.phase == "RolledBack":
         forced_to, why = forced_split(stable, candidate, revisions)
         forced_to = forced_to if forced_to == candidate else None  # serving beats a 503, nothing else overrides
         status = previous.model_copy(
-            update={"weight": 100 if forced_to else 0, "split_forced": why if forced_to else None}
+            update={
+                "weight": 100 if forced_to else 0,
+                "split_forced": why if forced_to else None,
+                "mirror_percent": None,
+            }
         )
         return CanaryOutcome(status, _split(stable, candidate, 0, forced_to))
     return _progress(spec, previous, revisions, metrics_usable, now)
@@ -231,6 +249,8 @@ def _progress(
     metrics_usable: bool,
     now: datetime,
 ) -> CanaryOutcome:
+    if state.stage == "Shadow" and spec.shadow is not None:
+        return _shadow(spec, spec.shadow, state, revisions, metrics_usable, now)
     candidate = state.candidate_revision or ""
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
@@ -269,8 +289,102 @@ def _progress(
         last_check_reason="" if advanced else reason,
         paused_by=state.paused_by,
         last_operation=state.last_operation,
+        shadow_verdict=state.shadow_verdict,
     )
     return CanaryOutcome(status.model_copy(update={"message": _message(spec, status, now)}), weights)
+
+
+def _shadow(
+    spec: CanarySpec,
+    shadow: ShadowSpec,
+    state: CanaryStatus,
+    revisions: dict[str, RevisionStats],
+    metrics_usable: bool,
+    now: datetime,
+) -> CanaryOutcome:
+    """The shadow stage: users stay on the stable revision; the candidate gets the mirror and is judged on it."""
+    candidate = state.candidate_revision or ""
+    stable = state.stable_revision
+    cand = revisions.get(candidate, RevisionStats())
+    forced_to, forced_why = forced_split(stable, candidate, revisions)
+    if forced_to != candidate:  # users are on the stable revision anyway; only serving beats a 503
+        forced_to, forced_why = None, None
+    due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= shadow.analysis.interval
+    ran: Check | None = None
+    if cand.incidents or (due and cand.routable_pods > 0):
+        stable_stats = revisions.get(stable) if stable else None
+        ran = check(shadow.analysis, cand, stable_stats, metrics_usable, stable_serves=forced_to is None)
+    failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
+    result = ran.result if ran else state.last_check
+    reason = ran.reason if ran else state.last_check_reason
+    checked_at = now if ran else state.last_check_at
+    paused = spec.paused or state.paused_by is not None
+    phase: CanaryPhase
+    started = state.step_started_at or now
+    if failed >= spec.max_failed_checks:
+        phase = "RolledBack"
+    elif cand.routable_pods == 0:
+        phase, started = "Waiting", now  # nothing to mirror to: the shadow's clock restarts when there is
+    elif forced_to is not None:
+        phase, started = "Shadow", now  # users are on the candidate, no mirror: this is no shadow time
+    else:
+        phase = "Paused" if paused else "Shadow"
+        if state.phase == "Waiting":
+            started = now
+        elapsed = (now - started).total_seconds()
+        if phase == "Shadow" and elapsed >= shadow.duration and result == "Pass":
+            live = go_live(state, now, f"passed after {elapsed:.0f}s: {reason}")
+            return _progress(
+                spec,
+                live.model_copy(update={"failed_checks": failed, "last_check_at": checked_at}),
+                revisions,
+                metrics_usable,
+                now,
+            )
+    mirrored = phase in ("Shadow", "Paused") and forced_to is None and cand.routable_pods > 0
+    mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
+    weights = _split(stable, candidate, 0, forced_to)
+    status = CanaryStatus(
+        phase=phase,
+        stage="Shadow",
+        stable_revision=stable,
+        candidate_revision=candidate,
+        step_index=0,
+        weight=weights.get(candidate, 0),
+        step_weight=0,
+        split_forced=forced_why,
+        failed_checks=failed,
+        step_started_at=started,
+        last_check_at=checked_at,
+        last_check=result,
+        last_check_reason=reason,
+        paused_by=state.paused_by,
+        last_operation=state.last_operation,
+        mirror_percent=mirror.percent if mirror else None,
+    )
+    message = _shadow_message(shadow, status, now)
+    return CanaryOutcome(status.model_copy(update={"message": message}), weights, mirror)
+
+
+def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> str:
+    candidate = status.candidate_revision
+    last = f"last check {status.last_check or 'pending'}: {status.last_check_reason or 'none yet'}"
+    if status.phase == "RolledBack":
+        return (
+            f"rolled back {candidate} in shadow after {status.failed_checks} failed checks, before any user "
+            f"request was routed to it: {status.last_check_reason}"
+        )
+    if status.phase == "Waiting":
+        return f"shadow: candidate {candidate} has no routable pods: no mirror rendered until it has"
+    if status.split_forced:
+        return f"shadow held, {candidate} at {status.weight}%, no mirror: {status.split_forced}"
+    mirror = f"mirroring {status.mirror_percent:g}% of requests to {candidate}, answers discarded"
+    if status.phase == "Paused":
+        return f"shadow paused ({mirror}; {last})"
+    at = (now - status.step_started_at).total_seconds() if status.step_started_at else 0.0
+    if at >= shadow.duration and status.last_check != "Pass":
+        return f"shadow: {mirror}; holding until a check passes ({last})"
+    return f"shadow: {mirror}, {at:.0f}s of {shadow.duration:g}s; {last}"
 
 
 def _promoted(
@@ -282,6 +396,7 @@ def _promoted(
 ) -> CanaryOutcome:
     status = CanaryStatus(
         phase="Promoted",
+        stage="Live",
         stable_revision=candidate,
         candidate_revision=candidate,
         weight=100,

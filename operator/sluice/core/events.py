@@ -13,7 +13,7 @@ from typing import Literal
 
 from sluice.api.v1alpha1 import CanaryStatus, Condition, EndpointStatus, InferencePoolStatus
 
-ACTIVE = ("Progressing", "Paused", "Waiting")
+ACTIVE = ("Shadow", "Progressing", "Paused", "Waiting")
 
 
 @dataclass(frozen=True)
@@ -125,13 +125,16 @@ def _canary_events(previous: CanaryStatus | None, next_: CanaryStatus | None) ->
         return
     if not same:
         reason = "CanaryRestarted" if was_active else "CanaryStarted"
-        yield Event("Normal", reason, f"rolling out {candidate} over {next_.stable_revision}")
+        shadow = " in shadow first (mirrored requests only)" if next_.stage == "Shadow" else ""
+        yield Event("Normal", reason, f"rolling out {candidate} over {next_.stable_revision}{shadow}")
+    yield from _shadow_events(previous if same else None, next_)
     failed_before = previous.failed_checks if same and previous else 0
     if next_.failed_checks > failed_before:
+        where = "in shadow" if next_.stage == "Shadow" else f"at {next_.weight}%"
         yield Event(
             "Warning",
             "CanaryCheckFailed",
-            f"{candidate} at {next_.weight}%: {next_.last_check_reason} ({next_.failed_checks} failed)",
+            f"{candidate} {where}: {next_.last_check_reason} ({next_.failed_checks} failed)",
         )
     if next_.phase == "RolledBack" and not (same and previous is not None and previous.phase == "RolledBack"):
         yield Event("Warning", "CanaryRolledBack", next_.message)
@@ -139,3 +142,15 @@ def _canary_events(previous: CanaryStatus | None, next_: CanaryStatus | None) ->
         yield Event(
             "Normal", "CanaryAdvanced", f"{candidate} to {next_.step_weight}% (step {(next_.step_index or 0) + 1})"
         )
+
+
+def _shadow_events(previous: CanaryStatus | None, next_: CanaryStatus) -> Iterator[Event]:
+    """The mirror appearing or going away while in shadow, and the shadow ending into the live steps."""
+    candidate = next_.candidate_revision
+    mirrored_before = previous.mirror_percent if previous is not None else None
+    if next_.stage == "Shadow" and next_.mirror_percent is not None and mirrored_before is None:
+        yield Event("Normal", "ShadowMirroring", f"{next_.mirror_percent:g}% of requests mirrored to {candidate}")
+    elif next_.stage == "Shadow" and next_.mirror_percent is None and mirrored_before is not None:
+        yield Event("Normal", "ShadowMirrorRemoved", f"no mirror to {candidate}: {next_.message}")
+    if previous is not None and previous.stage == "Shadow" and next_.stage == "Live":
+        yield Event("Normal", "ShadowPassed", f"{candidate} shadow {next_.shadow_verdict or 'ended'}: to live steps")

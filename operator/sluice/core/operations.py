@@ -5,10 +5,14 @@ state it finds and is either **Applied** or **Refused** with the reason; the rec
 `status.canary.lastOperation`, whose id makes it exactly-once across passes and operator restarts.
 - `promote`: finish the rollout now — only after the current step's check passed (and no forced split), unless
   `force` (recorded as forced);
-- `skip-step`: go to the next step now, with the same gate;
-- `abort`: roll the candidate back now (it stays back until `retry` or a new candidate);
-- `retry`: a rolled-back candidate again, from the first step, failed checks forgotten;
-- `pause` / `resume`: hold / release the current step (like `spec.canary.paused`, but without touching the spec).
+- `skip-step`: go to the next step now, with the same gate; in shadow: end the shadow and go to the first live
+  step (gated on a passing shadow check unless `force`);
+- `abort`: roll the candidate back now (it stays back until `retry` or a new candidate); in shadow no user request
+  has reached it;
+- `retry`: a rolled-back candidate again, from the shadow if the spec has one, else from the first step, failed
+  checks forgotten;
+- `pause` / `resume`: hold / release the current step (like `spec.canary.paused`, but without touching the spec);
+  in shadow the mirror and the checks go on (a failed check still rolls back) but the shadow does not end.
 """
 
 from __future__ import annotations
@@ -54,6 +58,35 @@ def refuse_without_rollout(operation: Operation, now: datetime) -> OperationReco
     return record(operation, now, False, "no rollout in progress: set spec.canary.candidateRevision first")
 
 
+def first_state(spec: CanarySpec, stable: str | None, candidate: str | None, now: datetime) -> CanaryStatus:
+    """A rollout's start: in shadow when the spec asks for one, else at the first live step."""
+    shadow = spec.shadow is not None
+    return CanaryStatus(
+        phase="Shadow" if shadow else "Progressing",
+        stage="Shadow" if shadow else "Live",
+        stable_revision=stable,
+        candidate_revision=candidate,
+        step_index=0,
+        step_started_at=now,
+    )
+
+
+def go_live(state: CanaryStatus, now: datetime, verdict: str) -> CanaryStatus:
+    """Shadow over: the first live step starts now, its own check pending; `shadowVerdict` says how it ended."""
+    return state.model_copy(
+        update={
+            "phase": "Progressing",
+            "stage": "Live",
+            "step_index": 0,
+            "step_started_at": now,
+            "last_check": None,
+            "last_check_reason": "",
+            "mirror_percent": None,
+            "shadow_verdict": verdict,
+        }
+    )
+
+
 def apply_operation(spec: CanarySpec, state: CanaryStatus, operation: Operation, now: datetime) -> Applied:
     op = operation.op
     if op == "invalid":
@@ -64,21 +97,22 @@ def apply_operation(spec: CanarySpec, state: CanaryStatus, operation: Operation,
             return Applied(
                 state, record(operation, now, False, f"retry needs a rolled-back rollout (phase {state.phase})")
             )
-        fresh = CanaryStatus(
-            phase="Progressing",
-            stable_revision=state.stable_revision,
-            candidate_revision=state.candidate_revision,
-            step_index=0,
-            step_started_at=now,
-        )
-        return Applied(fresh, record(operation, now, True, f"{state.candidate_revision} again from the first step"))
+        fresh = first_state(spec, state.stable_revision, state.candidate_revision, now)
+        again = "in shadow first" if fresh.stage == "Shadow" else "from the first step"
+        return Applied(fresh, record(operation, now, True, f"{state.candidate_revision} again {again}"))
     if rolled_back:
         return Applied(state, record(operation, now, False, "the rollout is rolled back: retry it first"))
     if op == "abort":
+        where = " in shadow, before any user request was routed to it" if state.stage == "Shadow" else ""
         aborted = state.model_copy(
-            update={"phase": "RolledBack", "weight": 0, "message": f"aborted {state.candidate_revision} by operation"}
+            update={
+                "phase": "RolledBack",
+                "weight": 0,
+                "mirror_percent": None,
+                "message": f"aborted {state.candidate_revision} by operation{where}",
+            }
         )
-        return Applied(aborted, record(operation, now, True, f"{state.candidate_revision} rolled back now"))
+        return Applied(aborted, record(operation, now, True, f"{state.candidate_revision} rolled back now{where}"))
     if op in ("pause", "resume"):
         paused_by = (operation.by or "an operation") if op == "pause" else None
         message = "held at the current step" if op == "pause" else "released"
@@ -90,17 +124,25 @@ def apply_operation(spec: CanarySpec, state: CanaryStatus, operation: Operation,
 
 def _advance(spec: CanarySpec, state: CanaryStatus, operation: Operation, now: datetime) -> Applied:
     """promote / skip-step: gated on a passing check at this step unless forced."""
-    passed = state.last_check == "Pass" and state.split_forced is None and state.phase in ("Progressing", "Paused")
+    active = ("Shadow", "Progressing", "Paused")
+    passed = state.last_check == "Pass" and state.split_forced is None and state.phase in active
+    shadow = state.stage == "Shadow"
     if not passed and not operation.force:
-        why = f"no passing check at the current step yet (last: {state.last_check or 'none'}); --force skips analysis"
+        where = "in shadow" if shadow else "at the current step"
+        why = f"no passing check {where} yet (last: {state.last_check or 'none'}); --force skips analysis"
         return Applied(state, record(operation, now, False, why))
     forced = not passed
+    skipped = " (analysis skipped)" if forced else ""
+    if shadow and operation.op == "skip-step":
+        verdict = f"skipped by {operation.by or 'an operation'}" + skipped
+        note = f"shadow ended, to the first live step ({spec.steps[0]}%) now{skipped}"
+        return Applied(go_live(state, now, verdict), record(operation, now, True, note, forced))
     index = state.step_index or 0
     if operation.op == "promote" or index >= len(spec.steps) - 1:
-        note = "promoted now" + (" (analysis skipped)" if forced else "")
+        note = "promoted now" + (" from shadow" if shadow else "") + skipped
         return Applied(state, record(operation, now, True, note, forced), "promote")
     moved = state.model_copy(
         update={"step_index": index + 1, "step_started_at": now, "last_check": None, "last_check_reason": ""}
     )
-    note = f"to step {index + 2} ({spec.steps[index + 1]}%) now" + (" (analysis skipped)" if forced else "")
+    note = f"to step {index + 2} ({spec.steps[index + 1]}%) now{skipped}"
     return Applied(moved, record(operation, now, True, note, forced))

@@ -21,7 +21,7 @@ from sluice.api.operation import Operation
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
 from sluice.core.allocation import Allocation, allocate
-from sluice.core.canary import CanaryOutcome, RevisionStats, enabled_gates, step_canary
+from sluice.core.canary import CanaryOutcome, Mirror, RevisionStats, enabled_gates, step_canary
 from sluice.core.events import Event, derive_events
 from sluice.core.evidence import judge_metrics
 from sluice.core.observed import Observed
@@ -54,6 +54,8 @@ class Plan:
     publish: bool
     """False when nothing is routable: leave the mesh as it is rather than publish an empty pool."""
     previous: InferencePoolStatus | None = field(default=None, repr=False)
+    mirror: Mirror | None = None
+    """Shadow canary: the request mirror to render on the route (its percent is `status.canary.mirrorPercent`)."""
 
     @property
     def events(self) -> tuple[Event, ...]:
@@ -110,6 +112,7 @@ def plan_pass(
         revisions=tuple(sorted({v.revision for v in verdicts if v.revision is not None})),
         publish=bool(routable),
         previous=previous,
+        mirror=canary.mirror,
     )
 
 
@@ -118,15 +121,22 @@ def gate_warnings(spec: InferencePoolSpec) -> list[str]:
     if spec.canary is None:
         return []
     have = set(supported_signals(spec))
-    lacking = [gate for gate in enabled_gates(spec.canary.analysis) if GATE_SIGNAL[gate] not in have]
-    if not lacking:
-        return []
-    signals = sorted({GATE_SIGNAL[gate] for gate in lacking})
-    return [
-        f"canary gate(s) {', '.join(lacking)} need {', '.join(signals)}, which engine {spec.engine} does not "
-        f"provide: no check can pass until they are listed in canary.analysis.disabledGates or "
-        f"metrics.queries supplies the signal"
-    ]
+    analyses = [("canary.analysis", spec.canary.analysis)]
+    if spec.canary.shadow is not None:
+        analyses.append(("canary.shadow.analysis", spec.canary.shadow.analysis))
+    warnings = []
+    for where, analysis in analyses:
+        lacking = [gate for gate in enabled_gates(analysis) if GATE_SIGNAL[gate] not in have]
+        if not lacking:
+            continue
+        signals = sorted({GATE_SIGNAL[gate] for gate in lacking})
+        prefix = "canary" if where == "canary.analysis" else "shadow"
+        warnings.append(
+            f"{prefix} gate(s) {', '.join(lacking)} need {', '.join(signals)}, which engine {spec.engine} does not "
+            f"provide: no check can pass until they are listed in {where}.disabledGates or "
+            f"metrics.queries supplies the signal"
+        )
+    return warnings
 
 
 def revision_stats(

@@ -140,7 +140,7 @@ def degraded(rows: list[EndpointStatus], class_label: str, metrics_usable: bool)
 
 
 def progressing(canary: CanaryStatus) -> Want:
-    active = canary.phase in ("Progressing", "Paused", "Waiting")
+    active = canary.phase in ("Shadow", "Progressing", "Paused", "Waiting")
     return Want("Progressing", "True" if active else "False", canary.phase, canary.message)
 
 

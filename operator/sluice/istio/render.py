@@ -5,8 +5,10 @@ so per-pod weights travel in a STATIC, MESH_INTERNAL ServiceEntry whose endpoint
 incremental push). Istio turns weight 0 into 1, so a zeroed pod is *removed* from the endpoints. Clients keep
 calling the Kubernetes Service: a VirtualService on the Service's host sends them to the ServiceEntry host, split
 across one DestinationRule subset per revision. Where the VirtualService belongs to someone else, the split goes
-into an EnvoyFilter HTTP_ROUTE patch instead. Envoy least-request tuning is an EnvoyFilter CLUSTER patch, rendered
-only when asked for (an EnvoyFilter change pushes to every proxy of its namespace).
+into an EnvoyFilter HTTP_ROUTE patch instead. A shadow canary adds a request mirror to the candidate's subset on
+that same route (VirtualService `mirrors[]`, or the route's `request_mirror_policies`), only while the plan has
+one: the next render after the shadow ends has none. Envoy least-request tuning is an EnvoyFilter CLUSTER patch,
+rendered only when asked for (an EnvoyFilter change pushes to every proxy of its namespace).
 """
 
 from __future__ import annotations
@@ -167,6 +169,11 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
             destination["subset"] = subset
         route.append({"destination": destination, "weight": weight})
     http: dict[str, Any] = {"name": ROUTE_NAME, "route": route}
+    mirror = _mirror(plan)
+    if mirror is not None:
+        subset, percent = mirror
+        target = {"host": host, "port": {"number": destination_port(spec)}, "subset": subset}
+        http["mirrors"] = [{"destination": target, "percentage": {"value": percent}}]
     retries = render_retries(spec)
     if retries is not None:
         http["retries"] = retries
@@ -176,6 +183,18 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
         "metadata": _metadata(pool),
         "spec": {"hosts": [service_host(pool, spec)], "gateways": list(spec.routing.gateways), "http": [http]},
     }
+
+
+def _mirror(plan: Plan) -> tuple[str, float] | None:
+    """(candidate subset, percent) of the shadow canary's request mirror; None when none is to be rendered."""
+    if plan.mirror is None or plan.mirror.revision not in plan.revisions:
+        return None
+    return subset_name(plan.mirror.revision), plan.mirror.percent
+
+
+def mirror_fraction(percent: float) -> dict[str, Any]:
+    """Envoy's FractionalPercent for a mirror percentage, in millionths as istiod writes mirrorPercentage."""
+    return {"numerator": round(percent * 10_000), "denominator": "MILLION"}
 
 
 def render_retries(spec: InferencePoolSpec) -> dict[str, Any] | None:
@@ -213,15 +232,25 @@ def route_patch_value(spec: InferencePoolSpec, plan: Plan, host: str) -> dict[st
     """The Envoy RouteAction fragment merged into the route: one cluster, or weighted clusters for a split."""
     port = destination_port(spec)
     targets = _route_targets(spec, plan)
+    action: dict[str, Any]
     if len(targets) == 1:
-        return {"route": {"cluster": cluster_name(port, targets[0][0], host)}}
-    return {
-        "route": {
+        action = {"cluster": cluster_name(port, targets[0][0], host)}
+    else:
+        action = {
             "weighted_clusters": {
                 "clusters": [{"name": cluster_name(port, subset, host), "weight": weight} for subset, weight in targets]
             }
         }
-    }
+    mirror = _mirror(plan)
+    if mirror is not None:
+        subset, percent = mirror
+        action["request_mirror_policies"] = [
+            {
+                "cluster": cluster_name(port, subset, host),
+                "runtime_fraction": {"default_value": mirror_fraction(percent)},
+            }
+        ]
+    return {"route": action}
 
 
 def _envoy_filter(

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.runtime.report import PassReport
 
-PHASES = ("Idle", "Waiting", "Progressing", "Paused", "Promoted", "RolledBack")
+PHASES = ("Idle", "Waiting", "Shadow", "Progressing", "Paused", "Promoted", "RolledBack")
 STATES = ("Routable", "Zeroed", "Recovering")
 
 
