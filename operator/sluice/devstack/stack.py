@@ -11,7 +11,9 @@ Local-stack tool. What runs:
 - the operator (`python -m sluice operator`), its own process;
 - `Traffic`: a bounded load generator that routes each request the way Envoy would with the objects sluice
   published: a revision split from the VirtualService, then weighted least-request (`w / (active + 1)`) over the
-  ServiceEntry endpoints; it measures TTFT from the SSE stream.
+  ServiceEntry endpoints; it measures TTFT from the SSE stream. It follows the route's `mirrors` as Envoy does:
+  a sampled share of the requests is also sent, fire-and-forget, to a pod of the mirror's subset, and that answer
+  is read and discarded. It counts per pod the requests that served users and those that were mirror copies.
 Everything binds to 127.0.0.0/8, has a deadline, and is stopped (by PID) when the stack closes.
 """
 
@@ -562,10 +564,19 @@ class RetryPolicy:
         )
 
 
+@dataclass(frozen=True)
+class MirrorRoute:
+    """One of the VirtualService route's `mirrors`: the revision of its subset and the share of requests copied."""
+
+    revision: str
+    percent: float
+
+
 @dataclass
 class Traffic:
-    """Bounded load through the published routing: revision split, then weighted least-request, and the
-    route's retry policy (another pod, on failures before the response starts) as Envoy applies it."""
+    """Bounded load through the published routing: revision split, then weighted least-request, the route's
+    retry policy (another pod, on failures before the response starts) and its request mirrors as Envoy applies
+    them (a copy sent once per request, before any retry, whose answer nobody sees)."""
 
     stack: Stack
     pool: str
@@ -575,6 +586,11 @@ class Traffic:
     active: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     routes: tuple[dict[str, int], dict[str, list[tuple[str, str, int]]]] = field(default=({}, {}))
     retries: RetryPolicy = field(default_factory=RetryPolicy)
+    mirrors: tuple[MirrorRoute, ...] = ()
+    served: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Per pod: attempts of user requests sent to it (retries included) — the answers users got."""
+    mirrored: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Per pod: mirror copies sent to it (answers discarded)."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     seed: int = 7
 
@@ -603,7 +619,23 @@ class Traffic:
         for route in http_route.get("route", []):
             subset = route["destination"].get("subset")
             split[revision_of.get(subset, subset) if subset else ""] = int(route.get("weight", 100))
+        self.mirrors = tuple(
+            MirrorRoute(
+                revision_of.get(mirror["destination"].get("subset", ""), ""),
+                float(mirror.get("percentage", {}).get("value", 100.0)),
+            )
+            for mirror in http_route.get("mirrors", [])
+        )
         self.routes = (split, dict(by_revision))
+
+    def pick_mirror(self, rng: random.Random, revision: str) -> tuple[str, str] | None:
+        """A pod of the mirror's subset, by the same weighted least-request; None when the subset has none."""
+        endpoints = self.routes[1].get(revision) if revision else None
+        if not endpoints:
+            return None  # Envoy: no healthy upstream in the mirror cluster, the copy is dropped
+        effective = [w / (self.active[pod] + 1) for pod, _, w in endpoints]
+        pod, ip, _ = rng.choices(endpoints, weights=effective)[0]
+        return pod, ip
 
     def pick(self, rng: random.Random, avoid: frozenset[str] = frozenset()) -> tuple[str, str, str] | None:
         split, by_revision = self.routes
@@ -641,6 +673,12 @@ class Traffic:
                     task = asyncio.create_task(self._one(http, prompt, *choice))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
+                    for mirror in self.mirrors:
+                        target = self.pick_mirror(rng, mirror.revision) if rng.random() * 100 < mirror.percent else None
+                        if target is not None:
+                            copy = asyncio.create_task(self._mirror(http, prompt, *target))
+                            tasks.add(copy)
+                            copy.add_done_callback(tasks.discard)
             finally:
                 refresh.cancel()
                 for task in tasks:
@@ -653,10 +691,20 @@ class Traffic:
                 await asyncio.to_thread(self.refresh_routes)
             await asyncio.sleep(0.5)
 
+    async def _mirror(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str) -> None:
+        """A mirror copy: sent, answered in full by the pod, and thrown away (never retried, never a sample)."""
+        self.mirrored[pod] += 1
+        self.active[pod] += 1
+        try:
+            await attempt_completion(http, f"http://{ip}:8000/v1/completions", prompt, self.max_tokens)
+        finally:
+            self.active[pod] -= 1
+
     async def _one(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str, revision: str) -> None:
         policy, tried, attempts = self.retries, {pod}, 1
         rng = random.Random(hash((pod, time.monotonic())))
         while True:
+            self.served[pod] += 1
             self.active[pod] += 1
             try:
                 url = f"http://{ip}:8000/v1/completions"
