@@ -19,6 +19,6 @@ def test_every_claim_of_the_demo_holds(tmp_path: Path) -> None:
     print(summary(story))
     failed = [claim.text for claim in story.claims if not claim.held]
     assert not failed, failed
-    assert len(story.claims) == 10
+    assert len(story.claims) == 13
     served = [s for s in story.traffic.samples if s.ok]
     assert len(served) > 500

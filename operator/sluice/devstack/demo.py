@@ -6,7 +6,9 @@
 2. one A100 starts failing half its requests: it is zeroed within a few passes, then recovers along the ramp;
 3. the 4090 is OOMKilled: the kubelet reports it, sluice zeroes it at once and brings it back after its restart;
 4. a good candidate revision v2 is promoted step by step (10 -> 50 -> 100 %);
-5. a bad candidate v3 (30 % errors) is rolled back to 0 and stays there.
+5. a bad candidate v3 (30 % errors) is rolled back to 0 and stays there;
+6. shadow: a slow candidate v4 (4x latency) first gets only a mirrored copy of half the requests, is caught by the
+   shadow's gates and rolled back before any user request reached it (the load generator counts them).
 Every step is a claim the demo checks; it prints a summary and exits 0 only if all of them held. Bounded load
 (Poisson, ~10 requests/s) runs throughout; everything binds to loopback and stops at the end (`--keep` leaves the
 stack running until Ctrl-C).
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.devstack.stack import ROOT, PodSpec, Stack, Traffic
+from sluice.istio.kinds import VIRTUAL_SERVICE
 
 POOL_FILE = ROOT / "examples" / "local" / "pool.yaml"
 PODS = [
@@ -238,6 +241,7 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
             lambda p: "still 0%" if p["status"]["canary"]["phase"] == "RolledBack" else None,
             5,
         )
+        await shadow_scene(story)
         story.operator_usage = stack.operator_usage()
         story.operator_seconds = time.monotonic() - operator_started
         events = await asyncio.to_thread(stack.events)
@@ -255,6 +259,57 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
             await asyncio.wait_for(kubelet, 5)
         with contextlib.suppress(asyncio.CancelledError):
             await show
+
+
+SHADOW = {
+    "mirrorPercent": 50,
+    "duration": "30s",
+    "analysis": {"interval": "3s", "minRequests": 5, "maxErrorRate": 0.05, "maxTtftRatioToStable": 1.5},
+}
+SLOW_POD = "llama-v4-a100-0"
+
+
+def mirrors(stack: Stack) -> list[dict[str, Any]]:
+    service = stack.istio(VIRTUAL_SERVICE.plural, "sluice-llama") or {}
+    found: list[dict[str, Any]] = service.get("spec", {}).get("http", [{}])[0].get("mirrors", [])
+    return found
+
+
+async def shadow_scene(story: Story) -> None:
+    """A slow revision caught in shadow: mirrored requests only, rolled back before its first live request."""
+    stack, traffic = story.stack, story.traffic
+    story.say("shadow: a slow revision v4 (4x latency) starts; candidateRevision v4 with canary.shadow (50% mirrored)")
+    await asyncio.to_thread(stack.add_pod, PodSpec(SLOW_POD, "a100", "v4", "127.0.10.8"))
+    await asyncio.to_thread(stack.wait_ready, [SLOW_POD])
+    await stack.inject(SLOW_POD, {"slowdown": 4.0})
+    patch = {"spec": {"canary": {"candidateRevision": "v4", "shadow": SHADOW}}}
+    await asyncio.to_thread(stack.patch_pool, "llama", patch)
+
+    def shadowing(pool: dict[str, Any]) -> str | None:
+        canary, split = pool["status"]["canary"], pool["status"]["revisionWeights"]
+        rendered = mirrors(stack)
+        if canary["phase"] == "Shadow" and split == {"v2": 100} and rendered:
+            percent = rendered[0]["percentage"]["value"]
+            return f"users: {split}; VirtualService mirrors {percent}% to {rendered[0]['destination']['subset']}"
+        return None
+
+    await story.expect("v4 in shadow: users stay on v2, a copy of half the requests goes to v4", shadowing, 30)
+
+    def caught(pool: dict[str, Any]) -> str | None:
+        canary = pool["status"]["canary"]
+        if canary["phase"] != "RolledBack" or canary.get("stage") != "Shadow" or mirrors(stack):
+            return None
+        return (
+            f"{canary['lastCheckReason']}; v4 got {traffic.mirrored[SLOW_POD]} mirrored copies and served "
+            f"{traffic.served[SLOW_POD]} user requests; mirror removed"
+        )
+
+    await story.expect("v4 is caught in shadow and rolled back, no mirror left", caught, 60)
+    await story.expect(
+        "no user request was ever served by v4",
+        lambda p: "0 served" if traffic.served[SLOW_POD] == 0 and traffic.mirrored[SLOW_POD] > 0 else None,
+        3,
+    )
 
 
 def summary(story: Story) -> str:
