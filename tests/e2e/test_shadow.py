@@ -28,6 +28,7 @@ PODS = [
 ]
 BAD = PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.26.3", error_rate=0.3)
 GOOD = PodSpec("llama-v3-a100-0", "a100", "v3", "127.0.26.4")
+HELD = PodSpec("llama-v4-a100-0", "a100", "v4", "127.0.26.5")
 SHADOW = {
     "mirrorPercent": 50,
     "duration": "12s",
@@ -35,9 +36,9 @@ SHADOW = {
 }
 
 
-def manifest(stack: Stack, candidate: str | None) -> str:
+def manifest(stack: Stack, candidate: str | None, **shadow: Any) -> str:
     pool = yaml.safe_load(pool_manifest(stack))
-    pool["spec"]["canary"]["shadow"] = SHADOW
+    pool["spec"]["canary"]["shadow"] = {**SHADOW, **shadow}
     if candidate is not None:
         pool["spec"]["canary"]["candidateRevision"] = candidate
     return yaml.safe_dump(pool)
@@ -88,11 +89,6 @@ def test_a_bad_revision_is_caught_in_shadow_and_rolled_back_before_serving_any_u
     assert [r["destination"]["subset"] for r in http["route"]] == ["rev-v1"]
     assert http["mirrors"][0]["destination"]["subset"] == "rev-v2"
     assert http["mirrors"][0]["percentage"]["value"] == status["mirrorPercent"] == 50
-    shown = kubectl_sluice(stack, "status", "llama", "-n", stack.namespace)
-    assert shown.returncode == 0, shown.stderr
-    assert "step=shadow" in shown.stdout
-    # mirror=50% while mirroring; the rollback may already be under way by the time the plugin reads the status
-    assert "mirror=50%" in shown.stdout or "RolledBack" in shown.stdout
 
     back = wait_until(
         lambda: canary(stack) if canary(stack).get("phase") == "RolledBack" else None,
@@ -136,3 +132,31 @@ def test_a_good_revision_passes_its_shadow_and_goes_live(stack: Stack, traffic: 
     assert traffic.mirrored[GOOD.name] == copies  # no copies once the mirror is gone
     print(f"\ngood candidate: {mirrored_in_shadow} mirrored in shadow, then served {traffic.served[GOOD.name]} users")
     assert "ShadowPassed" in {e["reason"] for e in stack.events()}
+
+
+def test_the_plugin_shows_the_shadow_and_skip_step_ends_it_after_a_passing_check(
+    stack: Stack, traffic: Traffic
+) -> None:
+    stack.add_pod(HELD)
+    stack.kubectl("apply", "-f", "-", stdin=manifest(stack, "v4", duration="10m"))  # only an operation ends it
+    wait_until(
+        lambda: canary(stack).get("candidateRevision") == "v4" and canary(stack).get("mirrorPercent") == 50,
+        30,
+        "v4 in shadow with its mirror",
+    )
+    shown = kubectl_sluice(stack, "status", "llama", "-n", stack.namespace)
+    assert shown.returncode == 0, shown.stderr
+    assert "canary: Shadow" in shown.stdout
+    assert "step=shadow weight=0% mirror=50%" in shown.stdout
+    assert "mirroring 50% of requests to v4" in shown.stdout
+    wide = stack.kubectl("get", "slp", "llama", "-n", stack.namespace, "-o", "wide").stdout
+    assert "MIRROR" in wide.splitlines()[0]
+    assert "Shadow" in wide.splitlines()[1]
+    wait_until(lambda: canary(stack).get("lastCheck") == "Pass", 60, "a passing shadow check")
+    skipped = kubectl_sluice(stack, "skip-step", "llama", "-n", stack.namespace)
+    assert skipped.returncode == 0, skipped.stderr
+    assert "shadow ended, to the first live step (10%) now" in skipped.stdout
+    live = canary(stack)
+    assert (live["stage"], live["stepIndex"]) == ("Live", 0)
+    assert live["shadowVerdict"].startswith("skipped by ")
+    wait_until(lambda: "mirrors" not in route(stack), 10, "the mirror removed once live")
