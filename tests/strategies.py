@@ -155,6 +155,14 @@ def _canary(draw: Draw) -> Wire:
         "analysis": _some_of(draw, analysis),
         "maxFailedChecks": draw(st.integers(1, 100)),
         "paused": draw(st.booleans()),
+        "shadow": _some_of(
+            draw,
+            {
+                "mirrorPercent": draw(st.floats(0.0001, 100) | st.sampled_from([100.0])),
+                "duration": draw(durations()),
+                "analysis": _some_of(draw, analysis),
+            },
+        ),
     }
     return _some_of(draw, canary)
 

@@ -316,3 +316,14 @@ def test_shadow_gates_without_data_are_named_in_the_spec_condition():
     plan = plan_pass(tgi, 1, observed(STABLE + CAND, signals(None), at(0)), None, at(0))
     spec_valid = next(c for c in plan.status.conditions if c.type == "SpecValid")
     assert "canary.shadow.analysis.disabledGates" in spec_valid.message, spec_valid.message
+
+
+def test_without_any_stable_revision_there_is_nothing_to_mirror_and_the_status_says_so():
+    """Found by the pass-never-raises property: a shadow with no stable revision and an unproven candidate."""
+    s = spec(canary={k: v for k, v in CANARY.items() if k != "stableRevision"})
+    plan = plan_pass(s, 1, observed(CAND, {}, at(0)), None, at(0))  # no signals yet: routable, not healthy
+    c = plan.status.canary
+    assert c is not None
+    assert (c.phase, c.stage, c.mirror_percent) == ("Shadow", "Shadow", None)
+    assert plan.mirror is None
+    assert "no stable revision" in c.message

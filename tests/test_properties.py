@@ -66,6 +66,12 @@ def histories(draw: Any) -> tuple[InferencePoolSpec, list[tuple[float, Observed]
             "analysis": {"interval": "10s", "minRequests": draw(st.integers(0, 50))},
             "paused": draw(st.booleans()),
         }
+        if draw(st.booleans()):
+            wire["canary"]["shadow"] = {
+                "mirrorPercent": draw(st.sampled_from([0.5, 50.0, 100.0])),
+                "duration": draw(st.sampled_from(["10s", "30s"])),
+                "analysis": {"interval": "10s", "minRequests": draw(st.integers(0, 50))},
+            }
     s = spec(**wire)
     names = [f"pod-{i}" for i in range(n_pods)]
     restarts = dict.fromkeys(names, 0)
@@ -175,6 +181,14 @@ def test_invariants_hold_on_every_pass(history):
                 assert share <= next_step(s.canary.steps, high)
                 high = max(high, share)
             assert canary.weight == share  # the status reports exactly the split published
+            # the status reports exactly the mirror rendered, and there is one only in shadow with users on stable
+            assert canary.mirror_percent == (plan.mirror.percent if plan.mirror else None)
+            if plan.mirror is not None:
+                assert canary.stage == "Shadow"
+                assert plan.revision_weights == {"v1": 100}
+                assert any(row.revision == "v2" and row.weight > 0 for row in rows)
+            if canary.stage == "Shadow" and not canary.split_forced:
+                assert share == 0  # no user is served by the candidate in shadow
         previous = plan.status
 
 

@@ -341,9 +341,11 @@ def _shadow(
                 metrics_usable,
                 now,
             )
-    mirrored = phase in ("Shadow", "Paused") and forced_to is None and cand.routable_pods > 0
-    mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
     weights = _split(stable, candidate, 0, forced_to)
+    # A mirror copies the stable route's requests: none without that route, or once users are on the candidate.
+    users_on_stable = stable is not None and weights.get(stable, 0) == 100
+    mirrored = phase in ("Shadow", "Paused") and users_on_stable and cand.routable_pods > 0
+    mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
     status = CanaryStatus(
         phase=phase,
         stage="Shadow",
@@ -378,6 +380,8 @@ def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> 
         return f"shadow: candidate {candidate} has no routable pods: no mirror rendered until it has"
     if status.split_forced:
         return f"shadow held, {candidate} at {status.weight}%, no mirror: {status.split_forced}"
+    if status.mirror_percent is None:
+        return f"shadow: no mirror rendered: no stable revision whose requests could be copied to {candidate}"
     mirror = f"mirroring {status.mirror_percent:g}% of requests to {candidate}, answers discarded"
     if status.phase == "Paused":
         return f"shadow paused ({mirror}; {last})"
