@@ -168,3 +168,15 @@ def test_a_state_written_by_another_version_is_read_leniently_and_the_drop_is_sa
     assert "dropped an unreadable entry" in result.stderr
     assert "canary: dropped" in result.stderr
     assert yaml.safe_load_all(result.stdout)
+
+
+def test_plan_shows_a_shadow_canary_and_renders_its_mirror():
+    result = plan("shadow-canary.yaml", "canary.yaml", "--now", "2026-12-01T10:00:00Z")
+    assert result.returncode == 0, result.stderr
+    service = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "VirtualService")
+    http = service["spec"]["http"][0]
+    assert [r["destination"]["subset"] for r in http["route"]] == ["rev-v1"]
+    assert http["mirrors"][0]["destination"]["subset"] == "rev-v2"
+    assert http["mirrors"][0]["percentage"] == {"value": 50.0}
+    assert "canary: Shadow stable=v1 candidate=v2 step=shadow weight=0% mirror=50%" in result.stderr
+    assert "ShadowMirroring" in result.stderr
