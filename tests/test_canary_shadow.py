@@ -327,3 +327,13 @@ def test_without_any_stable_revision_there_is_nothing_to_mirror_and_the_status_s
     assert (c.phase, c.stage, c.mirror_percent) == ("Shadow", "Shadow", None)
     assert plan.mirror is None
     assert "no stable revision" in c.message
+
+
+def test_the_shadow_clock_runs_only_while_the_mirror_is_rendered():
+    unready = [pod("v1-a", "a100", "v1", ready=False), pod("v1-b", "a100", "v1", ready=False)]
+    forced = drive(CANARY, None, 120, pods=unready + CAND)  # two minutes with users forced to the candidate
+    back = drive(CANARY, None, 120, start=forced[-1][1].status)  # the stable revision serves again
+    trail_back = trail(back)
+    assert trail_back[0][1:] == ("Shadow", "Shadow", 0, 50.0)
+    first_live = next(t for t, _, stage, _, _ in trail_back if stage == "Live")
+    assert first_live >= 60  # the forced minutes did not count as shadow time

@@ -319,18 +319,21 @@ def _shadow(
     reason = ran.reason if ran else state.last_check_reason
     checked_at = now if ran else state.last_check_at
     paused = spec.paused or state.paused_by is not None
+    weights = _split(stable, candidate, 0, forced_to)
+    # A mirror copies the stable route's requests: none without that route, or once users are on the candidate.
+    users_on_stable = stable is not None and weights.get(stable, 0) == 100
     phase: CanaryPhase
     started = state.step_started_at or now
     if failed >= spec.max_failed_checks:
         phase = "RolledBack"
     elif cand.routable_pods == 0:
         phase, started = "Waiting", now  # nothing to mirror to: the shadow's clock restarts when there is
-    elif forced_to is not None:
-        phase, started = "Shadow", now  # users are on the candidate, no mirror: this is no shadow time
+    elif not users_on_stable:
+        phase, started = "Shadow", now  # no mirror (users on the candidate, or no stable route): no shadow time
     else:
         phase = "Paused" if paused else "Shadow"
-        if state.phase == "Waiting":
-            started = now
+        if state.phase == "Waiting" or state.mirror_percent is None:
+            started = now  # the clock runs only while the mirror is rendered
         elapsed = (now - started).total_seconds()
         if phase == "Shadow" and elapsed >= shadow.duration and result == "Pass":
             live = go_live(state, now, f"passed after {elapsed:.0f}s: {reason}")
@@ -341,9 +344,6 @@ def _shadow(
                 metrics_usable,
                 now,
             )
-    weights = _split(stable, candidate, 0, forced_to)
-    # A mirror copies the stable route's requests: none without that route, or once users are on the candidate.
-    users_on_stable = stable is not None and weights.get(stable, 0) == 100
     mirrored = phase in ("Shadow", "Paused") and users_on_stable and cand.routable_pods > 0
     mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
     status = CanaryStatus(
