@@ -70,9 +70,11 @@ from sluice.api.status import (
     Condition,
     EndpointSignals,
     EndpointStatus,
+    EndpointSummary,
     InferencePoolStatus,
     OperationRecord,
     StatusModel,
+    WeightBucket,
     read_status,
 )
 
@@ -156,6 +158,7 @@ __all__ = [
     "EndpointSignals",
     "EndpointState",
     "EndpointStatus",
+    "EndpointSummary",
     "Engine",
     "Gate",
     "HealthBand",
@@ -181,6 +184,7 @@ __all__ = [
     "SecretKeyRef",
     "SessionAffinitySpec",
     "StatusModel",
+    "WeightBucket",
     "WeightsVia",
     "cel_string",
     "check_rules",
