@@ -5,7 +5,8 @@ score, state and since, the TTFT estimate, restarts (restart detection), the fai
 and the last incident (quiet period, ramp); revision and class feed the summary. For the pods without a row that
 is one short array each, trailing defaults dropped, the whole list as zlib-compressed JSON in base64: pod names
 of one Deployment share their prefix and compress well. Times are kept exactly (ISO strings), so an incident or
-a ramp reads back the same instant. The format carries its version (`z1:`); anything else is refused with a reason, never guessed.
+a ramp reads back the same instant. The format carries its version (`z1:`); anything else is refused with a
+reason, never guessed.
 """
 
 from __future__ import annotations
