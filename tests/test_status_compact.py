@@ -41,9 +41,7 @@ def fleet(n: int, seed: int = 1) -> tuple[list, dict]:
     alphabet = "bcdfghjklmnpqrstvwxz2456789"
     names = {f"vllm-llama-70b-6c9f7d8b5d-{''.join(rng.choices(alphabet, k=5))}" for _ in range(n * 2)}
     pods = [pod(name, hw=rng.choice(["a100", "rtx4090"])) for name in sorted(names)[:n]]
-    signals = {
-        p.name: sig(ttft=rng.uniform(0.03, 0.4), rps=rng.uniform(1, 20), kv=rng.uniform(0.1, 0.8)) for p in pods
-    }
+    signals = {p.name: sig(ttft=rng.uniform(0.03, 0.4), rps=rng.uniform(1, 20), kv=rng.uniform(0.1, 0.8)) for p in pods}
     return pods, signals
 
 
@@ -120,9 +118,7 @@ def _wire_round_trip(status: InferencePoolStatus) -> InferencePoolStatus:
         "kind": "InferencePool",
         "metadata": {"name": "p", "namespace": "default"},
         "spec": {"selector": {"matchLabels": {"app": "llama"}}, "targetPort": 8000, "service": "llama"},
-        "status": json.loads(
-            json.dumps(stored_form(status).model_dump(mode="json", by_alias=True, exclude_none=True))
-        ),
+        "status": json.loads(json.dumps(stored_form(status).model_dump(mode="json", by_alias=True, exclude_none=True))),
     }
     snapshot = parse_snapshot(body)
     assert snapshot.status is not None

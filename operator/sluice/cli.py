@@ -151,12 +151,19 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         metrics_address=args.metrics_address,
         peering=args.peering,
         peering_lifetime=args.peering_lifetime,
+        shards=args.shards,
+        lease_namespace=args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
+        identity=args.identity,
     )
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) in this process until interrupted."""
     config = operator_config(args)
+    if config.shards < 1:
+        raise InputError(f"--shards must be at least 1, not {config.shards}")
+    if config.shards > 1 and config.peering:
+        raise InputError("--shards and --peering exclude each other: with shards every replica is active")
     if config.kubeconfig:
         # kopf logs in on its own, from $KUBECONFIG; the operator's own client is given the file explicitly.
         os.environ["KUBECONFIG"] = config.kubeconfig
@@ -227,6 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--peering-lifetime", type=int, default=15, help="seconds before a silent replica's peering record expires"
     )
+    run.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="split the pools into N shards, each owned by one replica through a coordination.k8s.io Lease "
+        "(replicas run standalone, no peering); 1: this process runs every pool, no Leases",
+    )
+    run.add_argument("--lease-namespace", help="namespace of the shard Leases (default: $POD_NAMESPACE or default)")
+    run.add_argument("--identity", help="holderIdentity in the shard Leases (default: host, pid and a random tag)")
     run.add_argument("--json-logs", action="store_true", help="log as JSON lines")
     run.set_defaults(handler=cmd_operator)
     bench = commands.add_parser("bench", help="routing-quality benchmark: simulated fleets, strategies side by side")
