@@ -64,6 +64,7 @@ class ShardLeases:
         margin: float = 2.0,
         tick: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if not renew_every < duration / 3:
             raise ValueError("renew_every must be under a third of the lease duration")
@@ -72,7 +73,9 @@ class ShardLeases:
         self.namespace, self.shards, self.prefix = namespace, shards, prefix
         self.identity = identity or f"{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.duration, self.renew_every, self.margin, self.tick = duration, renew_every, margin, tick
-        self.clock = clock
+        self.clock, self.wall = clock, wall
+        """`clock` times the terms; `wall` stamps renewTime, which must change for a renewal to change the record
+        (an update that changes nothing is a no-op: the resourceVersion stays, and others see the Lease age)."""
         self.member = member_lease_name(prefix, self.identity)
         self._lock = threading.Lock()
         self._valid_until: dict[int, float] = {}
@@ -185,7 +188,7 @@ class ShardLeases:
         )
 
     def _body(self, name: str, role: str, holder: str | None, version: str | None, acquired: bool) -> dict[str, Any]:
-        stamp = _micro_time(datetime.now(UTC))
+        stamp = _micro_time(self.wall())
         spec: dict[str, Any] = {"holderIdentity": holder, "leaseDurationSeconds": int(self.duration)}
         if holder:
             spec["renewTime"] = stamp
