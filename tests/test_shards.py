@@ -78,3 +78,9 @@ def test_replicas_starting_together_prefer_different_shards() -> None:
     leases: dict[int, LeaseView | None] = dict.fromkeys(range(8))
     firsts = {decide(f"replica-{i}", 8, set(), leases, live_replicas=4).acquire[0] for i in range(6)}
     assert len(firsts) > 1
+
+
+def test_a_replica_over_the_floor_gives_one_up_to_a_replica_with_none() -> None:
+    leases: dict[int, LeaseView | None] = {0: view("a"), 1: view("a"), 2: view("b"), 3: view("b")}
+    assert len(decide("a", 4, {0, 1}, leases, live_replicas=3, others={"b": 2, "c": 0}).release) == 1
+    assert decide("a", 4, {0, 1}, leases, live_replicas=3, others={"b": 1, "c": 1}).release == []

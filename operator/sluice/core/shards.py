@@ -84,13 +84,20 @@ def decide(
     held: set[int],
     leases: dict[int, LeaseView | None],
     live_replicas: int,
+    others: dict[str, int] | None = None,
 ) -> Decision:
-    """What to acquire and release this tick (renewing held shards is the caller's routine)."""
+    """What to acquire and release this tick (renewing held shards is the caller's routine).
+
+    `others`: the other live replicas and how many shards each holds. A replica over the floor share gives one
+    shard up while another holds less than the floor (4 shards, 3 replicas: 2-1-1, never 2-2-0)."""
     share = fair_share(shards, live_replicas)
     order = preference(identity, shards)
     if len(held) > share:
         surplus = [i for i in reversed(order) if i in held][: len(held) - share]
         return Decision(release=surplus)
+    floor = shards // max(1, live_replicas)
+    if len(held) > floor and any(count < floor for count in (others or {}).values()):
+        return Decision(release=[next(i for i in reversed(order) if i in held)])
     wanted = share - len(held)
     candidates = [i for i in order if i not in held and (leases.get(i) is None or _free(leases[i], identity))]
     return Decision(acquire=candidates[:wanted])

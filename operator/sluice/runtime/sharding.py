@@ -151,7 +151,7 @@ class ShardLeases:
             if seen is None or seen[0] != record:
                 self._seen[name] = (record, now)
         self._member_round(items, now)
-        live = self._live_members(items, now)
+        live, others = self._live_members(items, now)
         self._finish_releases(now)
         self._renew_shards(items, now)
         views = {
@@ -159,7 +159,10 @@ class ShardLeases:
         }
         with self._lock:
             held = {i for i in self._valid_until if now < self._valid_until[i]} - set(self._releasing)
-        decision = decide(self.identity, self.shards, held, views, live)
+        for view in views.values():
+            if view is not None and view.holder in others and view.unchanged_for < view.duration:
+                others[view.holder] += 1
+        decision = decide(self.identity, self.shards, held, views, live, others)
         for index in decision.release:
             with self._lock:
                 self._releasing[index] = now + self.margin
@@ -230,14 +233,17 @@ class ShardLeases:
                 with contextlib.suppress(ApiException):
                     self.api.delete_namespaced_lease(name, self.namespace)
 
-    def _live_members(self, items: dict[str, dict[str, Any]], now: float) -> int:
-        live = 1  # this replica
+    def _live_members(self, items: dict[str, dict[str, Any]], now: float) -> tuple[int, dict[str, int]]:
+        """How many replicas are live (this one too), and the others' identities (with a zero shard count)."""
+        others: dict[str, int] = {}
         for name, lease in items.items():
             role = (lease["metadata"].get("labels") or {}).get(ROLE_LABEL)
-            duration = float((lease.get("spec") or {}).get("leaseDurationSeconds") or self.duration)
-            if role == "member" and name != self.member and now - self._seen[name][1] < duration:
-                live += 1
-        return live
+            spec = lease.get("spec") or {}
+            duration = float(spec.get("leaseDurationSeconds") or self.duration)
+            holder = spec.get("holderIdentity")
+            if role == "member" and name != self.member and holder and now - self._seen[name][1] < duration:
+                others[str(holder)] = 0
+        return 1 + len(others), others
 
     def _renew_shards(self, items: dict[str, dict[str, Any]], now: float) -> None:
         with self._lock:
