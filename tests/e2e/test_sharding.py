@@ -14,14 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 
-from sluice.core.shards import shard_lease_name, shard_of
+from sluice.core.shards import LeaseView, shard_lease_name, shard_of
 from sluice.devstack.stack import Stack
 from sluice.io.kube import load_api_client
 from sluice.runtime.sharding import ShardLeases
@@ -122,8 +122,6 @@ def test_two_replicas_racing_for_one_lease_get_one_success(shard_stack: Stack) -
     )
     # Both list before either writes: both see no Lease and try to create it.
     a._list(), b._list()
-    from sluice.core.shards import LeaseView  # noqa: PLC0415
-
     a._acquire(0, None)
     b._acquire(0, None)
     assert a.holds(0) != b.holds(0)
@@ -216,7 +214,7 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     for pool in POOLS:
         stack.kubectl("apply", "-f", "-", stdin=manifest.replace("name: llama", f"name: {pool}", 1))
     wait_until(
-        lambda: all([synced(stack, p) for p in POOLS]),
+        lambda: all(synced(stack, p) for p in POOLS),
         90,
         "every pool reconciled",
     )
