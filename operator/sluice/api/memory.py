@@ -129,3 +129,14 @@ def remembered(status: InferencePoolStatus | None) -> dict[str, EndpointStatus]:
     rows = {row.pod: row for row in decode(status.pod_memory)}
     rows.update((row.pod, row) for row in status.endpoints)
     return rows
+
+
+def readable(status: InferencePoolStatus | None) -> tuple[InferencePoolStatus | None, list[str]]:
+    """The status with podMemory dropped (and said why) when this version cannot read it."""
+    if status is None or not status.pod_memory:
+        return status, []
+    try:
+        decode(status.pod_memory)
+    except MemoryUnreadable as failure:
+        return status.model_copy(update={"pod_memory": None}), [f"{failure} (dropped: those pods start afresh)"]
+    return status, []
