@@ -44,6 +44,7 @@ from sluice.io.kube import USER_AGENT
 from sluice.io.ports import Cluster, ClusterError, ObjectKey, WriteResult
 
 log = logging.getLogger("sluice.sharding")
+TIMEOUT = 4.0  # seconds per Lease call: a call that hangs must not hold the renewals past the Lease's validity
 _CURRENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("sluice_shard", default=None)
 
 
@@ -130,7 +131,7 @@ class ShardLeases:
             with contextlib.suppress(Exception):
                 self._clear(shard_lease_name(self.prefix, index, self.shards))
         with contextlib.suppress(Exception):
-            self.api.delete_namespaced_lease(self.member, self.namespace)
+            self.api.delete_namespaced_lease(self.member, self.namespace, _request_timeout=TIMEOUT)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -172,7 +173,10 @@ class ShardLeases:
 
     def _list(self) -> dict[str, dict[str, Any]]:
         answer = self.api.list_namespaced_lease(
-            self.namespace, label_selector=f"{SHARD_LABEL}={self.prefix}", _preload_content=False
+            self.namespace,
+            label_selector=f"{SHARD_LABEL}={self.prefix}",
+            _preload_content=False,
+            _request_timeout=TIMEOUT,
         )
         items = json.loads(cast(Any, answer).data).get("items", [])
         return {item["metadata"]["name"]: item for item in items}
@@ -208,9 +212,13 @@ class ShardLeases:
 
     def _write(self, name: str, body: dict[str, Any], create: bool) -> str:
         if create:
-            answer = self.api.create_namespaced_lease(self.namespace, cast(Any, body), _preload_content=False)
+            answer = self.api.create_namespaced_lease(
+                self.namespace, cast(Any, body), _preload_content=False, _request_timeout=TIMEOUT
+            )
         else:
-            answer = self.api.replace_namespaced_lease(name, self.namespace, cast(Any, body), _preload_content=False)
+            answer = self.api.replace_namespaced_lease(
+                name, self.namespace, cast(Any, body), _preload_content=False, _request_timeout=TIMEOUT
+            )
         written = json.loads(cast(Any, answer).data)
         version = str(written["metadata"]["resourceVersion"])
         self._versions[name] = version
@@ -231,7 +239,7 @@ class ShardLeases:
             role = (lease["metadata"].get("labels") or {}).get(ROLE_LABEL)
             if role == "member" and name != self.member and now - self._seen[name][1] > 3 * self.duration:
                 with contextlib.suppress(ApiException):
-                    self.api.delete_namespaced_lease(name, self.namespace)
+                    self.api.delete_namespaced_lease(name, self.namespace, _request_timeout=TIMEOUT)
 
     def _live_members(self, items: dict[str, dict[str, Any]], now: float) -> tuple[int, dict[str, int]]:
         """How many replicas are live (this one too), and the others' identities (with a zero shard count)."""
