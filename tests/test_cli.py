@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,3 +169,17 @@ def test_a_state_written_by_another_version_is_read_leniently_and_the_drop_is_sa
     assert "dropped an unreadable entry" in result.stderr
     assert "canary: dropped" in result.stderr
     assert yaml.safe_load_all(result.stdout)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["operator", "--shards", "0"], "--shards must be at least 1"),
+        (["operator", "--shards", "3", "--peering", "sluice"], "--shards and --peering exclude each other"),
+    ],
+)
+def test_the_operator_refuses_bad_shard_settings_before_starting(argv, message, capsys) -> None:
+    from sluice.cli import main  # noqa: PLC0415
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -246,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(replicas run standalone, no peering); 1: this process runs every pool, no Leases",
     )
     run.add_argument("--lease-namespace", help="namespace of the shard Leases (default: $POD_NAMESPACE or default)")
-    run.add_argument("--identity", help="holderIdentity in the shard Leases (default: host, pid and a random tag)")
+    run.add_argument(
+        "--identity", help="holderIdentity in the shard Leases, unique per process (default: host, pid, random tag)"
+    )
     run.add_argument("--json-logs", action="store_true", help="log as JSON lines")
     run.set_defaults(handler=cmd_operator)
     bench = commands.add_parser("bench", help="routing-quality benchmark: simulated fleets, strategies side by side")
