@@ -240,6 +240,8 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
         time.sleep(0.01)
     os.killpg(victim.pid, signal.SIGKILL)
     killed_at = time.monotonic()
+    time.sleep(0.5)  # the audit file catches up with what was answered before the kill
+    kill_index = len(trace(stack))
     orphaned = [lease for lease, h in holders.items() if h == victim_id]
     wait_until(
         lambda: all(shard_holders(stack)[lease] not in (None, victim_id) for lease in orphaned),
@@ -262,10 +264,16 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     problems, writers = overlaps(entries)
     checked = sum(1 for e in entries if e.get("stage") == "ResponseComplete" and pool_written(e) and pid_of(e))
     assert set(writers) == set(POOLS), "every pool's writes are in the trace"
-    assert len(set().union(*writers.values())) == 3, "all three replicas wrote"
+    # Every replica holding a shard with pools wrote (a shard may hold none of the six pools).
+    holding = {processes[str(h).removeprefix("replica-")].pid for h, pools in pools_of.items() if pools}
+    assert holding <= set().union(*writers.values())
+    # The successors ran the killed replica's pools: each one's pass reads the pool's Istio objects (a fresh
+    # holder verifies them before it trusts them) and writes only what changed.
+    after_kill = entries[kill_index:]
     for pool in pools_of[victim_id]:
         assert victim.pid in writers[pool], "the killed replica had written its pools"
-        assert len(writers[pool]) >= 2, "a successor wrote them after it"
+        successors = {pid_of(e) for e in after_kill if pool_written(e) == pool} - {None, victim.pid}
+        assert successors, f"no other replica passed {pool} after the kill"
     assert problems == [], problems[:10]
     # Only lease verbs the chart grants, and every one it grants is used.
     used = {
