@@ -46,8 +46,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 def passes(port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()  # noqa: S310
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sluice_reconcile_total{"))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sluice_reconcile_total{")
+    )
 
 
 def run_one(pools: int, replicas: int, interval: int, measure: float, warmup: float) -> dict[str, Any]:
@@ -63,7 +65,9 @@ def run_one(pools: int, replicas: int, interval: int, measure: float, warmup: fl
         started = time.monotonic()
         for i in range(pools):
             body = pool_body(f"pool-{i:04d}", stack.prometheus_url, interval)
-            stack.custom.create_namespaced_custom_object("inference.sluice.dev", "v1alpha1", "llm", "inferencepools", body)
+            stack.custom.create_namespaced_custom_object(
+                "inference.sluice.dev", "v1alpha1", "llm", "inferencepools", body
+            )
         created = time.monotonic() - started
         ports = [free_port() for _ in range(replicas)]
         processes = []
