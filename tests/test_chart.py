@@ -30,6 +30,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "ha-namespaced": {"ha": {"enabled": True}, "replicas": 2, "watchNamespaces": ["llm"]},
     "ha-cluster": {"ha": {"enabled": True, "peeringLifetime": 30}, "replicas": 3},
+    "sharded": {"shards": 4, "replicas": 3},
     "bring-your-own": {
         "crds": {"install": False},
         "serviceAccount": {"create": False, "name": "platform-sa"},
@@ -81,6 +82,8 @@ def test_every_rendered_manifest_is_valid_kubernetes(name: str) -> None:
         {"metrics": {"port": 8080}},
         {"unknownKey": True},
         {"image": {"pullPolicy": "Sometimes"}},
+        {"shards": 4, "replicas": 2, "ha": {"enabled": True}},
+        {"shards": 0},
     ],
     ids=[
         "two-replicas-without-ha",
@@ -90,6 +93,8 @@ def test_every_rendered_manifest_is_valid_kubernetes(name: str) -> None:
         "port-clash",
         "unknown-key",
         "pull-policy",
+        "shards-with-peering",
+        "zero-shards",
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
@@ -190,3 +195,19 @@ def test_the_dashboard_only_queries_metrics_the_operator_exports() -> None:
     }
     assert queried
     assert queried <= exported, queried - exported
+
+
+def test_sharded_replicas_run_with_shards_and_may_only_use_leases_in_their_namespace() -> None:
+    docs = render({"shards": 4, "replicas": 3})
+    deployment = by_kind(docs, "Deployment")[0]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--shards=4" in args
+    assert "--lease-namespace=sluice-system" in args
+    assert not any(a.startswith("--peering") for a in args)
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    leases = [d for d in by_kind(docs, "Role") if any("leases" in r["resources"] for r in d["rules"])]
+    assert [d["metadata"]["namespace"] for d in leases] == ["sluice-system"]
+    assert rules_of(docs) - rules_of(render({})) == {
+        ("coordination.k8s.io", "leases", verb) for verb in ("list", "create", "update", "delete")
+    }
+    assert not any(r[1] == "leases" for r in rules_of(render({})))

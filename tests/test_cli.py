@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,3 +181,17 @@ def test_plan_shows_a_shadow_canary_and_renders_its_mirror():
     assert http["mirrors"][0]["percentage"] == {"value": 50.0}
     assert "canary: Shadow stable=v1 candidate=v2 step=shadow weight=0% mirror=50%" in result.stderr
     assert "ShadowMirroring" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["operator", "--shards", "0"], "--shards must be at least 1"),
+        (["operator", "--shards", "3", "--peering", "sluice"], "--shards and --peering exclude each other"),
+    ],
+)
+def test_the_operator_refuses_bad_shard_settings_before_starting(argv, message, capsys) -> None:
+    from sluice.cli import main  # noqa: PLC0415
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

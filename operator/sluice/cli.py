@@ -22,9 +22,11 @@ from pydantic import ValidationError
 
 from sluice.api.crd import build_crd
 from sluice.api.errors import format_validation_error
+from sluice.api.memory import readable
 from sluice.api.reference import render_reference
 from sluice.api.status import read_status
 from sluice.api.v1alpha1 import InferencePool, InferencePoolStatus
+from sluice.core.compact import stored_form
 from sluice.core.events import Event
 from sluice.core.observed import Observed
 from sluice.core.presets import build_queries
@@ -64,7 +66,8 @@ def _lenient_status(raw: Any, where: str) -> InferencePoolStatus | None:
     if raw is not None and not isinstance(raw, dict):
         raise InputError(f"{where} must be a mapping")
     status, problems = read_status(raw)
-    for problem in problems:
+    status, unreadable = readable(status)
+    for problem in [*problems, *unreadable]:
         sys.stderr.write(f"warning: {where}: {problem}\n")
     return status
 
@@ -128,7 +131,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             err.write(f"  not provided by {pool.spec.engine}: {', '.join(queries.unsupported)}\n")
     if args.state_out:
         Path(args.state_out).write_text(
-            json.dumps(plan.status.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2) + "\n"
+            json.dumps(stored_form(plan.status).model_dump(mode="json", by_alias=True, exclude_none=True), indent=2)
+            + "\n"
         )
     return 0
 
@@ -151,12 +155,19 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         metrics_address=args.metrics_address,
         peering=args.peering,
         peering_lifetime=args.peering_lifetime,
+        shards=args.shards,
+        lease_namespace=args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
+        identity=args.identity,
     )
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) in this process until interrupted."""
     config = operator_config(args)
+    if config.shards < 1:
+        raise InputError(f"--shards must be at least 1, not {config.shards}")
+    if config.shards > 1 and config.peering:
+        raise InputError("--shards and --peering exclude each other: with shards every replica is active")
     if config.kubeconfig:
         # kopf logs in on its own, from $KUBECONFIG; the operator's own client is given the file explicitly.
         os.environ["KUBECONFIG"] = config.kubeconfig
@@ -207,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("-f", "--file", required=True, help="InferencePool YAML ('-' for stdin)")
     plan.add_argument("--observed", required=True, help="OBSERVED YAML: pods and their signals")
     plan.add_argument("--state", help="previous status as JSON (default: the pool's own .status)")
-    plan.add_argument("--state-out", help="write the new status (JSON) here")
+    plan.add_argument("--state-out", help="write the new status (JSON) here, as the operator stores it")
     plan.add_argument("--now", help="time of the pass, ISO 8601 (default: now)")
     plan.add_argument("--show-queries", action="store_true", help="also print the PromQL the pool would run")
     plan.set_defaults(handler=cmd_plan)
@@ -226,6 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
     run.add_argument(
         "--peering-lifetime", type=int, default=15, help="seconds before a silent replica's peering record expires"
+    )
+    run.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="split the pools into N shards, each owned by one replica through a coordination.k8s.io Lease "
+        "(replicas run standalone, no peering); 1: this process runs every pool, no Leases",
+    )
+    run.add_argument("--lease-namespace", help="namespace of the shard Leases (default: $POD_NAMESPACE or default)")
+    run.add_argument(
+        "--identity", help="holderIdentity in the shard Leases, unique per process (default: host, pid, random tag)"
     )
     run.add_argument("--json-logs", action="store_true", help="log as JSON lines")
     run.set_defaults(handler=cmd_operator)

@@ -59,6 +59,16 @@ def endpoint_table(rows: list[EndpointStatus]) -> str:
 
 def summary(status: InferencePoolStatus) -> str:
     lines = [f"routable pods: {status.routable}"]
+    counted = status.endpoint_summary
+    if counted is not None:
+        states = ", ".join(f"{state} {n}" for state, n in counted.by_state.items())
+        verdicts = ", ".join(f"{verdict} {n}" for verdict, n in counted.by_verdict.items())
+        buckets = ", ".join(f"{b.low}-{b.high}: {b.pods}" for b in counted.weights)
+        lines.append(
+            f"rows: {counted.listed} of {counted.pods} pods listed ({counted.aggregated} plainly Routable pods "
+            f"aggregated, {counted.unlisted} others over the row cap); every row: kubectl sluice plan"
+        )
+        lines.append(f"pods by state: {states}; by verdict: {verdicts}; weights: {buckets}")
     for condition in status.conditions:
         lines.append(f"{condition.type}={condition.status} ({condition.reason}): {condition.message}")
     if status.revision_weights:

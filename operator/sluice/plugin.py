@@ -27,6 +27,7 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from sluice.api.memory import remembered
 from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot, parse_snapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION, InferencePoolStatus
@@ -132,7 +133,10 @@ def cmd_explain(session: Session, args: argparse.Namespace) -> int:
     status = _status(session.pool(args.pool))
     row = next((r for r in status.endpoints if r.pod == args.pod), None)
     if row is None:
-        raise PluginError(f'pod "{args.pod}" is not in InferencePool "{args.pool}"')
+        row = remembered(status).get(args.pod)
+        if row is None:
+            raise PluginError(f'pod "{args.pod}" is not in InferencePool "{args.pool}"')
+        sys.stdout.write("(no row of its own in the status: its remembered state; signals: kubectl sluice plan)\n")
     fields = row.model_dump(mode="json", by_alias=True, exclude_none=True)
     signals = fields.pop("signals", {})
     width = max(len(k) for k in fields)
@@ -158,8 +162,13 @@ def cmd_plan(session: Session, args: argparse.Namespace) -> int:
         pods={row.pod: row.signals for row in status.endpoints},
     )
     plan = plan_pass(snapshot.spec, snapshot.meta.generation, Observed(pods=pods, signals=last), status, now)
-    before = {row.pod: row.weight for row in status.endpoints}
+    before = {name: row.weight for name, row in remembered(status).items()}
     sys.stdout.write(f"what a pass would do now ({now.isoformat()}), from the live pods and the signals last seen:\n")
+    if status.endpoint_summary is not None and status.endpoint_summary.listed < status.endpoint_summary.pods:
+        sys.stdout.write(
+            "(the status records signals only for the pods it lists; the others show their remembered weight, "
+            "frozen: the operator's sluice_endpoint_weight metric has every pod's live weight)\n"
+        )
     sys.stdout.write(endpoint_table(plan.status.endpoints) + "\n\n" + summary(plan.status) + "\n")
     changes = [
         f"  {r.pod}: {before.get(r.pod, 0)} -> {r.weight}"

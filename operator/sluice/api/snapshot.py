@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sluice.api.errors import format_validation_error
+from sluice.api.memory import readable
 from sluice.api.operation import Operation, parse_operation
 from sluice.api.spec import InferencePoolSpec
 from sluice.api.status import InferencePoolStatus, read_status
@@ -48,6 +49,8 @@ def parse_snapshot(body: dict[str, Any]) -> PoolSnapshot:
     operation = parse_operation(annotations)
     raw_status = body.get("status")
     status, problems = read_status(raw_status if isinstance(raw_status, dict) else None)
+    status, unreadable = readable(status)
+    problems += unreadable
     try:
         pool = InferencePool.model_validate({**body, "status": None})
     except ValidationError as failure:

@@ -140,13 +140,57 @@ class CanaryStatus(StatusModel):
     )
 
 
+class WeightBucket(StatusModel):
+    """Pods whose published weight falls in [low, high]."""
+
+    low: int = Field(description="Lowest weight of the bucket (inclusive).")
+    high: int = Field(description="Highest weight of the bucket (inclusive).")
+    pods: int = Field(description="Pods in the bucket.")
+
+
+class EndpointSummary(StatusModel):
+    """Counts over every pod of the pool, whether or not it has a row in `endpoints`."""
+
+    pods: int = Field(default=0, description="Pods in the pool.")
+    listed: int = Field(default=0, description="Pods with a row in endpoints.")
+    aggregated: int = Field(
+        default=0, description="Plainly Routable pods without a row (counted here; their memory is in podMemory)."
+    )
+    unlisted: int = Field(
+        default=0,
+        description="Pods that are not plainly Routable but have no row, because endpoints is capped "
+        "(counted here; their memory is in podMemory).",
+    )
+    by_state: dict[str, int] = Field(default_factory=dict, description="Pods per state.")
+    by_verdict: dict[str, int] = Field(default_factory=dict, description="Pods per verdict.")
+    by_class: dict[str, int] = Field(default_factory=dict, description="Pods per hardware class ('-': no label).")
+    by_revision: dict[str, int] = Field(default_factory=dict, description="Pods per revision ('-': no label).")
+    weights: list[WeightBucket] = Field(
+        default_factory=list, description="Histogram of published weights over the routable pods."
+    )
+
+
 class InferencePoolStatus(StatusModel):
     observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="metav1.Condition list.")
     routable: str = Field(default="0/0", description="Routable pods / ready pods, for kubectl get.")
     revision_weights: dict[str, int] = Field(default_factory=dict, description="Published traffic % per revision.")
     canary: CanaryStatus | None = Field(default=None, description="Rollout progress.")
-    endpoints: list[EndpointStatus] = Field(default_factory=list, description="One row per pod in the pool.")
+    endpoints: list[EndpointStatus] = Field(
+        default_factory=list,
+        description="One row per pod for pools of up to 64 pods. Larger pools: a row for every pod that is not "
+        "plainly Routable (any other state or verdict, floor-held, failing bands, missing signals, unknown class; "
+        "at most 256 rows) plus a sample of the lowest and highest weights; the other pods are counted in "
+        "endpointSummary. `kubectl sluice plan` and the operator's metrics show every pod.",
+    )
+    endpoint_summary: EndpointSummary | None = Field(
+        default=None, description="Counts over every pod; set when endpoints does not list every pod."
+    )
+    pod_memory: str | None = Field(
+        default=None,
+        description="What the next pass needs of the pods without a row (weight, score, state, since, TTFT "
+        "estimate, restarts, incident), zlib-compressed JSON in base64; internal, read back by sluice only.",
+    )
     last_reconcile_time: datetime | None = Field(default=None, description="When the last pass ran.")
 
 

@@ -72,9 +72,11 @@ from sluice.api.status import (
     Condition,
     EndpointSignals,
     EndpointStatus,
+    EndpointSummary,
     InferencePoolStatus,
     OperationRecord,
     StatusModel,
+    WeightBucket,
     read_status,
 )
 
@@ -159,6 +161,7 @@ __all__ = [
     "EndpointSignals",
     "EndpointState",
     "EndpointStatus",
+    "EndpointSummary",
     "Engine",
     "Gate",
     "HealthBand",
@@ -185,6 +188,7 @@ __all__ = [
     "SessionAffinitySpec",
     "ShadowSpec",
     "StatusModel",
+    "WeightBucket",
     "WeightsVia",
     "cel_string",
     "check_rules",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from sluice.api.memory import remembered
 from sluice.api.v1alpha1 import CanaryStatus, Condition, EndpointStatus, InferencePoolStatus
 
 ACTIVE = ("Shadow", "Progressing", "Paused", "Waiting")
@@ -79,7 +80,7 @@ def _class_events(previous: InferencePoolStatus | None, next_: InferencePoolStat
 
 
 def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
-    before: dict[str, EndpointStatus] = {row.pod: row for row in previous.endpoints} if previous else {}
+    before: dict[str, EndpointStatus] = remembered(previous)
     for row in next_.endpoints:
         prev = before.get(row.pod)
         incident_is_new = row.last_incident_at is not None and row.last_incident_at != (

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sluice.api.memory import remembered
 from sluice.api.operation import Operation
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
@@ -72,7 +73,7 @@ def plan_pass(
     operation: Operation | None = None,
 ) -> Plan:
     metrics = judge_metrics(spec, observed.signals, now)
-    before = {row.pod: row for row in (previous.endpoints if previous else [])}
+    before = remembered(previous)
     pods = sorted((p for p in observed.pods if selects(spec, p)), key=lambda p: p.name)
     verdicts = [judge_pod(spec, p, before.get(p.name), observed.signals, metrics.usable, now) for p in pods]
     allocations = allocate(spec.scoring, spec.protection.min_routable_percent, verdicts)

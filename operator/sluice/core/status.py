@@ -20,6 +20,8 @@ from sluice.api.v1alpha1 import (
     InferencePoolStatus,
 )
 
+# A condition message names at most this many pods per finding (a 4,096-pod pool must not list them all).
+NAMED_PODS = 20
 CONDITION_TYPES = ("Ready", "SpecValid", "MetricsAvailable", "Degraded", "Progressing", "SplitForced", "IstioSynced")
 
 
@@ -121,22 +123,28 @@ def degraded(rows: list[EndpointStatus], class_label: str, metrics_usable: bool)
     ]
     for reason, label, pods in groups:
         if pods:
-            findings.append((reason, f"{label}: {', '.join(pods)}"))
+            findings.append((reason, f"{label}: {_named(pods)}"))
     unknown: dict[str, list[str]] = {}
     for row in rows:
         if not row.class_known:
             unknown.setdefault(row.hardware_class or "(no label)", []).append(row.pod)
     if unknown:
-        listed = "; ".join(f"{value}: {', '.join(pods)}" for value, pods in sorted(unknown.items()))
+        listed = "; ".join(f"{value}: {_named(pods)}" for value, pods in sorted(unknown.items()))
         findings.append(
             ("UnknownHardwareClass", f"{class_label} not in capacity.classes, capacity.default used ({listed})")
         )
     missing = [f"{row.pod} ({', '.join(row.missing_signals)})" for row in rows if row.missing_signals]
     if missing:
-        findings.append(("SignalsMissing", f"no series for {'; '.join(missing)}"))
+        more = f"; and {len(missing) - NAMED_PODS} more" if len(missing) > NAMED_PODS else ""
+        findings.append(("SignalsMissing", f"no series for {'; '.join(missing[:NAMED_PODS])}{more}"))
     if not findings:
         return Want("Degraded", "False", "AllHealthy", "every ready pod is scored normally")
     return Want("Degraded", "True", findings[0][0], "; ".join(text for _, text in findings))
+
+
+def _named(pods: list[str]) -> str:
+    more = f" and {len(pods) - NAMED_PODS} more" if len(pods) > NAMED_PODS else ""
+    return ", ".join(pods[:NAMED_PODS]) + more
 
 
 def progressing(canary: CanaryStatus) -> Want:

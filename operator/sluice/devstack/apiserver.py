@@ -7,7 +7,8 @@ list, watch, create, update, patch, server-side apply, delete, the status subres
 store with `dryRun` and `fieldValidation`, decodes protobuf bodies (`apiprotobuf`), refuses bodies over 3 MiB,
 serves the OpenAPI documents (`apiopenapi`), streams watches as JSON lines with bookmarks, answers `kubectl get`
 with server-side Tables, keeps discovery in step with CRDs created at run time, and records an audit trail of
-every request (user, decision, verb, resource, namespace, subresource, client).
+every request (user, decision, verb, resource, namespace, subresource, client), and of every allowed write
+again once answered, with its response code.
 
     python -m sluice.devstack.apiserver --kubeconfig out/kubeconfig [--port 0] [--crd FILE ...] [--audit-log FILE]
 
@@ -88,6 +89,16 @@ class _HttpServer(aiohttp.test_utils.RawTestServer):
 
         server = aiohttp.web.Server(self._handler, loop=loop, debug=debug, request_factory=make_request, **kwargs)
         return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
+
+
+def _created_name(response: Any) -> str:
+    """The name of the object a create answered with (a POST names it in the body, not the path)."""
+    body = getattr(response, "body", None)
+    if response.status != 201 or not isinstance(body, bytes):
+        return ""
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+        return str(json.loads(body)["metadata"]["name"])
+    return ""
 
 
 class AuditFile:
@@ -298,8 +309,37 @@ class ApiServer(kmock.KubernetesScaffold):
                 self._authorize_create_on_apply(request, rtype, user)
             response = await self._serve(request, rtype, raw, user)
         except ApiError as failure:
+            self._audit_outcome(request, rtype, user, failure.code)
             return aiohttp.web.json_response(failure.status(), status=failure.code)
+        self._audit_outcome(request, rtype, user, response.status, _created_name(response))
         return response
+
+    def _audit_outcome(
+        self, request: Any, rtype: ResourceType, user: apirbac.User, code: int, created: str = ""
+    ) -> None:
+        """A second entry for a write that was allowed, once it is answered: its response code (stage
+        ResponseComplete, as kube-apiserver's audit has it), in the order the writes took effect."""
+        verb = self._verb(request)
+        if verb not in ("create", "update", "patch", "delete") or self.audit_path is None:
+            return
+        entry = {
+            "stage": "ResponseComplete",
+            "user": user.name,
+            "decision": "allow",
+            "verb": verb,
+            "group": rtype.group,
+            "resource": rtype.plural,
+            "subresource": request.subresource or "",
+            "namespace": request.namespace or "",
+            "name": request.name or created,
+            "userAgent": request.headers.get("User-Agent", ""),
+            "code": str(code),
+        }
+        if code == 403:
+            return  # refused before it was served: the RequestReceived entry already says so
+        if self.audit_file is None:
+            self.audit_file = AuditFile(self.audit_path)
+        self.audit_file.write(entry)
 
     def _creates_by_apply(self, request: Any, rtype: ResourceType) -> bool:
         is_apply = request.headers.get("Content-Type", "").startswith("application/apply-patch")

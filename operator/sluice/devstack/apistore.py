@@ -519,6 +519,7 @@ class Store:
         if subresource != "status":
             self._check_metadata(rtype, meta, candidate)
             candidate = self._validate(rtype, version, candidate, old)
+            meta = candidate["metadata"]  # pruning built-in kinds returns a new object: write its metadata
         object_key = (rtype.key, old["metadata"].get("namespace", ""), name)
         owners_before = self.ownership.snapshot(object_key)
         if written_fields not in (None, old["metadata"].get("managedFields", [])):

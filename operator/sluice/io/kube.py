@@ -103,6 +103,10 @@ class KubeCluster:
     def close(self) -> None:
         self.api_client.close()
 
+    def resync(self) -> None:
+        """Forget which objects were seen in the wanted state: the next pass reads them again."""
+        self._verified.clear()
+
     # ---- reads
 
     def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:

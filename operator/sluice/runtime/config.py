@@ -17,6 +17,13 @@ class OperatorConfig:
     """KopfPeering name (high availability); None: standalone."""
     peering_lifetime: int = 15
     """Seconds after which a replica that stopped refreshing its peering record is replaced."""
+    shards: int = 1
+    """Pools split by a stable hash of namespace/name, each shard owned by one replica through a Lease; 1: no
+    Leases, this process runs every pool."""
+    lease_namespace: str = "default"
+    """Namespace of the shard Leases (the operator's own)."""
+    identity: str | None = None
+    """holderIdentity in the Leases (default: pod name and pid, with a random suffix)."""
 
     @property
     def first_pass_delay(self) -> float:

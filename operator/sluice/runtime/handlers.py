@@ -34,6 +34,7 @@ from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
+from sluice.runtime.sharding import FencedCluster, ShardLeases
 
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
@@ -51,6 +52,8 @@ class Runtime:
     reconciler: Reconciler | None = None
     metrics: OperatorMetrics | None = None
     wakers: dict[tuple[str | None, str], asyncio.Event] = field(default_factory=dict)
+    shards: ShardLeases | None = None
+    """With --shards > 1: the Leases this replica holds; a pool passes only while its shard is held."""
 
 
 def runtime_of(memo: Any) -> Runtime:
@@ -71,6 +74,12 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     runtime.cluster = KubeCluster(load_api_client(config.kubeconfig))
     runtime.prom = PromIO()
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
+    if config.shards > 1:
+        runtime.shards = ShardLeases(
+            load_api_client(config.kubeconfig), config.lease_namespace, config.shards, config.identity
+        )
+        runtime.reconciler = Reconciler(FencedCluster(runtime.cluster, runtime.shards), runtime.prom)
+        runtime.shards.start()
     runtime.metrics = OperatorMetrics(runtime.registry)
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
@@ -79,6 +88,9 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 @kopf.on.cleanup()
 def cleanup(memo: Any, **_: Any) -> None:
     runtime = runtime_of(memo)
+    if runtime.shards is not None:
+        with contextlib.suppress(Exception):
+            runtime.shards.stop()  # Leases cleared: a successor takes over at once
     if runtime.prom is not None:
         with contextlib.suppress(Exception):
             runtime.prom.close()
@@ -119,15 +131,28 @@ async def pool_loop(
     await stopped.wait(runtime.config.first_pass_delay)
     uid = ""
     due = time.monotonic()
+    shards, idle = runtime.shards, False
     try:
         while not stopped:
+            if shards is not None and not shards.holds_pool(namespace or "default", name):
+                idle = True  # another replica's shard (or none held yet): check again in a second
+                await asyncio.sleep(1.0)
+                continue
+            if idle:  # the shard came (back): what this process remembers of the pool may be stale
+                reconciler.forget(uid)
+                if runtime.cluster is not None:
+                    runtime.cluster.resync()
+                idle = False
             waker.clear()
             snapshot = _snapshot(body)
             uid = snapshot.meta.uid or ""
             submitted = time.monotonic()
 
             def timed(snapshot: PoolSnapshot = snapshot) -> tuple[float, PassReport]:
-                return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
+                if shards is None:
+                    return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
+                with shards.passing(snapshot.meta.namespace, snapshot.meta.name):  # every write fenced
+                    return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
 
             try:
                 started, report = await asyncio.to_thread(timed)
@@ -159,6 +184,8 @@ async def pool_deleted(name: str, namespace: str | None, memo: Any, **_: Any) ->
     cluster = runtime.cluster
     assert cluster is not None
     ns = namespace or "default"
+    if runtime.shards is not None and not runtime.shards.holds_pool(ns, name):
+        raise kopf.TemporaryError("the pool's shard is held by another replica", delay=5)
     keys = await asyncio.to_thread(cluster.owned, ns, name)
     for key in keys:
         result = await asyncio.to_thread(cluster.release, ns, key)

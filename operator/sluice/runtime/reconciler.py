@@ -26,6 +26,7 @@ from typing import Any
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
+from sluice.core.compact import stored_form
 from sluice.core.events import Event, derive_events
 from sluice.core.observed import Observed, SignalSnapshot
 from sluice.core.reconcile import Plan, plan_pass
@@ -38,7 +39,8 @@ HEARTBEAT = timedelta(seconds=60)
 
 
 def _wire(status: InferencePoolStatus) -> dict[str, Any]:
-    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    """The status as written: a large pool's rows aggregated (`sluice.core.compact`)."""
+    return stored_form(status).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _stamp(status: InferencePoolStatus) -> float:
@@ -46,8 +48,9 @@ def _stamp(status: InferencePoolStatus) -> float:
 
 
 def _same(a: InferencePoolStatus | None, b: InferencePoolStatus) -> bool:
-    return a is not None and a.model_copy(update={"last_reconcile_time": None}) == b.model_copy(
-        update={"last_reconcile_time": None}
+    """Would writing `b` store what `a` stored (the last pass time aside)?"""
+    return a is not None and stored_form(a.model_copy(update={"last_reconcile_time": None})) == stored_form(
+        b.model_copy(update={"last_reconcile_time": None})
     )
 
 

@@ -1,0 +1,142 @@
+"""`status.podMemory`: the per-pod memory of the pods a large pool's status does not list, compactly. Pure.
+
+The next pass needs, of every pod, what its previous row held: weight (hysteresis, frozen weights), smoothed
+score, state and since, the TTFT estimate, restarts (restart detection), the failing-band streak, the floor mark
+and the last incident (quiet period, ramp); revision and class feed the summary. For the pods without a row that
+is one short array each, trailing defaults dropped, the whole list as zlib-compressed JSON in base64: pod names
+of one Deployment share their prefix and compress well. Times are kept exactly (ISO strings), so an incident or
+a ramp reads back the same instant. The format carries its version (`z1:`); anything else is refused with a
+reason, never guessed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import zlib
+from datetime import datetime
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from sluice.api.status import EndpointStatus, InferencePoolStatus
+
+PREFIX = "z1:"
+STATES = ("Routable", "Zeroed", "Recovering")
+VERDICTS = ("scored", "ramping", "frozen", "awaiting", "quiet", "excluded")
+# Array positions after the pod name, each with the value that is dropped when it ends the array.
+FIELDS: tuple[tuple[str, Any], ...] = (
+    ("weight", 0),
+    ("score", 0.0),
+    ("state", 0),
+    ("since", None),
+    ("ttft_estimate_seconds", None),
+    ("restarts", 0),
+    ("consecutive_failures", 0),
+    ("verdict", 0),
+    ("floor_held", 0),
+    ("last_incident_at", None),
+    ("incident", None),
+    ("incident_message", None),
+    ("class_known", 1),
+    ("revision", None),
+    ("hardware_class", None),
+)
+_ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
+
+
+class MemoryUnreadable(ValueError):
+    """The stored memory is not in a format this version reads."""
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _pack(row: EndpointStatus) -> list[Any]:
+    values: list[Any] = [
+        row.weight,
+        row.score,
+        STATES.index(row.state),
+        _time(row.since),
+        row.ttft_estimate_seconds,
+        row.restarts,
+        row.consecutive_failures,
+        VERDICTS.index(row.verdict) if row.verdict in VERDICTS else 0,
+        int(row.floor_held),
+        _time(row.last_incident_at),
+        row.incident,
+        row.incident_message,
+        int(row.class_known),
+        row.revision,
+        row.hardware_class,
+    ]
+    while values and values[-1] == FIELDS[len(values) - 1][1]:
+        values.pop()
+    return [row.pod, *values]
+
+
+def encode(rows: list[EndpointStatus]) -> str | None:
+    """The memory of `rows` as stored; None when there is nothing to remember."""
+    if not rows:
+        return None
+    text = json.dumps([_pack(row) for row in rows], separators=(",", ":"), ensure_ascii=False)
+    return PREFIX + base64.b64encode(zlib.compress(text.encode(), 9)).decode()
+
+
+def decode(stored: str | None) -> list[EndpointStatus]:
+    """Rows (memory fields only: no signals, no reason) for the pods the memory holds."""
+    if not stored:
+        return []
+    if not stored.startswith(PREFIX):
+        raise MemoryUnreadable(f"podMemory: unknown format {stored[:8]!r} (this version reads {PREFIX!r})")
+    try:
+        packed = json.loads(zlib.decompress(base64.b64decode(stored[len(PREFIX) :], validate=True)))
+    except (binascii.Error, zlib.error, ValueError) as failure:
+        raise MemoryUnreadable(f"podMemory: not readable ({failure})") from failure
+    if not isinstance(packed, list):
+        raise MemoryUnreadable("podMemory: not a list of pods")
+    items: list[dict[str, Any]] = []
+    for entry in packed:
+        if not isinstance(entry, list) or not entry or len(entry) > len(FIELDS) + 1:
+            raise MemoryUnreadable(f"podMemory: malformed entry {str(entry)[:60]}")
+        values = entry[1:] + [default for _, default in FIELDS[len(entry) - 1 :]]
+        item: dict[str, Any] = {"pod": entry[0]}
+        for (name, _), value in zip(FIELDS, values, strict=True):
+            item[name] = value
+        try:
+            item["state"] = STATES[item["state"]]
+            item["verdict"] = VERDICTS[item["verdict"]]
+        except (IndexError, TypeError) as failure:
+            raise MemoryUnreadable(f"podMemory: bad state or verdict in {str(entry)[:60]}") from failure
+        item["floor_held"] = bool(item["floor_held"])
+        item["class_known"] = bool(item["class_known"])
+        items.append(item)
+    try:
+        return _ROWS.validate_python(items)
+    except ValidationError as failure:
+        raise MemoryUnreadable(f"podMemory: {failure.errors()[0]['msg']}") from failure
+
+
+def remembered(status: InferencePoolStatus | None) -> dict[str, EndpointStatus]:
+    """Every pod the status remembers, by name: its rows, and the pods held in podMemory.
+
+    The memory was checked when the status was read (`sluice.api.snapshot`); a status built in this process
+    always holds readable memory."""
+    if status is None:
+        return {}
+    rows = {row.pod: row for row in decode(status.pod_memory)}
+    rows.update((row.pod, row) for row in status.endpoints)
+    return rows
+
+
+def readable(status: InferencePoolStatus | None) -> tuple[InferencePoolStatus | None, list[str]]:
+    """The status with podMemory dropped (and said why) when this version cannot read it."""
+    if status is None or not status.pod_memory:
+        return status, []
+    try:
+        decode(status.pod_memory)
+    except MemoryUnreadable as failure:
+        return status.model_copy(update={"pod_memory": None}), [f"{failure} (dropped: those pods start afresh)"]
+    return status, []

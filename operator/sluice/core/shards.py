@@ -1,0 +1,107 @@
+"""Sharding: which shard a pool belongs to, and what a replica should do with the shard Leases it sees. Pure.
+
+Pools are split into `shards` by a stable hash of `namespace/name` (SHA-256, so every replica and every Python
+process agrees; Python's own `hash` is salted per process). Each shard is owned through a
+`coordination.k8s.io/v1` Lease; the I/O is `sluice.runtime.sharding`. The rules, as client-go's leader election
+has them, per shard:
+- a Lease is expired when its record (holder, resourceVersion) has not changed for `leaseDurationSeconds` as
+  observed by this replica's own monotonic clock (no trust in other clocks); a released Lease (no holder) is
+  free at once;
+- a replica takes at most its fair share, ceil(shards / live replicas), live replicas being those whose member
+  Lease changed within its duration; over its share it releases the surplus; candidates are tried in an order
+  hashed from the replica's identity, so replicas starting together go for different shards;
+- a replica acts on a shard only while `now < renewal sent + duration - margin`: it stops writing before any
+  other replica can consider the Lease expired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+SHARD_LABEL = "sluice.dev/shard-set"
+ROLE_LABEL = "sluice.dev/lease-role"
+
+
+def stable_hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def shard_of(namespace: str, name: str, shards: int) -> int:
+    """The shard of a pool: the same on every replica, in every process, for a given shard count."""
+    if shards < 1:
+        raise ValueError("shards must be at least 1")
+    return stable_hash(f"{namespace}/{name}") % shards
+
+
+def shard_lease_name(prefix: str, index: int, shards: int) -> str:
+    """The count is in the name: replicas run with different counts never share a Lease by accident."""
+    return f"{prefix}-shard-{index}-of-{shards}"
+
+
+def member_lease_name(prefix: str, identity: str) -> str:
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+    return f"{prefix}-member-{digest}"
+
+
+def fair_share(shards: int, live_replicas: int) -> int:
+    return -(-shards // max(1, live_replicas))
+
+
+def preference(identity: str, shards: int) -> list[int]:
+    """The order in which a replica tries the shards (rendezvous hashing on its identity)."""
+    return sorted(range(shards), key=lambda i: stable_hash(f"{identity}/{i}"))
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """A shard Lease as this replica last listed it."""
+
+    holder: str | None
+    resource_version: str
+    duration: float
+    unchanged_for: float
+    """Seconds since this replica first saw the record (holder, resourceVersion) as it is now."""
+
+    def free_for(self, identity: str) -> bool:
+        """May `identity` take it: released, its own record, or expired (its holder stopped renewing)."""
+        if not self.holder or self.holder == identity:
+            return True
+        return self.unchanged_for >= self.duration
+
+
+@dataclass(frozen=True)
+class Decision:
+    acquire: list[int] = field(default_factory=list)
+    """Shards to take: create their Lease (None in `leases`) or update it with the listed resourceVersion."""
+    release: list[int] = field(default_factory=list)
+    """Held shards over the fair share: stop acting now, give the Lease up after the fencing margin."""
+
+
+def decide(
+    identity: str,
+    shards: int,
+    held: set[int],
+    leases: dict[int, LeaseView | None],
+    live_replicas: int,
+    others: dict[str, int] | None = None,
+) -> Decision:
+    """What to acquire and release this tick (renewing held shards is the caller's routine).
+
+    `others`: the other live replicas and how many shards each holds. A replica over the floor share gives one
+    shard up while another holds less than the floor (4 shards, 3 replicas: 2-1-1, never 2-2-0)."""
+    share = fair_share(shards, live_replicas)
+    order = preference(identity, shards)
+    if len(held) > share:
+        surplus = [i for i in reversed(order) if i in held][: len(held) - share]
+        return Decision(release=surplus)
+    floor = shards // max(1, live_replicas)
+    if len(held) > floor and any(count < floor for count in (others or {}).values()):
+        return Decision(release=[next(i for i in reversed(order) if i in held)])
+    wanted = share - len(held)
+    candidates = [i for i in order if i not in held and (leases.get(i) is None or _free(leases[i], identity))]
+    return Decision(acquire=candidates[:wanted])
+
+
+def _free(view: LeaseView | None, identity: str) -> bool:
+    return view is None or view.free_for(identity)

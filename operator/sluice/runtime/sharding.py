@@ -1,0 +1,363 @@
+"""Shard ownership through `coordination.k8s.io/v1` Leases, and the fence that keeps a replica's writes inside it.
+
+With `--shards N` (N > 1) every replica runs one `ShardLeases` thread: each tick (1 s) it lists the shard set's
+Leases once, renews its own member Lease and the shard Leases it holds (every `renew_every` < duration / 3), and
+acquires or releases shards as `sluice.core.shards.decide` says. Every update carries the resourceVersion it
+listed, so two replicas racing for one Lease get one success and one 409. A pool's daemon passes only while its
+shard is held (`holds_pool`); inside a pass, `FencedCluster` refuses every write once the Lease is no longer valid
+(`renewal sent + duration - margin`), so a replica that lost its Lease mid-pass writes nothing after it. A
+surplus shard is given up in two steps: the fence closes at once, the Lease is cleared `margin` seconds later
+(writes already on the wire finish first). On shutdown every held Lease is cleared, so a successor takes over
+at once; a replica that dies (SIGKILL) is replaced after its Leases expire (duration + one tick).
+Verbs used on leases: list, create, update, delete (expired member Leases of replicas that are gone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from sluice.core.events import Event
+from sluice.core.observed import ObservedPod
+from sluice.core.shards import (
+    ROLE_LABEL,
+    SHARD_LABEL,
+    LeaseView,
+    decide,
+    member_lease_name,
+    shard_lease_name,
+    shard_of,
+)
+from sluice.io.kube import USER_AGENT
+from sluice.io.ports import Cluster, ClusterError, ObjectKey, WriteResult
+
+log = logging.getLogger("sluice.sharding")
+TIMEOUT = 4.0  # seconds per Lease call: a call that hangs must not hold the renewals past the Lease's validity
+_CURRENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("sluice_shard", default=None)
+
+
+def _micro_time(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ShardLeases:
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        namespace: str,
+        shards: int,
+        identity: str | None = None,
+        prefix: str = "sluice",
+        duration: float = 10.0,
+        renew_every: float = 3.0,
+        margin: float = 2.0,
+        tick: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if not renew_every < duration / 3:
+            raise ValueError("renew_every must be under a third of the lease duration")
+        api_client.user_agent = USER_AGENT  # the operator's calls, told apart in audit logs
+        self.api = k8s.CoordinationV1Api(api_client)
+        self.namespace, self.shards, self.prefix = namespace, shards, prefix
+        self.identity = identity or f"{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.duration, self.renew_every, self.margin, self.tick = duration, renew_every, margin, tick
+        self.clock, self.wall = clock, wall
+        """`clock` times the terms; `wall` stamps renewTime, which must change for a renewal to change the record
+        (an update that changes nothing is a no-op: the resourceVersion stays, and others see the Lease age)."""
+        self.member = member_lease_name(prefix, self.identity)
+        self._lock = threading.Lock()
+        self._valid_until: dict[int, float] = {}
+        """Held shard -> monotonic time until which this replica may act on it."""
+        self._renewed: dict[str, float] = {}
+        self._versions: dict[str, str] = {}
+        self._releasing: dict[int, float] = {}
+        self._seen: dict[str, tuple[tuple[str | None, str], float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.transitions: list[tuple[float, int, str]] = []
+        """(monotonic time, shard, 'acquired' | 'lost' | 'released'), for logs and tests."""
+
+    # ---- what the handlers ask
+
+    def shard(self, namespace: str, name: str) -> int:
+        return shard_of(namespace, name, self.shards)
+
+    def holds(self, index: int) -> bool:
+        with self._lock:
+            return self.clock() < self._valid_until.get(index, 0.0) and index not in self._releasing
+
+    def holds_pool(self, namespace: str, name: str) -> bool:
+        return self.holds(self.shard(namespace, name))
+
+    def held(self) -> list[int]:
+        return [i for i in range(self.shards) if self.holds(i)]
+
+    @contextlib.contextmanager
+    def passing(self, namespace: str, name: str) -> Iterator[None]:
+        """Mark the calling thread as passing this pool: `FencedCluster` checks its shard before each write."""
+        token = _CURRENT.set(self.shard(namespace, name))
+        try:
+            yield
+        finally:
+            _CURRENT.reset(token)
+
+    # ---- the loop
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shard-leases", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.tick * 5)
+        with self._lock:
+            held = list(self._valid_until)
+            self._valid_until.clear()
+        for index in held:
+            with contextlib.suppress(Exception):
+                self._clear(shard_lease_name(self.prefix, index, self.shards))
+        with contextlib.suppress(Exception):
+            self.api.delete_namespaced_lease(self.member, self.namespace, _request_timeout=TIMEOUT)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # the API is down or refused: held shards lapse by their own deadline
+                log.exception("shard lease round failed")
+            self._stop.wait(self.tick)
+
+    def step(self) -> None:
+        """One round: list, renew, release, acquire, tidy up."""
+        items = self._list()
+        now = self.clock()
+        for name, lease in items.items():
+            spec = lease.get("spec") or {}
+            record = (spec.get("holderIdentity"), str(lease["metadata"].get("resourceVersion", "")))
+            seen = self._seen.get(name)
+            if seen is None or seen[0] != record:
+                self._seen[name] = (record, now)
+        self._member_round(items, now)
+        live, others = self._live_members(items, now)
+        self._finish_releases(now)
+        self._renew_shards(items, now)
+        views = {
+            i: self._view(items.get(shard_lease_name(self.prefix, i, self.shards)), now) for i in range(self.shards)
+        }
+        with self._lock:
+            held = {i for i in self._valid_until if now < self._valid_until[i]} - set(self._releasing)
+        for view in views.values():
+            if view is not None and view.holder in others and view.unchanged_for < view.duration:
+                others[view.holder] += 1
+        decision = decide(self.identity, self.shards, held, views, live, others)
+        for index in decision.release:
+            with self._lock:
+                self._releasing[index] = now + self.margin
+            self._note(index, "releasing")
+        for index in decision.acquire:
+            self._acquire(index, views[index])
+
+    def _list(self) -> dict[str, dict[str, Any]]:
+        answer = self.api.list_namespaced_lease(
+            self.namespace,
+            label_selector=f"{SHARD_LABEL}={self.prefix}",
+            _preload_content=False,
+            _request_timeout=TIMEOUT,
+        )
+        items = json.loads(cast(Any, answer).data).get("items", [])
+        return {item["metadata"]["name"]: item for item in items}
+
+    def _view(self, lease: dict[str, Any] | None, now: float) -> LeaseView | None:
+        if lease is None:
+            return None
+        name = lease["metadata"]["name"]
+        spec = lease.get("spec") or {}
+        seen_at = self._seen.get(name, (None, now))[1]
+        return LeaseView(
+            holder=spec.get("holderIdentity") or None,
+            resource_version=str(lease["metadata"].get("resourceVersion", "")),
+            duration=float(spec.get("leaseDurationSeconds") or self.duration),
+            unchanged_for=now - seen_at,
+        )
+
+    def _body(self, name: str, role: str, holder: str | None, version: str | None, acquired: bool) -> dict[str, Any]:
+        stamp = _micro_time(self.wall())
+        spec: dict[str, Any] = {"holderIdentity": holder, "leaseDurationSeconds": int(self.duration)}
+        if holder:
+            spec["renewTime"] = stamp
+            if acquired:
+                spec["acquireTime"] = stamp
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {SHARD_LABEL: self.prefix, ROLE_LABEL: role},
+        }
+        if version is not None:
+            meta["resourceVersion"] = version
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+
+    def _write(self, name: str, body: dict[str, Any], create: bool) -> str:
+        if create:
+            answer = self.api.create_namespaced_lease(
+                self.namespace, cast(Any, body), _preload_content=False, _request_timeout=TIMEOUT
+            )
+        else:
+            answer = self.api.replace_namespaced_lease(
+                name, self.namespace, cast(Any, body), _preload_content=False, _request_timeout=TIMEOUT
+            )
+        written = json.loads(cast(Any, answer).data)
+        version = str(written["metadata"]["resourceVersion"])
+        self._versions[name] = version
+        self._seen[name] = ((body["spec"].get("holderIdentity"), version), self.clock())
+        return version
+
+    def _member_round(self, items: dict[str, dict[str, Any]], now: float) -> None:
+        if self._renewed.get(self.member, -1e9) + self.renew_every > now and self.member in items:
+            return
+        current = items.get(self.member)
+        try:
+            version = None if current is None else str(current["metadata"]["resourceVersion"])
+            self._write(self.member, self._body(self.member, "member", self.identity, version, False), current is None)
+            self._renewed[self.member] = now
+        except ApiException as failure:
+            log.warning("member lease %s: %s %s", self.member, failure.status, failure.reason)
+        for name, lease in items.items():  # replicas that are gone: their member Leases expired long ago
+            role = (lease["metadata"].get("labels") or {}).get(ROLE_LABEL)
+            if role == "member" and name != self.member and now - self._seen[name][1] > 3 * self.duration:
+                with contextlib.suppress(ApiException):
+                    self.api.delete_namespaced_lease(name, self.namespace, _request_timeout=TIMEOUT)
+
+    def _live_members(self, items: dict[str, dict[str, Any]], now: float) -> tuple[int, dict[str, int]]:
+        """How many replicas are live (this one too), and the others' identities (with a zero shard count)."""
+        others: dict[str, int] = {}
+        for name, lease in items.items():
+            role = (lease["metadata"].get("labels") or {}).get(ROLE_LABEL)
+            spec = lease.get("spec") or {}
+            duration = float(spec.get("leaseDurationSeconds") or self.duration)
+            holder = spec.get("holderIdentity")
+            if role == "member" and name != self.member and holder and now - self._seen[name][1] < duration:
+                others[str(holder)] = 0
+        return 1 + len(others), others
+
+    def _renew_shards(self, items: dict[str, dict[str, Any]], now: float) -> None:
+        with self._lock:
+            mine = [i for i in self._valid_until if i not in self._releasing]
+        for index in mine:
+            name = shard_lease_name(self.prefix, index, self.shards)
+            lease = items.get(name)
+            holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+            if lease is None or holder != self.identity:
+                self._lose(index, f"taken by {holder or 'nobody'}")
+                continue
+            if self._renewed.get(name, -1e9) + self.renew_every > now:
+                continue
+            sent = self.clock()
+            try:
+                self._write(
+                    name, self._body(name, "shard", self.identity, lease["metadata"]["resourceVersion"], False), False
+                )
+            except ApiException as failure:
+                if failure.status == 409:
+                    self._lose(index, "conflict on renewal")
+                else:
+                    log.warning("renewing %s: %s %s", name, failure.status, failure.reason)
+                    if self.clock() >= self._valid_until.get(index, 0.0):
+                        self._lose(index, "renewal failed until the lease lapsed")
+                continue
+            self._renewed[name] = sent
+            with self._lock:
+                self._valid_until[index] = sent + self.duration - self.margin
+
+    def _acquire(self, index: int, view: LeaseView | None) -> None:
+        name = shard_lease_name(self.prefix, index, self.shards)
+        sent = self.clock()
+        body = self._body(name, "shard", self.identity, None if view is None else view.resource_version, True)
+        try:
+            self._write(name, body, view is None)
+        except ApiException as failure:
+            if failure.status not in (409,):
+                log.warning("acquiring %s: %s %s", name, failure.status, failure.reason)
+            return
+        self._renewed[name] = sent
+        with self._lock:
+            self._valid_until[index] = sent + self.duration - self.margin
+        self._note(index, "acquired")
+
+    def _finish_releases(self, now: float) -> None:
+        with self._lock:
+            due = [i for i, at in self._releasing.items() if at <= now]
+        for index in due:
+            name = shard_lease_name(self.prefix, index, self.shards)
+            with contextlib.suppress(ApiException):
+                self._clear(name)
+            with self._lock:
+                self._releasing.pop(index, None)
+                self._valid_until.pop(index, None)
+            self._note(index, "released")
+
+    def _clear(self, name: str) -> None:
+        version = self._versions.get(name)
+        self._write(name, self._body(name, "shard", None, version, False), False)
+
+    def _lose(self, index: int, why: str) -> None:
+        with self._lock:
+            self._valid_until.pop(index, None)
+        self._note(index, f"lost ({why})")
+
+    def _note(self, index: int, what: str) -> None:
+        self.transitions.append((self.clock(), index, what))
+        log.info("shard %d/%d %s by %s", index, self.shards, what, self.identity)
+
+
+class FencedCluster:
+    """The `Cluster` port with every write refused once this replica's Lease on the pool's shard is not valid."""
+
+    def __init__(self, inner: Cluster, leases: ShardLeases) -> None:
+        self.inner, self.leases = inner, leases
+
+    def _check(self) -> None:
+        index = _CURRENT.get()
+        if index is None or not self.leases.holds(index):
+            raise ClusterError(409, f"shard {index} not held by this replica: write withheld")
+
+    def __getattr__(self, name: str) -> Any:  # reads and helpers the adapter has beyond the port
+        return getattr(self.inner, name)
+
+    def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
+        return self.inner.pods(namespace, match_labels)
+
+    def secret_key(self, namespace: str, name: str, key: str) -> str:
+        return self.inner.secret_key(namespace, name, key)
+
+    def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
+        return self.inner.owned(namespace, pool)
+
+    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
+        self._check()
+        return self.inner.apply(desired, pool_uid, adopt)
+
+    def release(self, namespace: str, key: ObjectKey) -> WriteResult:
+        self._check()
+        return self.inner.release(namespace, key)
+
+    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._check()
+        self.inner.write_status(namespace, name, status)
+
+    def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
+        self._check()
+        self.inner.emit(namespace, name, uid, event)
