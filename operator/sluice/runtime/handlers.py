@@ -32,6 +32,7 @@ from sluice.io.kube import KubeCluster, load_api_client
 from sluice.io.prometheus import PromIO
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
+from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
 
@@ -51,6 +52,7 @@ class Runtime:
     reconciler: Reconciler | None = None
     metrics: OperatorMetrics | None = None
     wakers: dict[tuple[str | None, str], asyncio.Event] = field(default_factory=dict)
+    pods: PodCache = field(default_factory=PodCache)
 
 
 def runtime_of(memo: Any) -> Runtime:
@@ -69,6 +71,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.lifetime = config.peering_lifetime
     settings.peering.stealth = True
     runtime.cluster = KubeCluster(load_api_client(config.kubeconfig))
+    runtime.cluster.pod_cache = runtime.pods
     runtime.prom = PromIO()
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
     runtime.metrics = OperatorMetrics(runtime.registry)
@@ -99,6 +102,12 @@ def pools_by_namespace(
     return {namespace: (name, _selector(body))}
 
 
+@kopf.index("", "v1", "pods")
+def pods_seen(namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Feeds the pod cache (`sluice.runtime.podcache`); indexes nothing in kopf itself."""
+    runtime_of(memo).pods.put(namespace or "", _plain(body))
+
+
 def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
@@ -116,6 +125,7 @@ async def pool_loop(
     reconciler, metrics = runtime.reconciler, runtime.metrics
     assert reconciler is not None, "startup builds it before any daemon runs"
     assert metrics is not None, "startup builds it before any daemon runs"
+    runtime.pods.synced = True  # kopf starts daemons only once the pods' initial listing is indexed
     await stopped.wait(runtime.config.first_pass_delay)
     uid = ""
     due = time.monotonic()
@@ -142,10 +152,10 @@ async def pool_loop(
                     "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
                 )
             interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
-            due = submitted + interval  # a wake-up before that is early, never late
-            await asyncio.sleep(MIN_GAP)
+            due = submitted + interval  # the next pass is due one interval after this one began
+            await asyncio.sleep(MIN_GAP)  # however late, and a wake-up before `due` is early, never late
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waker.wait(), timeout=max(0.0, interval - MIN_GAP))
+                await asyncio.wait_for(waker.wait(), timeout=max(0.0, due - time.monotonic()))
     finally:
         runtime.wakers.pop((namespace, name), None)
         reconciler.forget(uid)
@@ -202,9 +212,11 @@ async def pod_event(
     event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
 ) -> None:
     pools_by_namespace: kopf.Index[str | None, tuple[str, dict[str, str]]] = kwargs["pools_by_namespace"]
+    runtime = runtime_of(memo)
+    if event.get("type") == "DELETED":
+        runtime.pods.drop(namespace or "", str((event.get("object") or {}).get("metadata", {}).get("name", "")))
     if not pod_matters(str(event.get("type")), dict(event.get("object") or {})):
         return
-    runtime = runtime_of(memo)
     for name, selector in pools_by_namespace.get(namespace, []):
         if selector and all(labels.get(k) == v for k, v in selector.items()):
             _waker(runtime, namespace, name).set()
