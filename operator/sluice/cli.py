@@ -120,8 +120,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if plan.events:
         err.write("events:\n" + "\n".join(_event_line(e) for e in plan.events) + "\n")
     if args.show_queries:
-        queries = build_queries(pool.spec, meta.namespace, [p.name for p in observed.pods])
-        err.write("queries:\n")
+        queries = build_queries(pool.spec, meta.namespace, [p.name for p in observed.pods], namespace_wide=True)
+        err.write("queries (namespace-wide, shared by the namespace's pools; each keeps its own pods):\n")
         for signal, query in queries.queries.items():
             err.write(f"  {signal}: {query}\n")
         if queries.unsupported:
