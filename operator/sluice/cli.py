@@ -149,6 +149,7 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        pod_metrics=not args.no_pod_metrics,
         peering=args.peering,
         peering_lifetime=args.peering_lifetime,
     )
@@ -224,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="KopfPeering name for high availability (several replicas, one active)")
     run.add_argument("--priority", type=int, help="this replica's peering priority (default: random)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
+    run.add_argument(
+        "--no-pod-metrics", action="store_true", help="no per-pod series on /metrics (large fleets: per-pool only)"
+    )
     run.add_argument(
         "--peering-lifetime", type=int, default=15, help="seconds before a silent replica's peering record expires"
     )

@@ -15,6 +15,8 @@ class OperatorConfig:
     metrics_address: str = "0.0.0.0"
     peering: str | None = None
     """KopfPeering name (high availability); None: standalone."""
+    pod_metrics: bool = True
+    """Per-pod series (`sluice_endpoint_weight{pod}`) on /metrics; off: per-pool series only."""
     peering_lifetime: int = 15
     """Seconds after which a replica that stopped refreshing its peering record is replaced."""
 

@@ -74,7 +74,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     runtime.cluster.pod_cache = runtime.pods
     runtime.prom = PromIO()
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
-    runtime.metrics = OperatorMetrics(runtime.registry)
+    runtime.metrics = OperatorMetrics(runtime.registry, pod_series=config.pod_metrics)
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
 
@@ -146,7 +146,9 @@ async def pool_loop(
                 metrics.passes.labels(snapshot.key, "error").inc()
             else:
                 metrics.record(report)
-                metrics.timing(report.pool, lag=started - due, queued=started - submitted)
+                interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
+                wall = time.time() - (time.monotonic() - started)
+                metrics.timing(report.pool, started - due, started - submitted, interval, wall)
                 written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
                 log.info(
                     "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
