@@ -143,6 +143,13 @@ def cmd_reference(_: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(
         kubeconfig=args.kubeconfig,
@@ -150,6 +157,7 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
         pod_metrics=not args.no_pod_metrics,
+        workers=args.workers,
         peering=args.peering,
         peering_lifetime=args.peering_lifetime,
     )
@@ -225,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="KopfPeering name for high availability (several replicas, one active)")
     run.add_argument("--priority", type=int, help="this replica's peering priority (default: random)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
+    run.add_argument("--workers", type=_positive, default=8, help="threads running passes (default: 8)")
     run.add_argument(
         "--no-pod-metrics", action="store_true", help="no per-pod series on /metrics (large fleets: per-pool only)"
     )

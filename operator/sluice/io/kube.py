@@ -89,15 +89,17 @@ class PodSource(Protocol):
     def select(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]: ...
 
 
-def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
-    """In-cluster configuration when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+def load_api_client(kubeconfig: str | None = None, connections: int | None = None) -> k8s.ApiClient:
+    """In-cluster configuration when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config);
+    `connections`: keep at least that many open (the client's default is 5 per CPU)."""
+    configuration = k8s.Configuration()
     try:
-        k8s_config.load_incluster_config()
-        return k8s.ApiClient()
+        k8s_config.load_incluster_config(client_configuration=configuration)
     except k8s_config.ConfigException:
-        configuration = k8s.Configuration()
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        return k8s.ApiClient(configuration)
+    if connections is not None:
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
+    return k8s.ApiClient(configuration)
 
 
 USER_AGENT = f"sluice-operator/{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}"
