@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
+import json
+from types import SimpleNamespace
 from typing import Any
 
 from kubernetes import client as k8s
@@ -44,24 +45,55 @@ def test_an_event_replaces_the_pod_and_its_labels_and_a_deletion_removes_it():
 
 
 class CountingCore:
-    def __init__(self) -> None:
-        self.lists = 0
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+        self.lists: list[dict[str, Any]] = []
+        self.during_list: Any = None
 
-    def list_namespaced_pod(self, *_: Any, **__: Any) -> Any:
-        self.lists += 1
-        raise AssertionError("listed")
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        self.lists.append({"namespace": namespace, **kwargs})
+        if self.during_list is not None:
+            self.during_list()
+        return SimpleNamespace(data=json.dumps({"items": self.items}).encode())
 
 
-def test_the_cluster_lists_until_the_watch_has_synced_then_reads_the_cache():
+def test_the_first_pass_in_a_namespace_lists_it_once_then_the_watch_keeps_the_cache():
     cluster = KubeCluster(k8s.ApiClient())
-    core = CountingCore()
+    core = CountingCore([pod("a-1", {"app": "a"}), pod("b-1", {"app": "b"})])
     cluster.core = core  # type: ignore[assignment]
-    cache = PodCache()
-    cache.put("llm", pod("a-1", {"app": "a"}))
-    cluster.pod_cache = cache
-    with contextlib.suppress(AssertionError):
-        cluster.pods("llm", {"app": "a"})
-    assert core.lists == 1  # not synced yet: the API is the truth
-    cache.synced = True
+    cluster.pod_cache = cache = PodCache()
     assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1"]
-    assert core.lists == 1
+    assert [p.name for p in cluster.pods("llm", {"app": "b"})] == ["b-1"]
+    assert len(core.lists) == 1
+    assert "label_selector" not in core.lists[0]  # the whole namespace, once
+    cache.put("llm", pod("a-2", {"app": "a"}))  # the watch
+    cache.drop("llm", "a-1")
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-2"]
+    assert len(core.lists) == 1
+    cluster.pods("other", {"app": "a"})
+    assert len(core.lists) == 2  # another namespace is seeded on its own
+
+
+def test_what_the_watch_said_during_the_seeding_list_wins_over_the_list():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"}), pod("a-2", {"app": "a"}, ready=True)])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = cache = PodCache()
+
+    def watch_meanwhile() -> None:
+        cache.drop("llm", "a-1")  # deleted while the list was in flight
+        cache.put("llm", pod("a-2", {"app": "a"}, ready=False))  # and a-2 turned unready
+
+    core.during_list = watch_meanwhile
+    (left,) = cluster.pods("llm", {"app": "a"})
+    assert left.name == "a-2"
+    assert not left.ready
+
+
+def test_without_a_cache_every_call_lists_by_selector():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pods("llm", {"app": "a"})
+    cluster.pods("llm", {"app": "a"})
+    assert [c["label_selector"] for c in core.lists] == ["app=a", "app=a"]

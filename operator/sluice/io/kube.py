@@ -84,7 +84,13 @@ class Verified:
 
 
 class PodSource(Protocol):
-    synced: bool
+    """Pods kept current by a watch (`sluice.runtime.podcache`), seeded by one list per namespace."""
+
+    def seeded(self, namespace: str) -> bool: ...
+
+    def begin_seed(self, namespace: str) -> None: ...
+
+    def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None: ...
 
     def select(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]: ...
 
@@ -130,7 +136,7 @@ class KubeCluster:
         self.resync_seconds = resync_seconds
         self._verified: dict[tuple[str, str, str], Verified] = {}
         self.pod_cache: PodSource | None = None
-        """Pods from the operator's own pod watch; `pods` lists the API only while it is None or not synced."""
+        """Pods from the operator's own pod watch; `pods` lists each namespace once to seed it (every call, if None)."""
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
 
@@ -141,7 +147,11 @@ class KubeCluster:
 
     def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
         cache = self.pod_cache
-        if cache is not None and cache.synced:
+        if cache is not None:
+            if not cache.seeded(namespace):  # once per namespace: the watch keeps it current from then on
+                cache.begin_seed(namespace)
+                answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
+                cache.finish_seed(namespace, _json(answer).get("items", []))
             return cache.select(namespace, match_labels)
         selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
         answer = _call(

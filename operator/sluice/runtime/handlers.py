@@ -108,12 +108,6 @@ def pools_by_namespace(
     return {namespace: (name, _selector(body))}
 
 
-@kopf.index("", "v1", "pods")
-def pods_seen(namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    """Feeds the pod cache (`sluice.runtime.podcache`); indexes nothing in kopf itself."""
-    runtime_of(memo).pods.put(namespace or "", _plain(body))
-
-
 def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
@@ -131,7 +125,6 @@ async def pool_loop(
     reconciler, metrics = runtime.reconciler, runtime.metrics
     assert reconciler is not None, "startup builds it before any daemon runs"
     assert metrics is not None, "startup builds it before any daemon runs"
-    runtime.pods.synced = True  # kopf starts daemons only once the pods' initial listing is indexed
     await stopped.wait(runtime.config.first_pass_delay)
     uid = ""
     due = time.monotonic()
@@ -221,9 +214,12 @@ async def pod_event(
 ) -> None:
     pools_by_namespace: kopf.Index[str | None, tuple[str, dict[str, str]]] = kwargs["pools_by_namespace"]
     runtime = runtime_of(memo)
+    pod = dict(event.get("object") or {})
     if event.get("type") == "DELETED":
-        runtime.pods.drop(namespace or "", str((event.get("object") or {}).get("metadata", {}).get("name", "")))
-    if not pod_matters(str(event.get("type")), dict(event.get("object") or {})):
+        runtime.pods.drop(namespace or "", str(pod.get("metadata", {}).get("name", "")))
+    else:
+        runtime.pods.put(namespace or "", pod)  # the pod cache (`sluice.runtime.podcache`)
+    if not pod_matters(str(event.get("type")), pod):
         return
     for name, selector in pools_by_namespace.get(namespace, []):
         if selector and all(labels.get(k) == v for k, v in selector.items()):
