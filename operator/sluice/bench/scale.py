@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -254,7 +254,8 @@ def populate(stack: Stack, pools: int, pods: int, prometheus_url: str, interval:
 
     def pool(p: int) -> None:
         for i in range(pods):
-            core.create_namespaced_pod(NAMESPACE, pod_manifest(p, i, octet))
+            manifest: Any = pod_manifest(p, i, octet)
+            core.create_namespaced_pod(NAMESPACE, manifest)
         custom.create_namespaced_custom_object(
             "inference.sluice.dev",
             "v1alpha1",
@@ -338,7 +339,7 @@ def status_ages(stack: Stack) -> list[float]:
     answer = stack.custom.list_namespaced_custom_object(
         "inference.sluice.dev", "v1alpha1", NAMESPACE, "inferencepools", _preload_content=False
     )
-    items = json.loads(answer.data)["items"]
+    items = json.loads(cast(Any, answer).data)["items"]
     now = datetime.now(UTC)
     ages = []
     for item in items:

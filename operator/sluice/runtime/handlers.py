@@ -77,7 +77,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     runtime.cluster.pod_cache = runtime.pods
     runtime.prom = PromIO()
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
-    disable_created_metrics()  # no `_created` twin of every counter and histogram on the page
+    disable_created_metrics()  # type: ignore[no-untyped-call] # no `_created` twin of every counter and histogram on the page
     runtime.metrics = OperatorMetrics(runtime.registry, pod_series=config.pod_metrics)
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
@@ -214,7 +214,7 @@ async def pod_event(
 ) -> None:
     pools_by_namespace: kopf.Index[str | None, tuple[str, dict[str, str]]] = kwargs["pools_by_namespace"]
     runtime = runtime_of(memo)
-    pod = dict(event.get("object") or {})
+    pod: dict[str, Any] = dict(event.get("object") or {})
     if event.get("type") == "DELETED":
         runtime.pods.drop(namespace or "", str(pod.get("metadata", {}).get("name", "")))
     else:

@@ -102,8 +102,9 @@ class PodCache:
             if not match_labels:
                 names = set(self._by_namespace.get(namespace, set()))
             else:
-                sets = [self._by_label.get((namespace, k, v), set()) for k, v in match_labels.items()]
-                names = set(min(sets, key=len))
+                sets: list[set[str]] = [self._by_label.get((namespace, k, v), set()) for k, v in match_labels.items()]
+                sets.sort(key=len)
+                names = set(sets[0])
                 for other in sets:
                     names &= other
             return [self._pods[(namespace, name)] for name in sorted(names)]
