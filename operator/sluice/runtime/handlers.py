@@ -97,7 +97,8 @@ def cleanup(memo: Any, **_: Any) -> None:
 
 
 def _selector(body: kopf.Body) -> dict[str, str]:
-    spec = parse_snapshot(_plain(body)).spec
+    # Every event of the pool (its own status writes included) re-indexes it: parse the spec, not the status.
+    spec = parse_snapshot(_plain({"metadata": body.get("metadata", {}), "spec": body.get("spec", {})})).spec
     return dict(spec.selector.match_labels) if spec is not None else {}
 
 
