@@ -153,7 +153,19 @@ def test_a_shared_answer_is_reused_only_within_the_interval_and_keeps_its_time(p
         assert len(_Handler.seen) == 8 + 1  # shared, the 503 included (its one retry is the +1)
         assert reused.collected_at == first.collected_at == T0  # the time the shared answer was asked
         time.sleep(1.05)
-        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.1))
-        assert len(_Handler.seen) == 2 * (8 + 1)  # older than the interval: asked again
+        meanwhile = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.1))
+        assert meanwhile.collected_at == T0  # older than the interval: served while the next one is asked
+        assert meanwhile.pods["a"].queue_length == 3.0
+        deadline = time.monotonic() + 5
+        while len(_Handler.seen) < 2 * (8 + 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(_Handler.seen) == 2 * (8 + 1)  # asked again, once
+        time.sleep(0.1)
+        renewed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.3))
+        assert renewed.collected_at == T0 + timedelta(seconds=1.1)
+        assert len(_Handler.seen) == 2 * (8 + 1)
+        time.sleep(2.1)  # more than two intervals: a pass waits for the new answer rather than use that one
+        late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.5))
+        assert late.collected_at == T0 + timedelta(seconds=3.5)
     finally:
         io.close()

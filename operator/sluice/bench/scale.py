@@ -404,6 +404,8 @@ def run(args: argparse.Namespace, pools: int) -> Result:
             command += ["--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--log-level", "warning"]
             if args.shards:
                 command += ["--shards", str(args.shards)]
+            if args.workers:
+                command += ["--workers", str(args.workers)]
             operators.append(stack._spawn(command, f"operator-{replica}.log"))
         end_warmup = time.monotonic() + args.warmup
         while time.monotonic() < end_warmup:
@@ -551,6 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=120.0, help="longest wait for every pool's first status")
     parser.add_argument("--replicas", type=int, default=1, help="operator processes")
     parser.add_argument("--shards", type=int, help="passed to every operator as --shards (needs shard support)")
+    parser.add_argument("--workers", type=int, help="passed to every operator as --workers")
     parser.add_argument("--code", help="run the emulator and the operator from this operator/ directory")
     parser.add_argument("--out", default="out/bench-scale")
     args = parser.parse_args(argv)

@@ -120,10 +120,12 @@ class PromIO:
     (`build_queries(..., namespace_wide=True)`). The first pass to need a query runs it; the answer, split by
     pod, serves every pass that needs the same query (same URL, credentials, timeout, pod label) within the
     asking pool's `interval` — so Prometheus sees one query per (namespace, URL, signal) per interval, not one
-    per pool. Passes that ask while it is running wait for it. A failed query is a failure for every pool it
-    serves, for the same time (each freezes its weights and says why, as it would have alone). Signals judged
-    from a shared answer carry the time it was asked (`collected_at`), and freshness comes from the samples'
-    own timestamps, so sharing never makes old data look new.
+    per pool. When it is older, the next pass starts the next query and, while it runs, passes keep using the
+    previous answer (up to two intervals old) rather than queueing behind it; without one, they wait for it.
+    A failed query is a failure for every pool it serves, for the same time (each freezes its weights and says
+    why, as it would have alone). Signals judged from a shared answer carry the time it was asked
+    (`collected_at`), and freshness comes from the samples' own timestamps, so sharing never makes old data
+    look new.
     """
 
     def __init__(self, max_workers: int = 4) -> None:
@@ -132,6 +134,9 @@ class PromIO:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sluice-prom")
         self._answers: dict[tuple[Any, ...], _Answer] = {}
+        """The newest completed answer per query."""
+        self._pending: dict[tuple[Any, ...], _Answer] = {}
+        """The query being asked, per query."""
         self._swept = time.monotonic()
         self.queries_sent = 0
         """Queries sent to Prometheus so far (all pools)."""
@@ -171,29 +176,42 @@ class PromIO:
     def _shared(
         self, key: tuple[Any, ...], ttl: float, now: datetime, fetch: Callable[[], list[dict[str, Any]]], label: str
     ) -> _Answer:
-        """The answer to `key` asked within `ttl` seconds (or being asked), else a new one started now."""
+        """The answer to `key` to use now.
+
+        An answer asked within `ttl` seconds serves as it is. An older one starts the next (once), and keeps
+        serving while that runs if it is younger than `2 * ttl` and succeeded, so passes do not queue behind a
+        slow query; otherwise the pass waits for the new one.
+        """
         at = time.monotonic()
         with self._lock:
             if at - self._swept > 60:
                 self._sweep(at)
             answer = self._answers.get(key)
-            if answer is not None and (not answer.done.done() or at - answer.monotonic < ttl):
+            pending = self._pending.get(key)
+            if answer is not None and at - answer.monotonic < ttl:
                 return answer
-            answer = _Answer(now, at, Future())
+            if pending is None:
+                pending = _Answer(now, at, Future())
+                self._pending[key] = pending
+                self.queries_sent += 1
+                self._pool.submit(self._fetch, key, pending, fetch, label)
+            usable = answer is not None and at - answer.monotonic < 2 * ttl and answer.done.exception() is None
+            return answer if usable and answer is not None else pending
+
+    def _fetch(
+        self, key: tuple[Any, ...], answer: _Answer, fetch: Callable[[], list[dict[str, Any]]], label: str
+    ) -> None:
+        try:
+            by_pod: dict[str, list[dict[str, Any]]] = {}
+            for item in fetch():
+                by_pod.setdefault(str(item.get("metric", {}).get(label)), []).append(item)
+            answer.done.set_result(by_pod)
+        except BaseException as failure:  # handed to every pass that waits for it
+            answer.done.set_exception(failure)
+        with self._lock:
             self._answers[key] = answer
-            self.queries_sent += 1
-
-        def run() -> None:
-            try:
-                by_pod: dict[str, list[dict[str, Any]]] = {}
-                for item in fetch():
-                    by_pod.setdefault(str(item.get("metric", {}).get(label)), []).append(item)
-                answer.done.set_result(by_pod)
-            except BaseException as failure:  # handed to every waiting pass
-                answer.done.set_exception(failure)
-
-        self._pool.submit(run)
-        return answer
+            if self._pending.get(key) is answer:
+                del self._pending[key]
 
     def _sweep(self, at: float) -> None:
         self._swept = at
