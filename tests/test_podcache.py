@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
@@ -97,3 +99,15 @@ def test_without_a_cache_every_call_lists_by_selector():
     cluster.pods("llm", {"app": "a"})
     cluster.pods("llm", {"app": "a"})
     assert [c["label_selector"] for c in core.lists] == ["app=a", "app=a"]
+
+
+def test_passes_starting_together_in_a_namespace_list_it_once():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"})])
+    core.during_list = lambda: time.sleep(0.2)  # a slow list: the other passes arrive meanwhile
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = PodCache()
+    with ThreadPoolExecutor(max_workers=8) as workers:
+        found = list(workers.map(lambda _: cluster.pods("llm", {"app": "a"}), range(8)))
+    assert len(core.lists) == 1
+    assert all([p.name for p in pods] == ["a-1"] for pods in found)

@@ -13,6 +13,7 @@ import base64
 import copy
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -136,6 +137,7 @@ class KubeCluster:
         self.resync_seconds = resync_seconds
         self._verified: dict[tuple[str, str, str], Verified] = {}
         self.pod_cache: PodSource | None = None
+        self._seeding: dict[str, threading.Lock] = {}
         """Pods from the operator's own pod watch; `pods` lists each namespace once to seed it (every call, if None)."""
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
@@ -149,9 +151,11 @@ class KubeCluster:
         cache = self.pod_cache
         if cache is not None:
             if not cache.seeded(namespace):  # once per namespace: the watch keeps it current from then on
-                cache.begin_seed(namespace)
-                answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
-                cache.finish_seed(namespace, _json(answer).get("items", []))
+                with self._seeding.setdefault(namespace, threading.Lock()):  # one list; the other passes wait
+                    if not cache.seeded(namespace):
+                        cache.begin_seed(namespace)
+                        answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
+                        cache.finish_seed(namespace, _json(answer).get("items", []))
             return cache.select(namespace, match_labels)
         selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
         answer = _call(
