@@ -1,8 +1,10 @@
 """kopf handlers: thin adapters that parse once, call the reconciler and wake it.
 
 - startup/cleanup build and close the adapters from the `OperatorConfig` in kopf's memo (built by `sluice.cli`);
-- one daemon per InferencePool runs a pass every `spec.interval`, in a worker thread (the clients are blocking;
-  nothing blocks the event loop); the body is parsed once per pass into a `PoolSnapshot`;
+- one daemon per InferencePool runs a pass every `spec.interval` (one interval from the start of the previous
+  one), on a pool of `--workers` threads (the clients are blocking; nothing blocks the event loop); the body is
+  parsed once per pass into a `PoolSnapshot`;
+- every pod event feeds the pod cache the passes read (`sluice.runtime.podcache`);
 - a spec change, or a pod event that matters (restart, OOMKilled, readiness, deletion) for a pool selecting the
   pod, wakes that pool's daemon at once; these handlers are `async`, so they set the daemon's asyncio.Event on
   the event loop's own thread;
@@ -77,7 +79,8 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     runtime.cluster.pod_cache = runtime.pods
     runtime.prom = PromIO()
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
-    disable_created_metrics()  # type: ignore[no-untyped-call] # no `_created` twin of every counter and histogram on the page
+    # No `_created` twin of every counter and histogram on the page.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     runtime.metrics = OperatorMetrics(runtime.registry, pod_series=config.pod_metrics)
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
@@ -135,6 +138,7 @@ async def pool_loop(
             snapshot = _snapshot(body)
             uid = snapshot.meta.uid or ""
             submitted = time.monotonic()
+            interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
 
             def timed(snapshot: PoolSnapshot = snapshot) -> tuple[float, PassReport]:
                 return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
@@ -146,14 +150,12 @@ async def pool_loop(
                 metrics.passes.labels(snapshot.key, "error").inc()
             else:
                 metrics.record(report)
-                interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
                 wall = time.time() - (time.monotonic() - started)
                 metrics.timing(report.pool, started - due, started - submitted, interval, wall)
                 written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
                 log.info(
                     "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
                 )
-            interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
             due = submitted + interval  # the next pass is due one interval after this one began
             await asyncio.sleep(MIN_GAP)  # however late, and a wake-up before `due` is early, never late
             with contextlib.suppress(TimeoutError):
