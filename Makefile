@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-envoy bench-real bench-core clean
+.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-envoy bench-real bench-core bench-scale clean
 
 venv: $(STAMP)
 
@@ -72,6 +72,13 @@ bench-real: venv stack-deps
 
 bench-core: venv
 	$(PY) benchmarks/bench_core.py --out out/bench-core
+
+# What one operator process costs at 100 / 300 / 1000 pools of 16 pods (interval 5 s) on the local stack: CPU, RSS,
+# API requests/s by verb, PromQL queries/s, pass lag, status age; report in out/bench-scale/. About 15 minutes.
+# BENCH_SCALE_ARGS="--replicas 2 --shards 2" runs replicas with the sharding flag (needs `sluice operator --shards`).
+BENCH_SCALE_ARGS ?=
+bench-scale: venv stack-deps
+	$(PY) -m sluice.bench.scale --out out/bench-scale $(BENCH_SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

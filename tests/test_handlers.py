@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
+import time
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -83,3 +85,46 @@ def test_settings_come_from_the_config_not_the_environment(monkeypatch):
     assert OperatorConfig().first_pass_delay == 0.0
     assert OperatorConfig(peering="sluice").first_pass_delay == 5.0
     assert "os.environ" not in inspect.getsource(handlers)
+
+
+class SlowReconciler(FakeReconciler):
+    """Each pass takes 0.6 s of the worker thread; stops after `passes` passes."""
+
+    def __init__(self, stop: Any, passes: int) -> None:
+        super().__init__(stop)
+        self.passes = passes
+        self.started: list[float] = []
+
+    def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+        self.started.append(time.monotonic())
+        time.sleep(0.6)
+        if len(self.started) >= self.passes:
+            self.stop()
+        return PassReport(pool=snapshot.key)
+
+
+def test_passes_start_one_interval_apart_however_long_each_takes():
+    # The loop used to wait a whole interval after each pass ended: passes drifted by their own duration, and
+    # the pass-lag metric reported that drift as the operator falling behind.
+    setter: FlagSetter[Any] = FlagSetter()
+    runtime = handlers.Runtime(config=OperatorConfig())
+    loops: list[asyncio.AbstractEventLoop] = []
+    reconciler = SlowReconciler(lambda: loops[0].call_soon_threadsafe(setter.set), passes=3)
+    runtime.reconciler = reconciler  # type: ignore[assignment]
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    body = {**BODY, "spec": {**BODY["spec"], "interval": "2s"}}
+
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+        await handlers.pool_loop(
+            name="llama",
+            namespace="llm",
+            body=kopf.Body(body),
+            memo=SimpleNamespace(runtime=runtime),
+            stopped=AsyncFlagWaiter(setter),
+        )
+
+    asyncio.run(asyncio.wait_for(go(), timeout=20))
+    gaps = [b - a for a, b in itertools.pairwise(reconciler.started)]
+    assert len(gaps) == 2
+    assert all(1.9 <= gap < 2.3 for gap in gaps), gaps

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -110,3 +111,61 @@ def test_to_snapshot_keeps_only_pool_pods_and_custom_pod_label() -> None:
     answers = {"queueLength": [{"metric": {"kubernetes_pod": "a"}, "value": [0, "2"]}]}
     snapshot = to_snapshot(answers, {}, (), {"a"}, "kubernetes_pod", T0)
     assert snapshot.pods["a"].queue_length == 2.0
+
+
+def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_its_own_pods(prometheus: str) -> None:
+    io = PromIO()
+    pools = {"p1": ["a"], "p2": ["stranger"], "p3": ["b"]}  # b has no samples at all
+    try:
+        snapshots = {
+            name: io.read_signals(
+                spec(metrics={"prometheusUrl": prometheus}, selector={"matchLabels": {"app": name}}),
+                "llm",
+                pods,
+                PromAuth(),
+                T0,
+            )
+            for name, pods in pools.items()
+        }
+        sent = len(_Handler.seen)
+        later = io.read_signals(spec(metrics={"prometheusUrl": prometheus}), "other", ["a"], PromAuth(), T0)
+    finally:
+        io.close()
+    assert sent == 8 + 1  # 7 signals + sample times (+ the 503's one retry), once for the three pools
+    assert len(_Handler.seen) == 18  # another namespace renders other queries
+    assert all('namespace="llm"' in seen["query"] and "pod=~" not in seen["query"] for seen in _Handler.seen[:9])
+    assert 'namespace="other"' in _Handler.seen[9]["query"]
+    assert snapshots["p1"].pods["a"].queue_length == 3.0
+    assert set(snapshots["p1"].pods) == {"a"}  # the namespace's other pods are not the pool's
+    assert snapshots["p2"].pods["stranger"].queue_length == 9.0
+    assert snapshots["p3"].pods == {}  # missing, not 0
+    assert snapshots["p3"].sampled_at == {}
+    assert set(snapshots["p2"].failed) == {"requestRate"}  # the shared 503 reaches every pool
+    assert later.pods["a"].queue_length == 3.0
+
+
+def test_a_shared_answer_is_reused_only_within_the_interval_and_keeps_its_time(prometheus: str) -> None:
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    try:
+        first = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        reused = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))
+        assert len(_Handler.seen) == 8 + 1  # shared, the 503 included (its one retry is the +1)
+        assert reused.collected_at == first.collected_at == T0  # the time the shared answer was asked
+        time.sleep(1.05)
+        meanwhile = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.1))
+        assert meanwhile.collected_at == T0  # older than the interval: served while the next one is asked
+        assert meanwhile.pods["a"].queue_length == 3.0
+        deadline = time.monotonic() + 5
+        while len(_Handler.seen) < 2 * (8 + 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(_Handler.seen) == 2 * (8 + 1)  # asked again, once
+        time.sleep(0.1)
+        renewed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.3))
+        assert renewed.collected_at == T0 + timedelta(seconds=1.1)
+        assert len(_Handler.seen) == 2 * (8 + 1)
+        time.sleep(2.1)  # more than two intervals: a pass waits for the new answer rather than use that one
+        late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.5))
+        assert late.collected_at == T0 + timedelta(seconds=3.5)
+    finally:
+        io.close()

@@ -59,13 +59,41 @@ def test_a_steady_pass_makes_no_get_once_the_object_is_verified(cluster):
     assert (fake.gets, fake.patches) == (1, 1)
 
 
-def test_a_changed_object_is_read_and_written_again(cluster):
+def test_a_changed_object_read_recently_is_written_without_a_get(cluster):
     adapter, fake = cluster
     adapter.apply(DESIRED, None, adopt=False)
     changed = json.loads(json.dumps(DESIRED))
     changed["spec"]["endpoints"][0]["weight"] = 9
     assert adapter.apply(changed, None, adopt=False).action == "updated"
-    assert (fake.gets, fake.patches) == (2, 2)
+    assert (fake.gets, fake.patches) == (1, 2)
+    assert fake.live == changed
+    assert adapter.apply(changed, None, adopt=False).action == "unchanged"
+    assert (fake.gets, fake.patches) == (1, 2)
+
+
+def test_a_changed_object_is_read_again_once_the_resync_interval_passed(cluster):
+    adapter, fake = cluster
+    adapter.apply(DESIRED, None, adopt=False)
+    adapter.resync_seconds = 0.0
+    changed = json.loads(json.dumps(DESIRED))
+    changed["spec"]["endpoints"][0]["weight"] = 9
+    fake.live = {**DESIRED, "metadata": {**DESIRED["metadata"], "labels": {}}}  # someone else's now
+    assert adapter.apply(changed, None, adopt=False).action == "refused"
+    assert fake.gets == 2
+
+
+def test_an_adopted_object_keeps_its_original_on_a_write_without_a_get(cluster):
+    adapter, fake = cluster
+    theirs = {**DESIRED, "metadata": {"name": "sluice-llama", "namespace": "llm", "labels": {"team": "x"}}}
+    fake.live = theirs
+    assert adapter.apply(DESIRED, None, adopt=True).action == "updated"
+    original = fake.live["metadata"]["annotations"]["sluice.dev/original"]
+    changed = json.loads(json.dumps(DESIRED))
+    changed["spec"]["endpoints"][0]["weight"] = 9
+    assert adapter.apply(changed, None, adopt=True).action == "updated"
+    assert (fake.gets, fake.patches) == (1, 2)
+    assert fake.live["metadata"]["annotations"]["sluice.dev/original"] == original
+    assert fake.live["spec"] == changed["spec"]
 
 
 def test_an_object_is_read_again_after_the_resync_interval(cluster):

@@ -71,3 +71,26 @@ def test_pods_that_leave_the_pool_leave_the_weight_series() -> None:
     metrics.record(report([{"pod": "a", "weight": 5, "state": "Routable"}]))
     assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="b", revision="") is None
     assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="a", revision="") == 5
+
+
+def test_pass_timing_is_operator_wide_and_counts_the_pools_that_are_behind() -> None:
+    metrics = OperatorMetrics()
+    metrics.timing("llm/a", lag=0.2, queued=0.1, interval=5.0, started_at=1000.0)
+    metrics.timing("llm/b", lag=7.5, queued=6.0, interval=5.0, started_at=1001.0)
+    assert value(metrics, "sluice_pools_behind") == 1
+    assert value(metrics, "sluice_pass_lag_last_seconds", pool="llm/b") == 7.5
+    assert value(metrics, "sluice_last_pass_timestamp_seconds", pool="llm/a") == 1000.0
+    assert value(metrics, "sluice_pass_lag_seconds_count") == 2  # one histogram, however many pools
+    metrics.timing("llm/b", lag=0.1, queued=0.0, interval=5.0, started_at=1006.0)
+    assert value(metrics, "sluice_pools_behind") == 0
+    metrics.timing("llm/a", lag=9.0, queued=0.0, interval=5.0, started_at=1010.0)
+    metrics.forget("llm/a")
+    assert value(metrics, "sluice_pools_behind") == 0
+    assert value(metrics, "sluice_pass_lag_last_seconds", pool="llm/a") is None
+
+
+def test_per_pod_series_can_be_left_out() -> None:
+    metrics = OperatorMetrics(pod_series=False)
+    metrics.record(report([{"pod": "a", "weight": 5, "state": "Routable"}]))
+    assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="a", revision="") is None
+    assert value(metrics, "sluice_endpoints", pool="llm/llama", state="Routable") == 1

@@ -123,8 +123,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if plan.events:
         err.write("events:\n" + "\n".join(_event_line(e) for e in plan.events) + "\n")
     if args.show_queries:
-        queries = build_queries(pool.spec, meta.namespace, [p.name for p in observed.pods])
-        err.write("queries:\n")
+        queries = build_queries(pool.spec, meta.namespace, [p.name for p in observed.pods], namespace_wide=True)
+        err.write("queries (namespace-wide, shared by the namespace's pools; each keeps its own pods):\n")
         for signal, query in queries.queries.items():
             err.write(f"  {signal}: {query}\n")
         if queries.unsupported:
@@ -147,12 +147,21 @@ def cmd_reference(_: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(
         kubeconfig=args.kubeconfig,
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        pod_metrics=not args.no_pod_metrics,
+        workers=args.workers,
         peering=args.peering,
         peering_lifetime=args.peering_lifetime,
         shards=args.shards,
@@ -235,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="KopfPeering name for high availability (several replicas, one active)")
     run.add_argument("--priority", type=int, help="this replica's peering priority (default: random)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
+    run.add_argument("--workers", type=_positive, default=8, help="threads running passes (default: 8)")
+    run.add_argument(
+        "--no-pod-metrics", action="store_true", help="no per-pod series on /metrics (large fleets: per-pool only)"
+    )
     run.add_argument(
         "--peering-lifetime", type=int, default=15, help="seconds before a silent replica's peering record expires"
     )

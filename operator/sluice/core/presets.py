@@ -1,7 +1,8 @@
 """Engine presets: the PromQL that reads each signal from vLLM, SGLang, TRT-LLM, Triton and TGI.
 
 Pure string building. Every query is a *vector* query over the whole pool (`sum by (<pod label>)`), one per
-signal per pool, never one per pod. Names substituted into PromQL are escaped, so a pod or namespace name cannot
+signal per pool, never one per pod; the operator asks for the namespace-wide form (`namespace_wide`), which all
+pools of a namespace share. Names substituted into PromQL are escaped, so a pod or namespace name cannot
 change the query. Called by the Prometheus I/O module and by `sluice plan --show-queries`.
 
 Template placeholders (presets and user overrides alike): `$selector` (namespace, pods and extra label matchers),
@@ -183,12 +184,19 @@ class QueryPlan:
     """`timestamp()` of a gauge per pod; None for engines without a preset (custom)."""
 
 
-def build_queries(spec: InferencePoolSpec, namespace: str, pod_names: list[str]) -> QueryPlan:
-    """One PromQL query per supported signal for the whole pool, overrides first, names escaped."""
+def build_queries(
+    spec: InferencePoolSpec, namespace: str, pod_names: list[str], namespace_wide: bool = False
+) -> QueryPlan:
+    """One PromQL query per supported signal for the whole pool, overrides first, names escaped.
+
+    `namespace_wide`: select by namespace (and extra labels) only, whatever the pool's size, so every pool of a
+    namespace with the same metrics settings renders the same query and one answer serves them all (the caller
+    keeps each pool's pods). A user template that uses `$pods` stays the pool's own.
+    """
     metrics = spec.metrics
     pods_regex = "|".join(escape_regex(name) for name in sorted(pod_names)) or "$^"
     matchers = [f'{metrics.namespace_label}="{escape_string(namespace)}"']
-    by_pod = len(pod_names) <= POD_REGEX_LIMIT
+    by_pod = len(pod_names) <= POD_REGEX_LIMIT and not namespace_wide
     if by_pod:
         matchers.append(f'{metrics.pod_label}=~"{escape_string(pods_regex)}"')
     matchers += [f'{key}="{escape_string(value)}"' for key, value in sorted(metrics.extra_labels.items())]

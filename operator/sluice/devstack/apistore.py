@@ -189,6 +189,21 @@ def now_rfc3339() -> str:
 # ------------------------------------------------------------------------------------------------ patches
 
 
+def parse_apply_body(body: bytes) -> Any:
+    """An apply configuration: JSON (what clients send; YAML's subset, parsed by the C parser) or YAML (libyaml's
+    loader when PyYAML has it; same documents, same errors, ~10x faster than the pure-Python one)."""
+    import yaml  # noqa: PLC0415 - only this path needs it
+
+    stripped = body.lstrip()
+    if stripped[:1] == b"{":
+        try:
+            return json.loads(stripped) or {}
+        except ValueError:
+            pass  # not JSON after all (YAML flow mappings look alike): the YAML parser decides
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(body, Loader=loader) or {}
+
+
 def merge_patch(target: JSON, patch: JSON) -> JSON:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
@@ -402,7 +417,14 @@ class Store:
         if self.log and resource_version < self.log[0].resource_version - 1 and len(self.log) == self.log.maxlen:
             oldest = self.log[0].resource_version - 1
             raise ApiError(410, "Expired", f"too old resource version: {resource_version} ({oldest})")
-        return [e for e in self.log if e.key == rtype.key and e.resource_version > resource_version]
+        newer: list[WatchEvent] = []
+        for event in reversed(self.log):  # the log is in resourceVersion order: read back to the watcher's
+            if event.resource_version <= resource_version:
+                break
+            if event.key == rtype.key:
+                newer.append(event)
+        newer.reverse()
+        return newer
 
     # ---- writes
 
@@ -602,15 +624,13 @@ class Store:
         force: bool,
     ) -> dict[str, Any]:
         """Server-side apply, with conflicts against the fields other managers own (see `apiownership`)."""
-        import yaml  # noqa: PLC0415 - only this path needs it
-
         if not manager:
             raise ApiError(
                 422,
                 "Invalid",
                 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
             )
-        applied = yaml.safe_load(body) or {}
+        applied = parse_apply_body(body)
         bucket = self.bucket(rtype)
         ns = (namespace or "") if rtype.namespaced else ""
         if (ns, name) not in bucket:

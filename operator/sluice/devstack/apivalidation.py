@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -403,17 +404,11 @@ class _Walker:
                 value = {**value, "metadata": self.root_metadata[0]}
                 if isinstance(old, dict) and self.root_metadata[1] is not None:
                     old = {**old, "metadata": self.root_metadata[1]}
-            activation = {"self": _to_cel(schema, value)}
-            if uses_old:
-                activation["oldSelf"] = _to_cel(schema, old)
             target = _join(path, rule["fieldPath"].removeprefix(".")) if rule.get("fieldPath") else path
             # kube-apiserver reports the schema type as the bad value, not the value itself.
             bad_value = f'"{schema.get("type", "")}"'
             rule_text = (rule.get("message") or text).strip()
-            try:
-                outcome = _program(text).evaluate(activation)
-            except CELEvalError as failure:
-                outcome = failure
+            outcome = _evaluate(schema, text, value, old, uses_old)
             if isinstance(outcome, CELEvalError):
                 self.error(
                     target, "Invalid value", f"{bad_value}: {_cel_error_text(outcome)} evaluating rule: {rule_text}"
@@ -427,6 +422,39 @@ class _Walker:
                     self.error(target, "Forbidden", message)
                 else:
                     self.error(target, "Invalid value", f"{bad_value}: {message}")
+
+
+_OUTCOMES: dict[tuple[int, str, str, str], tuple[dict[str, Any], Any]] = {}
+"""(schema node, rule, self, oldSelf as canonical JSON) -> (the node, the rule's outcome). A rule sees nothing but
+its activation (built from the value by the node's schema), so an unchanged value under the same rule and node
+has the same outcome; a changed one is a new key and is evaluated. The node is kept with the outcome, so its id
+is not reused while the entry lives. Bounded: cleared when full (the hot keys come back at once)."""
+_OUTCOMES_LIMIT = 200_000
+
+
+def _evaluate(schema: dict[str, Any], text: str, value: JSON, old: JSON, uses_old: bool) -> Any:
+    """A CEL rule's outcome (a value or the CELEvalError), evaluated once per distinct (node, rule, self, oldSelf)."""
+    try:
+        old_key = json.dumps(old, sort_keys=True) if uses_old else ""
+        key = (id(schema), text, json.dumps(value, sort_keys=True), old_key)
+    except (TypeError, ValueError):  # not JSON (cannot come from a request body): no memo
+        key = None
+    if key is not None:
+        seen = _OUTCOMES.get(key)
+        if seen is not None and seen[0] is schema:
+            return seen[1]
+    activation = {"self": _to_cel(schema, value)}
+    if uses_old:
+        activation["oldSelf"] = _to_cel(schema, old)
+    try:
+        outcome = _program(text).evaluate(activation)
+    except CELEvalError as failure:
+        outcome = failure
+    if key is not None:
+        if len(_OUTCOMES) >= _OUTCOMES_LIMIT:
+            _OUTCOMES.clear()
+        _OUTCOMES[key] = (schema, outcome)
+    return outcome
 
 
 def _cel_error_text(failure: CELEvalError) -> str:

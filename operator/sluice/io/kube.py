@@ -13,11 +13,13 @@ import base64
 import copy
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -28,7 +30,16 @@ from sluice.core.events import Event
 from sluice.core.observed import ObservedPod
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.istio.kinds import ISTIO_KINDS
-from sluice.istio.ownership import MANAGED_BY, POOL_LABEL, decide, release
+from sluice.istio.ownership import (
+    MANAGED_BY,
+    ORIGINAL_ANNOTATION,
+    POOL_LABEL,
+    as_adopted,
+    decide,
+    original_of,
+    ownership,
+    release,
+)
 
 FIELD_MANAGER = "sluice"
 APPLY = "application/apply-patch+yaml"
@@ -61,15 +72,41 @@ def observed_pod(pod: dict[str, Any]) -> ObservedPod:
     )
 
 
-def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
-    """In-cluster configuration when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+@dataclass(frozen=True)
+class Verified:
+    """An Istio object as this process last read or wrote it: what it wanted, and whose the object was."""
+
+    desired: dict[str, Any]
+    adopt: bool
+    original: str | None
+    """The adopted object's original (None: the object is sluice's own)."""
+    read_at: float
+    """When the object was last read (monotonic); writes without a read do not extend it."""
+
+
+class PodSource(Protocol):
+    """Pods kept current by a watch (`sluice.runtime.podcache`), seeded by one list per namespace."""
+
+    def seeded(self, namespace: str) -> bool: ...
+
+    def begin_seed(self, namespace: str) -> None: ...
+
+    def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None: ...
+
+    def select(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]: ...
+
+
+def load_api_client(kubeconfig: str | None = None, connections: int | None = None) -> k8s.ApiClient:
+    """In-cluster configuration when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config);
+    `connections`: keep at least that many open (the client's default is 5 per CPU)."""
+    configuration = k8s.Configuration()
     try:
-        k8s_config.load_incluster_config()
-        return k8s.ApiClient()
+        k8s_config.load_incluster_config(client_configuration=configuration)
     except k8s_config.ConfigException:
-        configuration = k8s.Configuration()
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        return k8s.ApiClient(configuration)
+    if connections is not None:
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
+    return k8s.ApiClient(configuration)
 
 
 USER_AGENT = f"sluice-operator/{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}"
@@ -95,8 +132,13 @@ class KubeCluster:
         # An object this process applied (or found equal) is not read again while the pass still wants the same
         # thing, for up to `resync_seconds`: a steady pass makes no GET. Edits or deletions by others are
         # corrected at the next resync.
+        # A changed object read within `resync_seconds` is written without a GET too: ownership was decided when
+        # it was last read (ours, or adopted with its original), and server-side apply needs no resourceVersion.
         self.resync_seconds = resync_seconds
-        self._verified: dict[tuple[str, str, str], tuple[tuple[dict[str, Any], bool], float]] = {}
+        self._verified: dict[tuple[str, str, str], Verified] = {}
+        self.pod_cache: PodSource | None = None
+        self._seeding: dict[str, threading.Lock] = {}
+        """Pods from the operator's own pod watch; `pods` lists each namespace once to seed it (every call, if None)."""
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
 
@@ -110,6 +152,15 @@ class KubeCluster:
     # ---- reads
 
     def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
+        cache = self.pod_cache
+        if cache is not None:
+            if not cache.seeded(namespace):  # once per namespace: the watch keeps it current from then on
+                with self._seeding.setdefault(namespace, threading.Lock()):  # one list; the other passes wait
+                    if not cache.seeded(namespace):
+                        cache.begin_seed(namespace)
+                        answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
+                        cache.finish_seed(namespace, _json(answer).get("items", []))
+            return cache.select(namespace, match_labels)
         selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
         answer = _call(
             lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
@@ -156,21 +207,37 @@ class KubeCluster:
         meta = desired["metadata"]
         kind, name, namespace = desired["kind"], meta["name"], meta["namespace"]
         key = (namespace, kind, name)
-        seen = self._verified.get(key)
-        if seen is not None and seen[0] == (desired, adopt) and time.monotonic() - seen[1] < self.resync_seconds:
-            return WriteResult(kind, name, "unchanged")  # what this process verified recently: no GET
-        self._verified.pop(key, None)
+        seen = self._verified.pop(key, None)
+        if seen is not None and seen.adopt == adopt and time.monotonic() - seen.read_at < self.resync_seconds:
+            if seen.desired == desired:
+                self._verified[key] = seen
+                return WriteResult(kind, name, "unchanged")  # what this process verified recently: no GET
+            body = desired if seen.original is None else as_adopted(desired, seen.original)
+            self._patch(kind, namespace, name, body)  # read recently: ours (or adopted), so no GET
+            self._verified[key] = Verified(copy.deepcopy(desired), adopt, seen.original, seen.read_at)
+            return WriteResult(kind, name, "updated")
         live = self._get(kind, namespace, name)
+        read_at = time.monotonic()
         decision = decide(live, desired, pool_uid, adopt)
         if decision.action == "refuse":
             return WriteResult(kind, name, "refused", f"{kind} {namespace}/{name} exists and is not managed by sluice")
+        owner, original = ownership(live, pool_uid), None
+        if live is not None and owner == "adopted":
+            original = str(live["metadata"]["annotations"][ORIGINAL_ANNOTATION])
+        elif live is not None and owner == "foreign":
+            original = original_of(live)  # adopted by this write
         if decision.action == "unchanged" or decision.body is None:
-            self._verified[key] = ((copy.deepcopy(desired), adopt), time.monotonic())
+            self._verified[key] = Verified(copy.deepcopy(desired), adopt, original, read_at)
             return WriteResult(kind, name, "unchanged")
         if decision.action == "restore":
             self._replace(decision.body)
             return WriteResult(kind, name, "restored", f"{kind} {namespace}/{name} given back to its owner")
-        k, body = ISTIO_KINDS[kind], decision.body
+        self._patch(kind, namespace, name, decision.body)
+        self._verified[key] = Verified(copy.deepcopy(desired), adopt, original, read_at)  # once the write succeeded
+        return WriteResult(kind, name, "created" if live is None else "updated")
+
+    def _patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+        k = ISTIO_KINDS[kind]
         _call(
             lambda: self.custom.patch_namespaced_custom_object(
                 k.group,
@@ -184,8 +251,6 @@ class KubeCluster:
                 _content_type=APPLY,
             )
         )
-        self._verified[key] = ((copy.deepcopy(desired), adopt), time.monotonic())  # only once the write succeeded
-        return WriteResult(kind, name, "created" if live is None else "updated")
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
         self._verified.pop((namespace, key.kind, key.name), None)

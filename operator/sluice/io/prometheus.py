@@ -1,9 +1,10 @@
 """Prometheus I/O: run a pool's preset queries with prometheus-api-client and turn the answers into signals.
 
-One vector query per signal per pool (built by `sluice.core.presets`; pools above a few hundred pods select by
-namespace so the request stays short), run concurrently with the pool's timeout, bearer token and CA bundle,
-and one retry on a dropped connection or a 502/503/504. Every failure is kept per signal (`SignalSnapshot.failed`),
-so the core freezes weights and the pool says why: a failed, slow or partial answer is never read as zero.
+One namespace-wide vector query per signal (built by `sluice.core.presets`), shared by every pool of the namespace
+that renders the same query within its interval and split by pod here (see `PromIO`), run concurrently with the
+pool's timeout, bearer token and CA bundle, and one retry on a dropped connection or a 502/503/504. Every
+failure is kept per signal (`SignalSnapshot.failed`), so the core freezes weights and the pool says why: a
+failed, slow or partial answer is never read as zero.
 Called by the reconciler, in a worker thread (the client is blocking).
 """
 
@@ -13,7 +14,10 @@ import math
 import re
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -99,14 +103,43 @@ def describe_failure(failure: Exception) -> str:
     return str(failure).replace("\n", " ")[:200]
 
 
-class PromIO:
-    """Prometheus clients per (URL, credentials), reused across passes."""
+@dataclass
+class _Answer:
+    """One query's answer, split by pod, shared by the pools that render the same query."""
 
-    def __init__(self) -> None:
+    asked_at: datetime
+    """The `now` of the pass that asked (the time its pools' signals are from)."""
+    monotonic: float
+    done: Future[dict[str, list[dict[str, Any]]]]
+
+
+class PromIO:
+    """Prometheus clients per (URL, credentials), reused across passes, and answers shared across pools.
+
+    Pools of one namespace with the same metrics settings render the same namespace-wide queries
+    (`build_queries(..., namespace_wide=True)`). The first pass to need a query runs it; the answer, split by
+    pod, serves every pass that needs the same query (same URL, credentials, timeout, pod label) within the
+    asking pool's `interval` — so Prometheus sees one query per (namespace, URL, signal) per interval, not one
+    per pool. When it is older, the next pass starts the next query and, while it runs, passes keep using the
+    previous answer (up to two intervals old) rather than queueing behind it; without one, they wait for it.
+    A failed query is a failure for every pool it serves, for the same time (each freezes its weights and says
+    why, as it would have alone). Signals judged from a shared answer carry the time it was asked
+    (`collected_at`), and freshness comes from the samples' own timestamps, so sharing never makes old data
+    look new.
+    """
+
+    def __init__(self, max_workers: int = 4) -> None:
         self._clients: dict[tuple[Any, ...], PrometheusConnect] = {}
         self._ca_files: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sluice-prom")
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sluice-prom")
+        self._answers: dict[tuple[Any, ...], _Answer] = {}
+        """The newest completed answer per query."""
+        self._pending: dict[tuple[Any, ...], _Answer] = {}
+        """The query being asked, per query."""
+        self._swept = time.monotonic()
+        self.queries_sent = 0
+        """Queries sent to Prometheus so far (all pools)."""
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -140,34 +173,96 @@ class PromIO:
             self._ca_files[pem] = path
         return path
 
+    def _shared(
+        self, key: tuple[Any, ...], ttl: float, now: datetime, fetch: Callable[[], list[dict[str, Any]]], label: str
+    ) -> _Answer:
+        """The answer to `key` to use now.
+
+        An answer asked within `ttl` seconds serves as it is. An older one starts the next (once), and keeps
+        serving while that runs if it is younger than `2 * ttl` and succeeded, so passes do not queue behind a
+        slow query; otherwise the pass waits for the new one.
+        """
+        at = time.monotonic()
+        with self._lock:
+            if at - self._swept > 60:
+                self._sweep(at)
+            answer = self._answers.get(key)
+            pending = self._pending.get(key)
+            if answer is not None and at - answer.monotonic < ttl:
+                return answer
+            if pending is None:
+                pending = _Answer(now, at, Future())
+                self._pending[key] = pending
+                self.queries_sent += 1
+                self._pool.submit(self._fetch, key, pending, fetch, label)
+            usable = answer is not None and at - answer.monotonic < 2 * ttl and answer.done.exception() is None
+            return answer if usable and answer is not None else pending
+
+    def _fetch(
+        self, key: tuple[Any, ...], answer: _Answer, fetch: Callable[[], list[dict[str, Any]]], label: str
+    ) -> None:
+        try:
+            by_pod: dict[str, list[dict[str, Any]]] = {}
+            for item in fetch():
+                by_pod.setdefault(str(item.get("metric", {}).get(label)), []).append(item)
+            answer.done.set_result(by_pod)
+        except BaseException as failure:  # handed to every pass that waits for it
+            answer.done.set_exception(failure)
+        with self._lock:
+            self._answers[key] = answer
+            if self._pending.get(key) is answer:
+                del self._pending[key]
+
+    def _sweep(self, at: float) -> None:
+        self._swept = at
+        for key in [k for k, a in self._answers.items() if a.done.done() and at - a.monotonic > 600]:
+            del self._answers[key]
+
     def read_signals(
         self, spec: InferencePoolSpec, namespace: str, pod_names: list[str], auth: PromAuth, now: datetime
     ) -> SignalSnapshot:
-        plan = build_queries(spec, namespace, pod_names)
-        client = self._client(spec.metrics.prometheus_url, auth, spec.metrics.timeout)
-        params = {"timeout": f"{spec.metrics.timeout:g}s"}
+        plan = build_queries(spec, namespace, pod_names, namespace_wide=True)
+        metrics = spec.metrics
+        client = self._client(metrics.prometheus_url, auth, metrics.timeout)
+        params = {"timeout": f"{metrics.timeout:g}s"}
 
-        def run(query: str) -> list[dict[str, Any]]:
-            result = client.custom_query(query, params=params)
-            return list(result) if isinstance(result, list) else []
+        def runner(query: str) -> Callable[[], list[dict[str, Any]]]:
+            def run() -> list[dict[str, Any]]:
+                result = client.custom_query(query, params=params)
+                return list(result) if isinstance(result, list) else []
+
+            return run
 
         queries: dict[str, str] = {str(name): query for name, query in plan.queries.items()}
         if plan.freshness is not None:
             queries[FRESHNESS_KEY] = plan.freshness
-        futures = {signal: self._pool.submit(run, query) for signal, query in queries.items()}
+        asked = {
+            signal: self._shared(
+                (metrics.prometheus_url, auth, metrics.timeout, metrics.pod_label, query),
+                spec.interval,
+                now,
+                runner(query),
+                metrics.pod_label,
+            )
+            for signal, query in queries.items()
+        }
         answers: dict[str, list[dict[str, Any]]] = {}
         failed: dict[str, str] = {}
-        for signal, future in futures.items():
+        collected_at = now
+        for signal, answer in asked.items():
             try:
-                answers[signal] = future.result(timeout=spec.metrics.timeout + 2)
+                by_pod = answer.done.result(timeout=metrics.timeout + 2)
             except (PrometheusApiClientException, requests.RequestException, TimeoutError, ValueError) as failure:
                 failed[signal] = describe_failure(failure)
+                continue
+            answers[signal] = [item for pod in pod_names for item in by_pod.get(pod, ())]
+            collected_at = min(collected_at, answer.asked_at)
         freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness is not None else None
         if plan.freshness is not None and freshness is None:
             freshness = []  # the freshness query failed: it is in `failed`, which freezes the pool
         signal_answers = {cast(SignalName, name): series for name, series in answers.items()}
         return to_snapshot(
-            signal_answers, failed, plan.unsupported, set(pod_names), spec.metrics.pod_label, now, freshness
+            signal_answers, failed, plan.unsupported, set(pod_names), metrics.pod_label, collected_at, freshness
         )
 
 

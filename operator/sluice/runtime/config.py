@@ -15,6 +15,11 @@ class OperatorConfig:
     metrics_address: str = "0.0.0.0"
     peering: str | None = None
     """KopfPeering name (high availability); None: standalone."""
+    workers: int = 8
+    """Worker threads running passes (each pass blocks one on its HTTP calls); the Kubernetes client keeps as many
+    connections open, so no call waits for a new TLS handshake."""
+    pod_metrics: bool = True
+    """Per-pod series (`sluice_endpoint_weight{pod}`) on /metrics; off: per-pool series only."""
     peering_lifetime: int = 15
     """Seconds after which a replica that stopped refreshing its peering record is replaced."""
     shards: int = 1

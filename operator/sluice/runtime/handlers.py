@@ -1,8 +1,10 @@
 """kopf handlers: thin adapters that parse once, call the reconciler and wake it.
 
 - startup/cleanup build and close the adapters from the `OperatorConfig` in kopf's memo (built by `sluice.cli`);
-- one daemon per InferencePool runs a pass every `spec.interval`, in a worker thread (the clients are blocking;
-  nothing blocks the event loop); the body is parsed once per pass into a `PoolSnapshot`;
+- one daemon per InferencePool runs a pass every `spec.interval` (one interval from the start of the previous
+  one), on a pool of `--workers` threads (the clients are blocking; nothing blocks the event loop); the body is
+  parsed once per pass into a `PoolSnapshot`;
+- every pod event feeds the pod cache the passes read (`sluice.runtime.podcache`);
 - a spec change, or a pod event that matters (restart, OOMKilled, readiness, deletion) for a pool selecting the
   pod, wakes that pool's daemon at once; these handlers are `async`, so they set the daemon's asyncio.Event on
   the event loop's own thread;
@@ -18,12 +20,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
 from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot, parse_snapshot
@@ -32,6 +35,7 @@ from sluice.io.kube import KubeCluster, load_api_client
 from sluice.io.prometheus import PromIO
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
+from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
 from sluice.runtime.sharding import FencedCluster, ShardLeases
@@ -54,6 +58,8 @@ class Runtime:
     wakers: dict[tuple[str | None, str], asyncio.Event] = field(default_factory=dict)
     shards: ShardLeases | None = None
     """With --shards > 1: the Leases this replica holds; a pool passes only while its shard is held."""
+    pods: PodCache = field(default_factory=PodCache)
+    workers: ThreadPoolExecutor | None = None
 
 
 def runtime_of(memo: Any) -> Runtime:
@@ -71,7 +77,9 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.peering.lifetime = config.peering_lifetime
     settings.peering.stealth = True
-    runtime.cluster = KubeCluster(load_api_client(config.kubeconfig))
+    runtime.workers = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="sluice-pass")
+    runtime.cluster = KubeCluster(load_api_client(config.kubeconfig, connections=config.workers + 4))
+    runtime.cluster.pod_cache = runtime.pods
     runtime.prom = PromIO()
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
     if config.shards > 1:
@@ -80,7 +88,9 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         )
         runtime.reconciler = Reconciler(FencedCluster(runtime.cluster, runtime.shards), runtime.prom)
         runtime.shards.start()
-    runtime.metrics = OperatorMetrics(runtime.registry)
+    # No `_created` twin of every counter and histogram on the page.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    runtime.metrics = OperatorMetrics(runtime.registry, pod_series=config.pod_metrics)
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
 
@@ -94,13 +104,16 @@ def cleanup(memo: Any, **_: Any) -> None:
     if runtime.prom is not None:
         with contextlib.suppress(Exception):
             runtime.prom.close()
+    if runtime.workers is not None:
+        runtime.workers.shutdown(wait=False, cancel_futures=True)
     if runtime.cluster is not None:
         with contextlib.suppress(Exception):
             runtime.cluster.close()
 
 
 def _selector(body: kopf.Body) -> dict[str, str]:
-    spec = parse_snapshot(_plain(body)).spec
+    # Every event of the pool (its own status writes included) re-indexes it: parse the spec, not the status.
+    spec = parse_snapshot(_plain({"metadata": body.get("metadata", {}), "spec": body.get("spec", {})})).spec
     return dict(spec.selector.match_labels) if spec is not None else {}
 
 
@@ -147,6 +160,7 @@ async def pool_loop(
             snapshot = _snapshot(body)
             uid = snapshot.meta.uid or ""
             submitted = time.monotonic()
+            interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
 
             def timed(snapshot: PoolSnapshot = snapshot) -> tuple[float, PassReport]:
                 if shards is None:
@@ -155,22 +169,22 @@ async def pool_loop(
                     return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
 
             try:
-                started, report = await asyncio.to_thread(timed)
+                started, report = await asyncio.get_running_loop().run_in_executor(runtime.workers, timed)
             except Exception:  # a pass that crashed is logged, reported in the status, and retried
                 log.exception("pass failed for %s", snapshot.key)
                 metrics.passes.labels(snapshot.key, "error").inc()
             else:
                 metrics.record(report)
-                metrics.timing(report.pool, lag=started - due, queued=started - submitted)
+                wall = time.time() - (time.monotonic() - started)
+                metrics.timing(report.pool, started - due, started - submitted, interval, wall)
                 written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
                 log.info(
                     "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
                 )
-            interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
-            due = submitted + interval  # a wake-up before that is early, never late
-            await asyncio.sleep(MIN_GAP)
+            due = submitted + interval  # the next pass is due one interval after this one began
+            await asyncio.sleep(MIN_GAP)  # however late, and a wake-up before `due` is early, never late
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waker.wait(), timeout=max(0.0, interval - MIN_GAP))
+                await asyncio.wait_for(waker.wait(), timeout=max(0.0, due - time.monotonic()))
     finally:
         runtime.wakers.pop((namespace, name), None)
         reconciler.forget(uid)
@@ -229,9 +243,14 @@ async def pod_event(
     event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
 ) -> None:
     pools_by_namespace: kopf.Index[str | None, tuple[str, dict[str, str]]] = kwargs["pools_by_namespace"]
-    if not pod_matters(str(event.get("type")), dict(event.get("object") or {})):
-        return
     runtime = runtime_of(memo)
+    pod: dict[str, Any] = dict(event.get("object") or {})
+    if event.get("type") == "DELETED":
+        runtime.pods.drop(namespace or "", str(pod.get("metadata", {}).get("name", "")))
+    else:
+        runtime.pods.put(namespace or "", pod)  # the pod cache (`sluice.runtime.podcache`)
+    if not pod_matters(str(event.get("type")), pod):
+        return
     for name, selector in pools_by_namespace.get(namespace, []):
         if selector and all(labels.get(k) == v for k, v in selector.items()):
             _waker(runtime, namespace, name).set()

@@ -1,13 +1,16 @@
 """The operator's own Prometheus metrics (prometheus-client), updated from each pass's report.
 
-Series (all labelled by `pool` = namespace/name):
+Series (labelled by `pool` = namespace/name unless marked operator-wide; see docs/metrics.md for cardinality):
 | metric | type | meaning |
 |---|---|---|
 | `sluice_reconcile_duration_seconds` | histogram | time of one pass (observe, plan, apply, status) |
 | `sluice_reconcile_total{result}` | counter | passes: `ok`, `invalid_spec`, `error` |
-| `sluice_pass_lag_seconds` | histogram | how late a pass started after it was due (an operator that cannot keep up) |
-| `sluice_pass_queue_seconds` | histogram | time a pass waited for a worker thread (not in the duration above) |
-| `sluice_prometheus_query_seconds` | histogram | time to read a pool's signals |
+| `sluice_pass_lag_seconds` | histogram | operator-wide: how late passes started after they were due |
+| `sluice_pass_queue_seconds` | histogram | operator-wide: time passes waited for a worker thread |
+| `sluice_pass_lag_last_seconds` | gauge | how late the pool's last pass started |
+| `sluice_last_pass_timestamp_seconds` | gauge | when the pool's last pass started (status written or not) |
+| `sluice_pools_behind` | gauge | operator-wide: pools whose last pass started more than one interval late |
+| `sluice_prometheus_query_seconds` | histogram | operator-wide: time to read a pool's signals |
 | `sluice_prometheus_query_errors_total{signal}` | counter | failed queries, per signal |
 | `sluice_metrics_available` | gauge | 1 when signals are fresh, 0 when weights are frozen |
 | `sluice_endpoint_weight{pod,revision}` | gauge | published endpoint weight (0 = removed) |
@@ -22,6 +25,8 @@ Series (all labelled by `pool` = namespace/name):
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sluice.api.v1alpha1 import InferencePoolStatus
@@ -32,7 +37,7 @@ STATES = ("Routable", "Zeroed", "Recovering")
 
 
 class OperatorMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, pod_series: bool = True) -> None:
         r = registry or CollectorRegistry()
         self.registry = r
         self.duration = Histogram(
@@ -44,24 +49,29 @@ class OperatorMetrics:
         )
         self.passes = Counter("sluice_reconcile", "Reconcile passes.", ["pool", "result"], registry=r)
         lag_buckets = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+        # Operator-wide (no pool label): how the process keeps up is one distribution, and 1000 pools x 14 series
+        # each would dominate the page. The pool that is behind is in `sluice_pass_lag_last_seconds{pool}`.
         self.pass_lag = Histogram(
-            "sluice_pass_lag_seconds",
-            "How late a pass started after it was due.",
-            ["pool"],
-            registry=r,
-            buckets=lag_buckets,
+            "sluice_pass_lag_seconds", "How late passes started after they were due.", registry=r, buckets=lag_buckets
         )
         self.queue_wait = Histogram(
-            "sluice_pass_queue_seconds",
-            "Time a pass waited for a worker thread.",
+            "sluice_pass_queue_seconds", "Time passes waited for a worker thread.", registry=r, buckets=lag_buckets
+        )
+        self.lag_last = Gauge(
+            "sluice_pass_lag_last_seconds", "How late the pool's last pass started.", ["pool"], registry=r
+        )
+        self.last_pass = Gauge(
+            "sluice_last_pass_timestamp_seconds",
+            "When the pool's last pass started (Unix time), status written or not.",
             ["pool"],
             registry=r,
-            buckets=lag_buckets,
+        )
+        self.behind = Gauge(
+            "sluice_pools_behind", "Pools whose last pass started more than one interval late.", registry=r
         )
         self.query_seconds = Histogram(
             "sluice_prometheus_query_seconds",
-            "Reading a pool's signals.",
-            ["pool"],
+            "Reading a pool's signals (shared answers included).",
             registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
@@ -86,6 +96,8 @@ class OperatorMetrics:
         self.status_writes = Counter("sluice_status_writes", "Status writes.", ["pool", "result"], registry=r)
         self.events = Counter("sluice_events", "Kubernetes Events emitted.", ["pool", "reason"], registry=r)
         self._pods: dict[str, set[tuple[str, str]]] = {}
+        self._behind: set[str] = set()
+        self.pod_series = pod_series
 
     def record(self, report: PassReport) -> None:
         """Update every series from one pass's report."""
@@ -93,7 +105,7 @@ class OperatorMetrics:
         self.duration.labels(pool).observe(report.seconds)
         self.passes.labels(pool, report.result).inc()
         if report.prometheus_seconds is not None:
-            self.query_seconds.labels(pool).observe(report.prometheus_seconds)
+            self.query_seconds.observe(report.prometheus_seconds)
         for signal in report.signal_failures:
             self.query_errors.labels(pool, signal).inc()
         for write in report.writes:
@@ -108,11 +120,11 @@ class OperatorMetrics:
         metrics = next((c for c in status.conditions if c.type == "MetricsAvailable"), None)
         if metrics is not None:
             self.metrics_available.labels(pool).set(1.0 if metrics.status == "True" else 0.0)
-        seen = {(row.pod, row.revision or "") for row in status.endpoints}
+        seen = {(row.pod, row.revision or "") for row in status.endpoints} if self.pod_series else set()
         for pod, revision in self._pods.get(pool, set()) - seen:
             self.weight.remove(pool, pod, revision)
         self._pods[pool] = seen
-        for row in status.endpoints:
+        for row in status.endpoints if self.pod_series else ():
             self.weight.labels(pool, row.pod, row.revision or "").set(row.weight)
         for state in STATES:
             self.endpoints.labels(pool, state).set(sum(1 for row in status.endpoints if row.state == state))
@@ -123,10 +135,24 @@ class OperatorMetrics:
         for phase in PHASES:
             self.canary_phase.labels(pool, phase).set(1.0 if canary is not None and canary.phase == phase else 0.0)
 
-    def timing(self, pool: str, lag: float, queued: float) -> None:
-        self.pass_lag.labels(pool).observe(max(0.0, lag))
-        self.queue_wait.labels(pool).observe(max(0.0, queued))
+    def timing(self, pool: str, lag: float, queued: float, interval: float, started_at: float) -> None:
+        """A pass's start: `lag` seconds after it was due, `queued` of them waiting for a worker thread."""
+        lag = max(0.0, lag)
+        self.pass_lag.observe(lag)
+        self.queue_wait.observe(max(0.0, queued))
+        self.lag_last.labels(pool).set(lag)
+        self.last_pass.labels(pool).set(started_at)
+        if lag > interval:
+            self._behind.add(pool)
+        else:
+            self._behind.discard(pool)
+        self.behind.set(len(self._behind))
 
     def forget(self, pool: str) -> None:
         for pod, revision in self._pods.pop(pool, set()):
             self.weight.remove(pool, pod, revision)
+        self._behind.discard(pool)
+        self.behind.set(len(self._behind))
+        for gauge in (self.lag_last, self.last_pass):
+            with contextlib.suppress(KeyError):
+                gauge.remove(pool)

@@ -1,0 +1,26 @@
+"""`make bench-scale` keeps working, and a steady pass costs what the design says: a short run of 5 pools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sluice.bench.scale import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_short_run_measures_every_pool_and_steady_passes_read_nothing(tmp_path: Path) -> None:
+    main(["--pools", "5", "--pods", "4", "--seconds", "12", "--warmup", "60", "--out", str(tmp_path)])
+    (result,) = json.loads((tmp_path / "results.json").read_text())
+    assert result["pools_with_status"] == 5
+    assert result["passes_per_second"] > 0
+    verbs = result["api_by_verb"]
+    assert not [call for call in verbs if call.startswith(("get ", "list "))], verbs  # no GET, no list per pass
+    # One query per signal (7 for vLLM) and one for sample times per interval for the whole namespace, not per pool.
+    assert result["promql_per_second"] * result["seconds"] <= 8 * (result["seconds"] / 5 + 2)
+    assert result["pass_age_max"] is not None
+    assert result["pass_age_max"] < 2 * 5
+    assert (tmp_path / "report.md").read_text().count("| 5 |") == 1

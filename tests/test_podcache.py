@@ -1,0 +1,113 @@
+"""The pod cache fed by the pod watch: a selector finds exactly the pods a label-selector list would."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any
+
+from kubernetes import client as k8s
+
+from sluice.io.kube import KubeCluster
+from sluice.runtime.podcache import PodCache
+
+
+def pod(name: str, labels: dict[str, str], ready: bool = True, ip: str = "10.0.0.1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_a_selector_matches_every_label_in_its_namespace_only():
+    cache = PodCache()
+    cache.put("llm", pod("a-1", {"app": "a", "tier": "gpu"}))
+    cache.put("llm", pod("a-2", {"app": "a", "tier": "cpu"}))
+    cache.put("llm", pod("b-1", {"app": "b", "tier": "gpu"}))
+    cache.put("other", pod("a-9", {"app": "a", "tier": "gpu"}))
+    assert [p.name for p in cache.select("llm", {"app": "a"})] == ["a-1", "a-2"]
+    assert [p.name for p in cache.select("llm", {"app": "a", "tier": "gpu"})] == ["a-1"]
+    assert [p.name for p in cache.select("llm", {"app": "c"})] == []
+    assert [p.name for p in cache.select("llm", {})] == ["a-1", "a-2", "b-1"]
+
+
+def test_an_event_replaces_the_pod_and_its_labels_and_a_deletion_removes_it():
+    cache = PodCache()
+    cache.put("llm", pod("a-1", {"app": "a"}))
+    cache.put("llm", pod("a-1", {"app": "b"}, ready=False))
+    assert cache.select("llm", {"app": "a"}) == []
+    (moved,) = cache.select("llm", {"app": "b"})
+    assert not moved.ready
+    cache.drop("llm", "a-1")
+    assert cache.select("llm", {"app": "b"}) == []
+    assert len(cache) == 0
+    cache.drop("llm", "a-1")  # a second DELETED is harmless
+
+
+class CountingCore:
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+        self.lists: list[dict[str, Any]] = []
+        self.during_list: Any = None
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        self.lists.append({"namespace": namespace, **kwargs})
+        if self.during_list is not None:
+            self.during_list()
+        return SimpleNamespace(data=json.dumps({"items": self.items}).encode())
+
+
+def test_the_first_pass_in_a_namespace_lists_it_once_then_the_watch_keeps_the_cache():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"}), pod("b-1", {"app": "b"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = cache = PodCache()
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1"]
+    assert [p.name for p in cluster.pods("llm", {"app": "b"})] == ["b-1"]
+    assert len(core.lists) == 1
+    assert "label_selector" not in core.lists[0]  # the whole namespace, once
+    cache.put("llm", pod("a-2", {"app": "a"}))  # the watch
+    cache.drop("llm", "a-1")
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-2"]
+    assert len(core.lists) == 1
+    cluster.pods("other", {"app": "a"})
+    assert len(core.lists) == 2  # another namespace is seeded on its own
+
+
+def test_what_the_watch_said_during_the_seeding_list_wins_over_the_list():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"}), pod("a-2", {"app": "a"}, ready=True)])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = cache = PodCache()
+
+    def watch_meanwhile() -> None:
+        cache.drop("llm", "a-1")  # deleted while the list was in flight
+        cache.put("llm", pod("a-2", {"app": "a"}, ready=False))  # and a-2 turned unready
+
+    core.during_list = watch_meanwhile
+    (left,) = cluster.pods("llm", {"app": "a"})
+    assert left.name == "a-2"
+    assert not left.ready
+
+
+def test_without_a_cache_every_call_lists_by_selector():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pods("llm", {"app": "a"})
+    cluster.pods("llm", {"app": "a"})
+    assert [c["label_selector"] for c in core.lists] == ["app=a", "app=a"]
+
+
+def test_passes_starting_together_in_a_namespace_list_it_once():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"})])
+    core.during_list = lambda: time.sleep(0.2)  # a slow list: the other passes arrive meanwhile
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = PodCache()
+    with ThreadPoolExecutor(max_workers=8) as workers:
+        found = list(workers.map(lambda _: cluster.pods("llm", {"app": "a"}), range(8)))
+    assert len(core.lists) == 1
+    assert all([p.name for p in pods] == ["a-1"] for pods in found)
