@@ -337,3 +337,29 @@ def test_the_shadow_clock_runs_only_while_the_mirror_is_rendered():
     assert trail_back[0][1:] == ("Shadow", "Shadow", 0, 50.0)
     first_live = next(t for t, _, stage, _, _ in trail_back if stage == "Live")
     assert first_live >= 60  # the forced minutes did not count as shadow time
+
+
+def test_stale_candidate_signals_are_not_evidence_the_shadow_holds_inconclusive_naming_the_pod():
+    """The candidate's scrape stops after t=0: its last values are not numbers to judge it on."""
+    s = spec(canary=CANARY, metrics={"staleAfter": "15s"})
+    status = None
+    plans = []
+    for t in range(0, 121, 10):
+        sampled = {"v1-a": at(t), "v1-b": at(t), "v2-a": at(0)}
+        seen = observed(STABLE + CAND, signals(None), at(t), sampled_at=sampled, freshness_known=True)
+        plan = plan_pass(s, 1, seen, status, at(t))
+        status = InferencePoolStatus.model_validate(plan.status.model_dump(mode="json", by_alias=True))
+        plans.append((t, plan))
+    late = [(t, p) for t, p in plans if t >= 20]
+    row = next(r for r in late[-1][1].status.endpoints if r.pod == "v2-a")
+    assert row.verdict == "frozen"
+    for t, p in late:
+        c = p.status.canary
+        assert c is not None
+        assert c.stage == "Shadow", t
+        assert c.last_check in ("Inconclusive", "Pass"), t
+    last = plans[-1][1].status.canary
+    assert last is not None
+    assert last.last_check == "Inconclusive"
+    assert "stale signals for pod v2-a" in last.last_check_reason
+    assert "ShadowPassed" not in reasons(plans)

@@ -6,11 +6,12 @@ operator restart resumes at the same step. Events are derived from the previous 
 (`sluice.core.events`).
 
 Rules: a check runs at most once per `analysis.interval` (at once on a candidate incident); too little traffic,
-or an enabled gate without data, is Inconclusive — never Pass; a step advances only after `stepInterval` at that
-step *and* a passing check at that step; `maxFailedChecks` failed checks roll the candidate back, where it stays
-until the candidate revision changes; a new candidate restarts at the first step; a candidate with no routable
-pods waits with no traffic. When one side of the split has no healthy routable pod, the published split is
-forced to the other side, `splitForced` says why, and the rollout does not advance while it lasts.
+an enabled gate without data, or a routable candidate pod without fresh samples, is Inconclusive — never Pass; a
+step advances only after `stepInterval` at that step *and* a passing check at that step; `maxFailedChecks` failed
+checks roll the candidate back, where it stays until the candidate revision changes; a new candidate restarts at
+the first step; a candidate with no routable pods waits with no traffic. When one side of the split has no
+healthy routable pod, the published split is forced to the other side, `splitForced` says why, and the rollout
+does not advance while it lasts.
 
 Shadow (`spec.canary.shadow`): a new candidate first gets no live traffic, only a mirrored copy of
 `mirrorPercent` % of the stable revision's requests (Envoy discards the candidate's answers). It is judged by the
@@ -53,6 +54,8 @@ class RevisionStats:
     error_rate: float | None = None
     ttft_p95: float | None = None
     incidents: int = 0
+    stale_pods: tuple[str, ...] = ()
+    """Routable pods without fresh samples: their last values are not evidence, so no check can pass."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ def check(
         return Check("Fail", f"{candidate.incidents} candidate pod(s) zeroed for an incident")
     if not metrics_usable:
         return Check("Inconclusive", "metrics unavailable")
+    if candidate.stale_pods:
+        return Check("Inconclusive", f"stale signals for pod {', '.join(candidate.stale_pods)}: not evidence")
     if candidate.requests is None or candidate.requests < analysis.min_requests:
         seen = 0 if candidate.requests is None else round(candidate.requests)
         return Check("Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}")
