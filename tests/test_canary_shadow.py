@@ -363,3 +363,32 @@ def test_stale_candidate_signals_are_not_evidence_the_shadow_holds_inconclusive_
     assert last.last_check == "Inconclusive"
     assert "stale signals for pod v2-a" in last.last_check_reason
     assert "ShadowPassed" not in reasons(plans)
+
+
+def test_a_shadow_rollback_after_users_were_forced_to_the_candidate_does_not_claim_none_reached_it():
+    unready = [pod("v1-a", "a100", "v1", ready=False), pod("v1-b", "a100", "v1", ready=False)]
+    forced = drive(CANARY, sig(ttft=0.05, rps=2.0), 20, pods=unready + CAND)
+    assert forced[-1][1].revision_weights == {"v2": 100}
+    back = drive(CANARY, sig(ttft=0.05, rps=2.0, errors=0.08), 100, start=forced[-1][1].status)
+    c = back[-1][1].status.canary
+    assert c is not None
+    assert (c.phase, c.stage) == ("RolledBack", "Shadow")
+    assert c.served_users
+    assert "before any user request" not in c.message
+    assert "users were routed to it" in c.message
+    aborted = drive(CANARY, None, 10, start=forced[-1][1].status, ops={10: op("abort")})
+    c = aborted[-1][1].status.canary
+    assert c is not None
+    assert c.last_operation
+    assert c.phase == "RolledBack"
+    assert "before any user request" not in c.last_operation.message
+    assert "before any user request" not in c.message
+
+
+def test_a_shadow_that_never_served_users_says_so_in_the_status():
+    plans = drive(CANARY, sig(ttft=0.05, rps=2.0, errors=0.08), 100)
+    c = plans[-1][1].status.canary
+    assert c is not None
+    assert c.phase == "RolledBack"
+    assert not c.served_users
+    assert "before any user request" in c.message

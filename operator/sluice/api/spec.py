@@ -490,7 +490,8 @@ class CanarySpec(ApiModel):
     shadow: ShadowSpec | None = Field(
         default=None,
         description="Shadow phase before the first live step: mirrored traffic only, judged by its own analysis; "
-        "a failed shadow rolls back before any user request reaches the candidate.",
+        "a failed shadow rolls back before any user request reaches the candidate, unless the split was forced to "
+        "it because the stable revision had no healthy pod (status.canary.servedUsers).",
     )
 
 

@@ -138,6 +138,12 @@ class CanaryStatus(StatusModel):
     shadow_verdict: str | None = Field(
         default=None, description="How this rollout's shadow phase ended (passed, skipped, removed from the spec)."
     )
+    served_users: bool = Field(
+        default=False,
+        description="Sticky for the rollout: user requests have been routed to the candidate (a live step, or a "
+        "split forced to it because the stable revision had no healthy pod). A shadow rollback says that no user "
+        "request reached the candidate only while this is false.",
+    )
 
 
 class InferencePoolStatus(StatusModel):

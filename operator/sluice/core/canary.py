@@ -16,7 +16,8 @@ does not advance while it lasts.
 Shadow (`spec.canary.shadow`): a new candidate first gets no live traffic, only a mirrored copy of
 `mirrorPercent` % of the stable revision's requests (Envoy discards the candidate's answers). It is judged by the
 shadow's own analysis on its own signals under that load; `maxFailedChecks` failed checks roll it back before any
-user request reached it; after `duration` and a passing check it goes to the first live step. The shadow's clock
+user request reached it (unless the split was forced to it: `servedUsers`, sticky, and the message say so); after
+`duration` and a passing check taken with the mirror in place it goes to the first live step. The shadow's clock
 runs only while the mirror is rendered; the mirror is rendered only while the candidate has routable pods and the
 stage is Shadow (not after a rollback, nor once live), and `status.canary.mirrorPercent` is exactly what is
 rendered.
@@ -180,6 +181,11 @@ def forced_split(
     return None, None
 
 
+def _serves(weights: dict[str, int], candidate: str, cand: RevisionStats) -> bool:
+    """Whether the published routing sends user requests to the candidate (no split: every routable pod)."""
+    return weights.get(candidate, 0) > 0 or (not weights and cand.routable_pods > 0)
+
+
 def _split(stable: str | None, candidate: str, planned: int, forced_to: str | None) -> dict[str, int]:
     if forced_to is not None:
         return {forced_to: 100}
@@ -222,14 +228,17 @@ def step_canary(
     if previous.phase == "RolledBack":
         forced_to, why = forced_split(stable, candidate, revisions)
         forced_to = forced_to if forced_to == candidate else None  # serving beats a 503, nothing else overrides
+        weights = _split(stable, candidate, 0, forced_to)
+        served = previous.served_users or _serves(weights, candidate, revisions.get(candidate, RevisionStats()))
         status = previous.model_copy(
             update={
                 "weight": 100 if forced_to else 0,
                 "split_forced": why if forced_to else None,
                 "mirror_percent": None,
+                "served_users": served,
             }
         )
-        return CanaryOutcome(status, _split(stable, candidate, 0, forced_to))
+        return CanaryOutcome(status, weights)
     return _progress(spec, previous, revisions, metrics_usable, now)
 
 
@@ -295,6 +304,7 @@ def _progress(
         paused_by=state.paused_by,
         last_operation=state.last_operation,
         shadow_verdict=state.shadow_verdict,
+        served_users=state.served_users or _serves(weights, candidate, cand),
     )
     return CanaryOutcome(status.model_copy(update={"message": _message(spec, status, now)}), weights)
 
@@ -368,6 +378,7 @@ def _shadow(
         paused_by=state.paused_by,
         last_operation=state.last_operation,
         mirror_percent=mirror.percent if mirror else None,
+        served_users=state.served_users or _serves(weights, candidate, cand),
     )
     message = _shadow_message(shadow, status, now)
     return CanaryOutcome(status.model_copy(update={"message": message}), weights, mirror)
@@ -378,8 +389,8 @@ def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> 
     last = f"last check {status.last_check or 'pending'}: {status.last_check_reason or 'none yet'}"
     if status.phase == "RolledBack":
         return (
-            f"rolled back {candidate} in shadow after {status.failed_checks} failed checks, before any user "
-            f"request was routed to it: {status.last_check_reason}"
+            f"rolled back {candidate} in shadow after {status.failed_checks} failed checks, {_reached(status)}: "
+            f"{status.last_check_reason}"
         )
     if status.phase == "Waiting":
         return f"shadow: candidate {candidate} has no routable pods: no mirror rendered until it has"
@@ -394,6 +405,13 @@ def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> 
     if at >= shadow.duration and status.last_check != "Pass":
         return f"shadow: {mirror}; holding until a check passes ({last})"
     return f"shadow: {mirror}, {at:.0f}s of {shadow.duration:g}s; {last}"
+
+
+def _reached(status: CanaryStatus) -> str:
+    """Whether users reached a candidate rolled back in shadow, in words (the claim only when it is true)."""
+    if status.served_users:
+        return "after users were routed to it while the stable revision had no healthy pod"
+    return "before any user request was routed to it"
 
 
 def _promoted(

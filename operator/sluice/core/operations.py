@@ -8,7 +8,8 @@ state it finds and is either **Applied** or **Refused** with the reason; the rec
 - `skip-step`: go to the next step now, with the same gate; in shadow: end the shadow and go to the first live
   step (gated on a passing shadow check unless `force`);
 - `abort`: roll the candidate back now (it stays back until `retry` or a new candidate); in shadow no user request
-  has reached it;
+  has reached it, unless the split was forced to it because the stable revision had no healthy pod
+  (`servedUsers`);
 - `retry`: a rolled-back candidate again, from the shadow if the spec has one, else from the first step, failed
   checks forgotten;
 - `pause` / `resume`: hold / release the current step (like `spec.canary.paused`, but without touching the spec);
@@ -97,13 +98,16 @@ def apply_operation(spec: CanarySpec, state: CanaryStatus, operation: Operation,
             return Applied(
                 state, record(operation, now, False, f"retry needs a rolled-back rollout (phase {state.phase})")
             )
-        fresh = first_state(spec, state.stable_revision, state.candidate_revision, now)
+        fresh = first_state(spec, state.stable_revision, state.candidate_revision, now).model_copy(
+            update={"served_users": state.served_users}  # the same candidate: what it served stays true
+        )
         again = "in shadow first" if fresh.stage == "Shadow" else "from the first step"
         return Applied(fresh, record(operation, now, True, f"{state.candidate_revision} again {again}"))
     if rolled_back:
         return Applied(state, record(operation, now, False, "the rollout is rolled back: retry it first"))
     if op == "abort":
-        where = " in shadow, before any user request was routed to it" if state.stage == "Shadow" else ""
+        reached = "after users were routed to it" if state.served_users else "before any user request was routed to it"
+        where = f" in shadow, {reached}" if state.stage == "Shadow" else ""
         aborted = state.model_copy(
             update={
                 "phase": "RolledBack",
