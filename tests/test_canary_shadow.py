@@ -270,7 +270,13 @@ def test_skip_step_in_shadow_ends_the_shadow_only_after_a_passing_check_unless_f
     assert c.last_operation
     assert c.last_operation.forced
     assert c.shadow_verdict == "skipped by alice@prod (analysis skipped)"
-    passed = drive(CANARY, None, 10, ops={10: op("skip-step", "3")})  # the check at 0s passed
+    long = {**CANARY, "shadow": {**SHADOW, "duration": "10m"}}
+    early = drive(long, None, 10, ops={10: op("skip-step", "3")})  # the check at 0s passed, on no mirrored copy
+    c = early[-1][1].status.canary
+    assert c is not None
+    assert c.last_operation
+    assert (c.last_operation.result, c.stage) == ("Refused", "Shadow")
+    passed = drive(long, None, 70, ops={70: op("skip-step", "3")})  # the check at 60s: a whole window mirrored
     c = passed[-1][1].status.canary
     assert c is not None
     assert (c.stage, c.step_index, c.weight, c.mirror_percent) == ("Live", 0, 10, None)
@@ -280,7 +286,8 @@ def test_skip_step_in_shadow_ends_the_shadow_only_after_a_passing_check_unless_f
 
 
 def test_promote_from_shadow_needs_a_passing_shadow_check():
-    promoted = drive(CANARY, None, 10, ops={10: op("promote")})
+    long = {**CANARY, "shadow": {**SHADOW, "duration": "10m"}}
+    promoted = drive(long, None, 70, ops={70: op("promote")})
     c = promoted[-1][1].status.canary
     assert c is not None
     assert c.phase == "Promoted"
@@ -392,3 +399,25 @@ def test_a_shadow_that_never_served_users_says_so_in_the_status():
     assert c.phase == "RolledBack"
     assert not c.served_users
     assert "before any user request" in c.message
+
+
+def test_the_shadow_ends_only_on_a_check_whose_window_had_the_mirror_in_place():
+    """A check from the pass the mirror appeared (or before it) judged no mirrored copy: it cannot end the shadow."""
+    short = {**CANARY, "shadow": {**SHADOW, "duration": "10s", "analysis": {**SHADOW["analysis"], "interval": "60s"}}}
+    unready = [pod("v1-a", "a100", "v1", ready=False), pod("v1-b", "a100", "v1", ready=False)]
+    forced = drive(short, None, 0, pods=unready + CAND)  # a passing check with users forced to the candidate
+    assert forced[-1][1].status.canary
+    assert forced[-1][1].status.canary.last_check == "Pass"
+    back = drive(short, None, 120, start=forced[-1][1].status)  # the mirror is rendered from t=10 (window 60s)
+    first_live = next(t for t, _, stage, _, _ in trail(back) if stage == "Live")
+    assert first_live >= 70
+    held = next(p for t, p in back if t == 30).status.canary
+    assert held is not None
+    assert "of mirrored traffic passes" in held.message
+    refused = drive(short, None, 20, start=forced[-1][1].status, ops={20: op("skip-step", "7")})
+    c = refused[-1][1].status.canary
+    assert c is not None
+    assert c.last_operation
+    assert c.last_operation.result == "Refused"
+    assert "in shadow over 60s of mirrored traffic" in c.last_operation.message
+    assert c.stage == "Shadow"

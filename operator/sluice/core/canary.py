@@ -39,7 +39,14 @@ from sluice.api.v1alpha1 import (
     OperationRecord,
     ShadowSpec,
 )
-from sluice.core.operations import apply_operation, first_state, go_live, is_new, refuse_without_rollout
+from sluice.core.operations import (
+    apply_operation,
+    first_state,
+    go_live,
+    is_new,
+    mirrored_evidence,
+    refuse_without_rollout,
+)
 
 ACTIVE_PHASES: tuple[CanaryPhase, ...] = ("Shadow", "Progressing", "Paused", "Waiting")
 
@@ -57,6 +64,8 @@ class RevisionStats:
     incidents: int = 0
     stale_pods: tuple[str, ...] = ()
     """Routable pods without fresh samples: their last values are not evidence, so no check can pass."""
+    window: float = 0.0
+    """The span the figures cover (`metrics.window`): a check judges the last `window` seconds."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,7 @@ def step_canary(
     stable = pick_stable(spec, previous, revisions)
     candidate = spec.candidate_revision
     fresh_op = operation if is_new(operation, previous) else None
+    window = max((stats.window for stats in revisions.values()), default=0.0)
     remembered = previous.last_operation if previous else None
     if candidate is None or candidate == stable:
         record = refuse_without_rollout(fresh_op, now) if fresh_op else remembered
@@ -217,7 +227,7 @@ def step_canary(
         previous = first_state(spec, stable, candidate, now).model_copy(update={"last_operation": remembered})
     previous = previous.model_copy(update={"stable_revision": stable})
     if fresh_op is not None:
-        applied = apply_operation(spec, previous, fresh_op, now)
+        applied = apply_operation(spec, previous, fresh_op, now, window)
         previous = applied.state.model_copy(update={"last_operation": applied.record})
         if applied.effect == "promote":
             return _promoted(
@@ -239,7 +249,7 @@ def step_canary(
             }
         )
         return CanaryOutcome(status, weights)
-    return _progress(spec, previous, revisions, metrics_usable, now)
+    return _progress(spec, previous, revisions, metrics_usable, now, window)
 
 
 def _settled(stable: str | None, previous: CanaryStatus | None, operation: OperationRecord | None) -> CanaryOutcome:
@@ -262,9 +272,10 @@ def _progress(
     revisions: dict[str, RevisionStats],
     metrics_usable: bool,
     now: datetime,
+    window: float,
 ) -> CanaryOutcome:
     if state.stage == "Shadow" and spec.shadow is not None:
-        return _shadow(spec, spec.shadow, state, revisions, metrics_usable, now)
+        return _shadow(spec, spec.shadow, state, revisions, metrics_usable, now, window)
     candidate = state.candidate_revision or ""
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
@@ -316,8 +327,12 @@ def _shadow(
     revisions: dict[str, RevisionStats],
     metrics_usable: bool,
     now: datetime,
+    window: float,
 ) -> CanaryOutcome:
-    """The shadow stage: users stay on the stable revision; the candidate gets the mirror and is judged on it."""
+    """The shadow stage: users stay on the stable revision; the candidate gets the mirror and is judged on it.
+
+    The pass that ends it must be a check whose whole window (`metrics.window`) had the mirror in place: one taken
+    at least `window` seconds after the shadow's clock started (a check from before the mirror judged no copy)."""
     candidate = state.candidate_revision or ""
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
@@ -350,7 +365,8 @@ def _shadow(
         if state.phase == "Waiting" or state.mirror_percent is None:
             started = now  # the clock runs only while the mirror is rendered
         elapsed = (now - started).total_seconds()
-        if phase == "Shadow" and elapsed >= shadow.duration and result == "Pass":
+        evidence = mirrored_evidence(result, checked_at, started, window)
+        if phase == "Shadow" and elapsed >= shadow.duration and evidence:
             live = go_live(state, now, f"passed after {elapsed:.0f}s: {reason}")
             return _progress(
                 spec,
@@ -358,6 +374,7 @@ def _shadow(
                 revisions,
                 metrics_usable,
                 now,
+                window,
             )
     mirrored = phase in ("Shadow", "Paused") and users_on_stable and cand.routable_pods > 0
     mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
@@ -380,11 +397,11 @@ def _shadow(
         mirror_percent=mirror.percent if mirror else None,
         served_users=state.served_users or _serves(weights, candidate, cand),
     )
-    message = _shadow_message(shadow, status, now)
+    message = _shadow_message(shadow, status, now, window)
     return CanaryOutcome(status.model_copy(update={"message": message}), weights, mirror)
 
 
-def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> str:
+def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime, window: float) -> str:
     candidate = status.candidate_revision
     last = f"last check {status.last_check or 'pending'}: {status.last_check_reason or 'none yet'}"
     if status.phase == "RolledBack":
@@ -404,6 +421,13 @@ def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> 
     at = (now - status.step_started_at).total_seconds() if status.step_started_at else 0.0
     if at >= shadow.duration and status.last_check != "Pass":
         return f"shadow: {mirror}; holding until a check passes ({last})"
+    if at >= shadow.duration and not mirrored_evidence(
+        status.last_check, status.last_check_at, status.step_started_at, window
+    ):
+        return (
+            f"shadow: {mirror}; holding until a check over {window:g}s of mirrored traffic passes "
+            f"(metrics.window; the last passing check was taken before: {last})"
+        )
     return f"shadow: {mirror}, {at:.0f}s of {shadow.duration:g}s; {last}"
 
 

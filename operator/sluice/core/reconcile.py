@@ -159,6 +159,7 @@ def _aggregate(window: float, items: list[PodVerdict], allocations: dict[str, Al
     fresh = [v for v in items if v.kind not in ("frozen", "awaiting")]
     rated = [v for v in fresh if v.signals.request_rate is not None and v.signals.request_rate > 0]
     return RevisionStats(
+        window=window,
         routable_pods=sum(1 for v in items if allocations[v.name].routable),
         healthy_pods=sum(1 for v in items if allocations[v.name].healthy),
         stale_pods=tuple(
