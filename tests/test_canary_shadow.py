@@ -421,3 +421,15 @@ def test_the_shadow_ends_only_on_a_check_whose_window_had_the_mirror_in_place():
     assert c.last_operation.result == "Refused"
     assert "in shadow over 60s of mirrored traffic" in c.last_operation.message
     assert c.stage == "Shadow"
+
+
+def test_the_first_live_check_after_the_shadow_judges_a_whole_window_of_user_traffic():
+    plans = drive(CANARY, None, 300)
+    went_live = next(t for t, _, stage, _, _ in trail(plans) if stage == "Live")
+    first_live_check = next(
+        t for t, p in plans if t > went_live and p.status.canary and p.status.canary.last_check is not None
+    )
+    assert first_live_check >= went_live + 60  # metrics.window: no mirrored data in the check's window
+    pending = next(p for t, p in plans if t == went_live + 40).status.canary
+    assert pending is not None
+    assert pending.last_check is None

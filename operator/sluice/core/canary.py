@@ -280,6 +280,8 @@ def _progress(
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
     due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= spec.analysis.interval
+    if after_shadow(state, now, window):
+        due = False  # the first live check's window must hold user traffic at this step, not the mirrored copies
     ran: Check | None = None
     # An incident on a candidate pod is a failed check at once, even if it leaves the candidate without pods.
     if cand.incidents or (due and cand.routable_pods > 0):
@@ -318,6 +320,14 @@ def _progress(
         served_users=state.served_users or _serves(weights, candidate, cand),
     )
     return CanaryOutcome(status.model_copy(update={"message": _message(spec, status, now)}), weights)
+
+
+def after_shadow(state: CanaryStatus, now: datetime, window: float) -> bool:
+    """At the first live step after a shadow, less than a metrics window after it started: a check now would judge
+    mostly mirrored traffic, so none is due (an incident still fails a check at once)."""
+    if state.shadow_verdict is None or (state.step_index or 0) != 0 or state.step_started_at is None:
+        return False
+    return (now - state.step_started_at).total_seconds() < window
 
 
 def _shadow(
