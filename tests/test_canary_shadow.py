@@ -433,3 +433,17 @@ def test_the_first_live_check_after_the_shadow_judges_a_whole_window_of_user_tra
     pending = next(p for t, p in plans if t == went_live + 40).status.canary
     assert pending is not None
     assert pending.last_check is None
+
+
+def test_with_no_stable_revision_and_an_unproven_candidate_the_status_reports_that_users_reach_the_candidate():
+    """No split is rendered then (route to every routable pod): the candidate's pods serve the users."""
+    s = spec(canary={k: v for k, v in CANARY.items() if k != "stableRevision"})
+    plan = plan_pass(s, 1, observed(CAND, {}, at(0)), None, at(0))  # no signals yet: routable, not healthy
+    assert plan.revision_weights == {}
+    assert [e.pod for e in plan.endpoints] == ["v2-a"]
+    c = plan.status.canary
+    assert c is not None
+    assert c.weight == 100
+    assert c.split_forced
+    assert "no split" in c.split_forced
+    assert c.served_users

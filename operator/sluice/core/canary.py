@@ -195,6 +195,16 @@ def _serves(weights: dict[str, int], candidate: str, cand: RevisionStats) -> boo
     return weights.get(candidate, 0) > 0 or (not weights and cand.routable_pods > 0)
 
 
+def _published(weights: dict[str, int], candidate: str, cand: RevisionStats, why: str | None) -> tuple[int, str | None]:
+    """(status weight, splitForced) as rendered: no split with candidate pods routable sends users to them."""
+    if not weights and cand.routable_pods > 0:
+        return 100, (
+            "no stable revision with a routable pod: no split rendered, users go to every routable pod of the pool, "
+            f"the candidate {candidate}'s"
+        )
+    return weights.get(candidate, 0), why
+
+
 def _split(stable: str | None, candidate: str, planned: int, forced_to: str | None) -> dict[str, int]:
     if forced_to is not None:
         return {forced_to: 100}
@@ -239,13 +249,14 @@ def step_canary(
         forced_to, why = forced_split(stable, candidate, revisions)
         forced_to = forced_to if forced_to == candidate else None  # serving beats a 503, nothing else overrides
         weights = _split(stable, candidate, 0, forced_to)
-        served = previous.served_users or _serves(weights, candidate, revisions.get(candidate, RevisionStats()))
+        cand = revisions.get(candidate, RevisionStats())
+        weight, why = _published(weights, candidate, cand, why if forced_to else None)
         status = previous.model_copy(
             update={
-                "weight": 100 if forced_to else 0,
-                "split_forced": why if forced_to else None,
+                "weight": weight,
+                "split_forced": why,
                 "mirror_percent": None,
-                "served_users": served,
+                "served_users": previous.served_users or _serves(weights, candidate, cand),
             }
         )
         return CanaryOutcome(status, weights)
@@ -300,13 +311,14 @@ def _progress(
         forced_to = forced_to if forced_to == candidate else None
         forced_why = forced_why if forced_to else None
     weights = _split(stable, candidate, planned, forced_to)
+    weight, forced_why = _published(weights, candidate, cand, forced_why)
     advanced = step_index != state.step_index
     status = CanaryStatus(
         phase=phase,
         stable_revision=stable,
         candidate_revision=candidate,
         step_index=step_index,
-        weight=weights.get(candidate, 0),
+        weight=weight,
         step_weight=planned,
         split_forced=forced_why,
         failed_checks=failed,
@@ -360,6 +372,7 @@ def _shadow(
     checked_at = now if ran else state.last_check_at
     paused = spec.paused or state.paused_by is not None
     weights = _split(stable, candidate, 0, forced_to)
+    weight, forced_why = _published(weights, candidate, cand, forced_why)
     # A mirror copies the stable route's requests: none without that route, or once users are on the candidate.
     users_on_stable = stable is not None and weights.get(stable, 0) == 100
     phase: CanaryPhase
@@ -394,7 +407,7 @@ def _shadow(
         stable_revision=stable,
         candidate_revision=candidate,
         step_index=0,
-        weight=weights.get(candidate, 0),
+        weight=weight,
         step_weight=0,
         split_forced=forced_why,
         failed_checks=failed,
