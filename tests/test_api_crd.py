@@ -193,6 +193,12 @@ BAD = [
         "must be greater than 0s",
     ),
     (
+        "mirror share below one millionth, which Envoy would render as no mirror",
+        {"canary": {"shadow": {"mirrorPercent": 0.00004}}},
+        "spec.canary.shadow.mirrorPercent",
+        "greater than or equal to 0.0001",
+    ),
+    (
         "capacity coefficient zero",
         {"capacity": {"classes": {"cpu": 0}}},
         "spec.capacity.classes",
@@ -492,6 +498,11 @@ def test_v1alpha1_reexports_every_public_name_of_the_api_modules(module_name):
         and getattr(value, "__module__", module.__name__) == module.__name__
     }
     assert public - set(v1alpha1.__all__) == set()
+
+
+def test_the_reference_shows_an_exclusive_bound_as_strict():
+    rows = {line.split(" | ")[0]: line.split(" | ")[-1] for line in render_reference().splitlines()}
+    assert rows["| `spec.protection.recovery.growthFactor`"].startswith("> 1; <= 10")  # gt=1, le=10
 
 
 def test_field_reference_doc_is_generated_from_the_crd():

@@ -113,7 +113,9 @@ class CanaryStatus(StatusModel):
     )
     mirror_percent: float | None = Field(
         default=None,
-        description="Share of requests mirrored to the candidate as rendered now; null when no mirror is rendered.",
+        description="Share of requests mirrored to the candidate as rendered by this pass; null when it renders "
+        "none. A pass with no routable pod in the whole pool writes nothing (the mesh is left as it is), so the route "
+        "last written, with its mirror if it had one, stays in place until a pod is routable again.",
     )
     stable_revision: str | None = Field(default=None, description="Revision taking the remaining traffic.")
     candidate_revision: str | None = Field(default=None, description="Revision being rolled out.")
