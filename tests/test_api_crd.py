@@ -515,3 +515,12 @@ def test_the_crd_is_a_valid_kubernetes_object() -> None:
     import kubernetes_validate  # noqa: PLC0415 - test-only dependency
 
     kubernetes_validate.validate(build_crd(), "1.33.0", strict=True)
+
+
+def test_the_committed_crds_spell_every_node_out_without_yaml_anchors_or_aliases():
+    """A dict reused in the schema must not become `&id001` / `*id001`: readers and diffs see each rule in place."""
+    chart = ROOT / "charts" / "sluice" / "files" / CRD_FILE.name
+    for path in (CRD_FILE, chart):
+        events = list(yaml.parse(path.read_text()))
+        assert not [e for e in events if isinstance(e, yaml.AliasEvent)], path
+        assert not [e for e in events if getattr(e, "anchor", None)], path
