@@ -193,6 +193,12 @@ BAD = [
         "must be greater than 0s",
     ),
     (
+        "mirror share below one millionth, which Envoy would render as no mirror",
+        {"canary": {"shadow": {"mirrorPercent": 0.00004}}},
+        "spec.canary.shadow.mirrorPercent",
+        "greater than or equal to 0.0001",
+    ),
+    (
         "capacity coefficient zero",
         {"capacity": {"classes": {"cpu": 0}}},
         "spec.capacity.classes",
@@ -494,6 +500,11 @@ def test_v1alpha1_reexports_every_public_name_of_the_api_modules(module_name):
     assert public - set(v1alpha1.__all__) == set()
 
 
+def test_the_reference_shows_an_exclusive_bound_as_strict():
+    rows = {line.split(" | ")[0]: line.split(" | ")[-1] for line in render_reference().splitlines()}
+    assert rows["| `spec.protection.recovery.growthFactor`"].startswith("> 1; <= 10")  # gt=1, le=10
+
+
 def test_field_reference_doc_is_generated_from_the_crd():
     committed = (ROOT / "docs" / "api-reference.md").read_text()
     assert committed == render_reference(), "run `make crds` after changing the models"
@@ -504,3 +515,12 @@ def test_the_crd_is_a_valid_kubernetes_object() -> None:
     import kubernetes_validate  # noqa: PLC0415 - test-only dependency
 
     kubernetes_validate.validate(build_crd(), "1.33.0", strict=True)
+
+
+def test_the_committed_crds_spell_every_node_out_without_yaml_anchors_or_aliases():
+    """A dict reused in the schema must not become `&id001` / `*id001`: readers and diffs see each rule in place."""
+    chart = ROOT / "charts" / "sluice" / "files" / CRD_FILE.name
+    for path in (CRD_FILE, chart):
+        events = list(yaml.parse(path.read_text()))
+        assert not [e for e in events if isinstance(e, yaml.AliasEvent)], path
+        assert not [e for e in events if getattr(e, "anchor", None)], path

@@ -10,7 +10,7 @@ from sluice.api.v1alpha1 import AnalysisSpec
 from sluice.core.canary import RevisionStats, check
 from sluice.core.observed import PodSignals
 from sluice.core.reconcile import Plan
-from tests.helpers import pod, run, sig, spec
+from tests.helpers import at, pod, run, sig, spec
 
 STABLE = [pod("v1-a", "a100", "v1"), pod("v1-b", "a100", "v1")]
 CAND = [pod("v2-a", "a100", "v2")]
@@ -227,3 +227,19 @@ def test_check_gates(candidate, usable, gates, stable, expected, says):
     result = check(gates, candidate, stable, usable)
     assert result.result == expected
     assert says in result.reason
+
+
+def test_stale_candidate_signals_hold_a_live_step_inconclusive():
+    s = spec(canary=CANARY, metrics={"staleAfter": "15s"})
+    status = None
+    plans = []
+    for t in range(0, 301, 10):
+        sampled = {"v1-a": at(t), "v1-b": at(t), "v2-a": at(0)}
+        plan = run(s, STABLE + CAND, signals(), t, status, sampled_at=sampled, freshness_known=True)
+        status = plan.status
+        plans.append((t, plan))
+    final = plans[-1][1].status.canary
+    assert final is not None
+    assert (final.phase, final.step_index) == ("Progressing", 0)
+    assert final.last_check == "Inconclusive"
+    assert "stale signals for pod v2-a" in final.last_check_reason

@@ -270,7 +270,13 @@ def test_skip_step_in_shadow_ends_the_shadow_only_after_a_passing_check_unless_f
     assert c.last_operation
     assert c.last_operation.forced
     assert c.shadow_verdict == "skipped by alice@prod (analysis skipped)"
-    passed = drive(CANARY, None, 10, ops={10: op("skip-step", "3")})  # the check at 0s passed
+    long = {**CANARY, "shadow": {**SHADOW, "duration": "10m"}}
+    early = drive(long, None, 10, ops={10: op("skip-step", "3")})  # the check at 0s passed, on no mirrored copy
+    c = early[-1][1].status.canary
+    assert c is not None
+    assert c.last_operation
+    assert (c.last_operation.result, c.stage) == ("Refused", "Shadow")
+    passed = drive(long, None, 70, ops={70: op("skip-step", "3")})  # the check at 60s: a whole window mirrored
     c = passed[-1][1].status.canary
     assert c is not None
     assert (c.stage, c.step_index, c.weight, c.mirror_percent) == ("Live", 0, 10, None)
@@ -280,7 +286,8 @@ def test_skip_step_in_shadow_ends_the_shadow_only_after_a_passing_check_unless_f
 
 
 def test_promote_from_shadow_needs_a_passing_shadow_check():
-    promoted = drive(CANARY, None, 10, ops={10: op("promote")})
+    long = {**CANARY, "shadow": {**SHADOW, "duration": "10m"}}
+    promoted = drive(long, None, 70, ops={70: op("promote")})
     c = promoted[-1][1].status.canary
     assert c is not None
     assert c.phase == "Promoted"
@@ -337,3 +344,106 @@ def test_the_shadow_clock_runs_only_while_the_mirror_is_rendered():
     assert trail_back[0][1:] == ("Shadow", "Shadow", 0, 50.0)
     first_live = next(t for t, _, stage, _, _ in trail_back if stage == "Live")
     assert first_live >= 60  # the forced minutes did not count as shadow time
+
+
+def test_stale_candidate_signals_are_not_evidence_the_shadow_holds_inconclusive_naming_the_pod():
+    """The candidate's scrape stops after t=0: its last values are not numbers to judge it on."""
+    s = spec(canary=CANARY, metrics={"staleAfter": "15s"})
+    status = None
+    plans = []
+    for t in range(0, 121, 10):
+        sampled = {"v1-a": at(t), "v1-b": at(t), "v2-a": at(0)}
+        seen = observed(STABLE + CAND, signals(None), at(t), sampled_at=sampled, freshness_known=True)
+        plan = plan_pass(s, 1, seen, status, at(t))
+        status = InferencePoolStatus.model_validate(plan.status.model_dump(mode="json", by_alias=True))
+        plans.append((t, plan))
+    late = [(t, p) for t, p in plans if t >= 20]
+    row = next(r for r in late[-1][1].status.endpoints if r.pod == "v2-a")
+    assert row.verdict == "frozen"
+    for t, p in late:
+        c = p.status.canary
+        assert c is not None
+        assert c.stage == "Shadow", t
+        assert c.last_check in ("Inconclusive", "Pass"), t
+    last = plans[-1][1].status.canary
+    assert last is not None
+    assert last.last_check == "Inconclusive"
+    assert "stale signals for pod v2-a" in last.last_check_reason
+    assert "ShadowPassed" not in reasons(plans)
+
+
+def test_a_shadow_rollback_after_users_were_forced_to_the_candidate_does_not_claim_none_reached_it():
+    unready = [pod("v1-a", "a100", "v1", ready=False), pod("v1-b", "a100", "v1", ready=False)]
+    forced = drive(CANARY, sig(ttft=0.05, rps=2.0), 20, pods=unready + CAND)
+    assert forced[-1][1].revision_weights == {"v2": 100}
+    back = drive(CANARY, sig(ttft=0.05, rps=2.0, errors=0.08), 100, start=forced[-1][1].status)
+    c = back[-1][1].status.canary
+    assert c is not None
+    assert (c.phase, c.stage) == ("RolledBack", "Shadow")
+    assert c.served_users
+    assert "before any user request" not in c.message
+    assert "users were routed to it" in c.message
+    aborted = drive(CANARY, None, 10, start=forced[-1][1].status, ops={10: op("abort")})
+    c = aborted[-1][1].status.canary
+    assert c is not None
+    assert c.last_operation
+    assert c.phase == "RolledBack"
+    assert "before any user request" not in c.last_operation.message
+    assert "before any user request" not in c.message
+
+
+def test_a_shadow_that_never_served_users_says_so_in_the_status():
+    plans = drive(CANARY, sig(ttft=0.05, rps=2.0, errors=0.08), 100)
+    c = plans[-1][1].status.canary
+    assert c is not None
+    assert c.phase == "RolledBack"
+    assert not c.served_users
+    assert "before any user request" in c.message
+
+
+def test_the_shadow_ends_only_on_a_check_whose_window_had_the_mirror_in_place():
+    """A check from the pass the mirror appeared (or before it) judged no mirrored copy: it cannot end the shadow."""
+    short = {**CANARY, "shadow": {**SHADOW, "duration": "10s", "analysis": {**SHADOW["analysis"], "interval": "60s"}}}
+    unready = [pod("v1-a", "a100", "v1", ready=False), pod("v1-b", "a100", "v1", ready=False)]
+    forced = drive(short, None, 0, pods=unready + CAND)  # a passing check with users forced to the candidate
+    assert forced[-1][1].status.canary
+    assert forced[-1][1].status.canary.last_check == "Pass"
+    back = drive(short, None, 120, start=forced[-1][1].status)  # the mirror is rendered from t=10 (window 60s)
+    first_live = next(t for t, _, stage, _, _ in trail(back) if stage == "Live")
+    assert first_live >= 70
+    held = next(p for t, p in back if t == 30).status.canary
+    assert held is not None
+    assert "of mirrored traffic passes" in held.message
+    refused = drive(short, None, 20, start=forced[-1][1].status, ops={20: op("skip-step", "7")})
+    c = refused[-1][1].status.canary
+    assert c is not None
+    assert c.last_operation
+    assert c.last_operation.result == "Refused"
+    assert "in shadow over 60s of mirrored traffic" in c.last_operation.message
+    assert c.stage == "Shadow"
+
+
+def test_the_first_live_check_after_the_shadow_judges_a_whole_window_of_user_traffic():
+    plans = drive(CANARY, None, 300)
+    went_live = next(t for t, _, stage, _, _ in trail(plans) if stage == "Live")
+    first_live_check = next(
+        t for t, p in plans if t > went_live and p.status.canary and p.status.canary.last_check is not None
+    )
+    assert first_live_check >= went_live + 60  # metrics.window: no mirrored data in the check's window
+    pending = next(p for t, p in plans if t == went_live + 40).status.canary
+    assert pending is not None
+    assert pending.last_check is None
+
+
+def test_with_no_stable_revision_and_an_unproven_candidate_the_status_reports_that_users_reach_the_candidate():
+    """No split is rendered then (route to every routable pod): the candidate's pods serve the users."""
+    s = spec(canary={k: v for k, v in CANARY.items() if k != "stableRevision"})
+    plan = plan_pass(s, 1, observed(CAND, {}, at(0)), None, at(0))  # no signals yet: routable, not healthy
+    assert plan.revision_weights == {}
+    assert [e.pod for e in plan.endpoints] == ["v2-a"]
+    c = plan.status.canary
+    assert c is not None
+    assert c.weight == 100
+    assert c.split_forced
+    assert "no split" in c.split_forced
+    assert c.served_users

@@ -212,9 +212,6 @@ def test_each_event_comes_from_its_transition(reason, before, after, kind, says)
     assert says in matching[0].message
 
 
-IDS = [f"{row[0]}-{sum(1 for other in TABLE[:i] if other[0] == row[0])}" for i, row in enumerate(TABLE)]
-
-
 @pytest.mark.parametrize(("reason", "before", "after", "kind", "says"), TABLE, ids=IDS)
 def test_no_event_when_nothing_changed(reason, before, after, kind, says):
     same = status(**after)

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sluice.api.crd import build_crd
+from sluice.api.crd import crd_yaml
 from sluice.api.errors import format_validation_error
 from sluice.api.memory import readable
 from sluice.api.reference import render_reference
@@ -138,7 +138,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(_: argparse.Namespace) -> int:
-    sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False, width=100))
+    sys.stdout.write(crd_yaml())
     return 0
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from sluice.api.durations import DURATION_PATTERN, format_duration
 from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePool, InferencePoolSpec, InferencePoolStatus
 
@@ -203,6 +205,18 @@ def _metadata_schema() -> dict[str, Any]:
             "generateName": {**name, "description": "Prefix of a generated pool name."},
         },
     }
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Every node spelled out: a dict the schema reuses (a shared rule list) must not become `&id001`/`*id001`."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def crd_yaml() -> str:
+    """The CRD as committed in crds/ and the Helm chart (`sluice crd`, `make crds`)."""
+    return yaml.dump(build_crd(), Dumper=_NoAliasDumper, sort_keys=False, width=100)
 
 
 def build_crd() -> dict[str, Any]:

@@ -26,7 +26,8 @@ def _rows(schema: dict[str, Any], path: str, required: bool) -> Iterator[tuple[s
         ("maxLength", "length <="),
     ):
         if key in schema:
-            limits.append(f"{label} {schema[key]}")
+            strict = schema.get({"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}.get(key, ""), False)
+            limits.append(f"{label.replace('=', '') if strict else label} {schema[key]}")
     if "enum" in schema:
         limits.append(" \\| ".join(str(v) for v in schema["enum"]))
     rules = [rule["message"] for rule in schema.get("x-kubernetes-validations", [])]

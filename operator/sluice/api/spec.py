@@ -413,10 +413,11 @@ class ShadowSpec(ApiModel):
 
     mirror_percent: float = Field(
         default=100.0,
-        gt=0,
+        ge=0.0001,
         le=100,
         description="Share of the stable revision's requests copied to the candidate (VirtualService "
-        "mirrors[].percentage; request_mirror_policies in EnvoyFilter mode).",
+        "mirrors[].percentage; request_mirror_policies in EnvoyFilter mode). At least 0.0001 (one in a million, "
+        "the EnvoyFilter form's resolution: a smaller share would render as no mirror).",
     )
     duration: Duration = Field(
         default=120.0,
@@ -490,7 +491,8 @@ class CanarySpec(ApiModel):
     shadow: ShadowSpec | None = Field(
         default=None,
         description="Shadow phase before the first live step: mirrored traffic only, judged by its own analysis; "
-        "a failed shadow rolls back before any user request reaches the candidate.",
+        "a failed shadow rolls back before any user request reaches the candidate, unless the split was forced to "
+        "it because the stable revision had no healthy pod (status.canary.servedUsers).",
     )
 
 

@@ -113,7 +113,9 @@ class CanaryStatus(StatusModel):
     )
     mirror_percent: float | None = Field(
         default=None,
-        description="Share of requests mirrored to the candidate as rendered now; null when no mirror is rendered.",
+        description="Share of requests mirrored to the candidate as rendered by this pass; null when it renders "
+        "none. A pass with no routable pod in the whole pool writes nothing (the mesh is left as it is), so the route "
+        "last written, with its mirror if it had one, stays in place until a pod is routable again.",
     )
     stable_revision: str | None = Field(default=None, description="Revision taking the remaining traffic.")
     candidate_revision: str | None = Field(default=None, description="Revision being rolled out.")
@@ -137,6 +139,12 @@ class CanaryStatus(StatusModel):
     last_operation: OperationRecord | None = Field(default=None, description="The last rollout operation.")
     shadow_verdict: str | None = Field(
         default=None, description="How this rollout's shadow phase ended (passed, skipped, removed from the spec)."
+    )
+    served_users: bool = Field(
+        default=False,
+        description="Sticky for the rollout: user requests have been routed to the candidate (a live step, or a "
+        "split forced to it because the stable revision had no healthy pod). A shadow rollback says that no user "
+        "request reached the candidate only while this is false.",
     )
 
 

@@ -6,16 +6,18 @@ operator restart resumes at the same step. Events are derived from the previous 
 (`sluice.core.events`).
 
 Rules: a check runs at most once per `analysis.interval` (at once on a candidate incident); too little traffic,
-or an enabled gate without data, is Inconclusive — never Pass; a step advances only after `stepInterval` at that
-step *and* a passing check at that step; `maxFailedChecks` failed checks roll the candidate back, where it stays
-until the candidate revision changes; a new candidate restarts at the first step; a candidate with no routable
-pods waits with no traffic. When one side of the split has no healthy routable pod, the published split is
-forced to the other side, `splitForced` says why, and the rollout does not advance while it lasts.
+an enabled gate without data, or a routable candidate pod without fresh samples, is Inconclusive — never Pass; a
+step advances only after `stepInterval` at that step *and* a passing check at that step; `maxFailedChecks` failed
+checks roll the candidate back, where it stays until the candidate revision changes; a new candidate restarts at
+the first step; a candidate with no routable pods waits with no traffic. When one side of the split has no
+healthy routable pod, the published split is forced to the other side, `splitForced` says why, and the rollout
+does not advance while it lasts.
 
 Shadow (`spec.canary.shadow`): a new candidate first gets no live traffic, only a mirrored copy of
 `mirrorPercent` % of the stable revision's requests (Envoy discards the candidate's answers). It is judged by the
 shadow's own analysis on its own signals under that load; `maxFailedChecks` failed checks roll it back before any
-user request reached it; after `duration` and a passing check it goes to the first live step. The shadow's clock
+user request reached it (unless the split was forced to it: `servedUsers`, sticky, and the message say so); after
+`duration` and a passing check taken with the mirror in place it goes to the first live step. The shadow's clock
 runs only while the mirror is rendered; the mirror is rendered only while the candidate has routable pods and the
 stage is Shadow (not after a rollback, nor once live), and `status.canary.mirrorPercent` is exactly what is
 rendered.
@@ -37,7 +39,14 @@ from sluice.api.v1alpha1 import (
     OperationRecord,
     ShadowSpec,
 )
-from sluice.core.operations import apply_operation, first_state, go_live, is_new, refuse_without_rollout
+from sluice.core.operations import (
+    apply_operation,
+    first_state,
+    go_live,
+    is_new,
+    mirrored_evidence,
+    refuse_without_rollout,
+)
 
 ACTIVE_PHASES: tuple[CanaryPhase, ...] = ("Shadow", "Progressing", "Paused", "Waiting")
 
@@ -53,6 +62,10 @@ class RevisionStats:
     error_rate: float | None = None
     ttft_p95: float | None = None
     incidents: int = 0
+    stale_pods: tuple[str, ...] = ()
+    """Routable pods without fresh samples: their last values are not evidence, so no check can pass."""
+    window: float = 0.0
+    """The span the figures cover (`metrics.window`): a check judges the last `window` seconds."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,8 @@ def check(
         return Check("Fail", f"{candidate.incidents} candidate pod(s) zeroed for an incident")
     if not metrics_usable:
         return Check("Inconclusive", "metrics unavailable")
+    if candidate.stale_pods:
+        return Check("Inconclusive", f"stale signals for pod {', '.join(candidate.stale_pods)}: not evidence")
     if candidate.requests is None or candidate.requests < analysis.min_requests:
         seen = 0 if candidate.requests is None else round(candidate.requests)
         return Check("Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}")
@@ -175,6 +190,21 @@ def forced_split(
     return None, None
 
 
+def _serves(weights: dict[str, int], candidate: str, cand: RevisionStats) -> bool:
+    """Whether the published routing sends user requests to the candidate (no split: every routable pod)."""
+    return weights.get(candidate, 0) > 0 or (not weights and cand.routable_pods > 0)
+
+
+def _published(weights: dict[str, int], candidate: str, cand: RevisionStats, why: str | None) -> tuple[int, str | None]:
+    """(status weight, splitForced) as rendered: no split with candidate pods routable sends users to them."""
+    if not weights and cand.routable_pods > 0:
+        return 100, (
+            "no stable revision with a routable pod: no split rendered, users go to every routable pod of the pool, "
+            f"the candidate {candidate}'s"
+        )
+    return weights.get(candidate, 0), why
+
+
 def _split(stable: str | None, candidate: str, planned: int, forced_to: str | None) -> dict[str, int]:
     if forced_to is not None:
         return {forced_to: 100}
@@ -198,6 +228,7 @@ def step_canary(
     stable = pick_stable(spec, previous, revisions)
     candidate = spec.candidate_revision
     fresh_op = operation if is_new(operation, previous) else None
+    window = max((stats.window for stats in revisions.values()), default=0.0)
     remembered = previous.last_operation if previous else None
     if candidate is None or candidate == stable:
         record = refuse_without_rollout(fresh_op, now) if fresh_op else remembered
@@ -206,7 +237,7 @@ def step_canary(
         previous = first_state(spec, stable, candidate, now).model_copy(update={"last_operation": remembered})
     previous = previous.model_copy(update={"stable_revision": stable})
     if fresh_op is not None:
-        applied = apply_operation(spec, previous, fresh_op, now)
+        applied = apply_operation(spec, previous, fresh_op, now, window)
         previous = applied.state.model_copy(update={"last_operation": applied.record})
         if applied.effect == "promote":
             return _promoted(
@@ -217,15 +248,19 @@ def step_canary(
     if previous.phase == "RolledBack":
         forced_to, why = forced_split(stable, candidate, revisions)
         forced_to = forced_to if forced_to == candidate else None  # serving beats a 503, nothing else overrides
+        weights = _split(stable, candidate, 0, forced_to)
+        cand = revisions.get(candidate, RevisionStats())
+        weight, why = _published(weights, candidate, cand, why if forced_to else None)
         status = previous.model_copy(
             update={
-                "weight": 100 if forced_to else 0,
-                "split_forced": why if forced_to else None,
+                "weight": weight,
+                "split_forced": why,
                 "mirror_percent": None,
+                "served_users": previous.served_users or _serves(weights, candidate, cand),
             }
         )
-        return CanaryOutcome(status, _split(stable, candidate, 0, forced_to))
-    return _progress(spec, previous, revisions, metrics_usable, now)
+        return CanaryOutcome(status, weights)
+    return _progress(spec, previous, revisions, metrics_usable, now, window)
 
 
 def _settled(stable: str | None, previous: CanaryStatus | None, operation: OperationRecord | None) -> CanaryOutcome:
@@ -248,13 +283,16 @@ def _progress(
     revisions: dict[str, RevisionStats],
     metrics_usable: bool,
     now: datetime,
+    window: float,
 ) -> CanaryOutcome:
     if state.stage == "Shadow" and spec.shadow is not None:
-        return _shadow(spec, spec.shadow, state, revisions, metrics_usable, now)
+        return _shadow(spec, spec.shadow, state, revisions, metrics_usable, now, window)
     candidate = state.candidate_revision or ""
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
     due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= spec.analysis.interval
+    if after_shadow(state, now, window):
+        due = False  # the first live check's window must hold user traffic at this step, not the mirrored copies
     ran: Check | None = None
     # An incident on a candidate pod is a failed check at once, even if it leaves the candidate without pods.
     if cand.incidents or (due and cand.routable_pods > 0):
@@ -273,13 +311,14 @@ def _progress(
         forced_to = forced_to if forced_to == candidate else None
         forced_why = forced_why if forced_to else None
     weights = _split(stable, candidate, planned, forced_to)
+    weight, forced_why = _published(weights, candidate, cand, forced_why)
     advanced = step_index != state.step_index
     status = CanaryStatus(
         phase=phase,
         stable_revision=stable,
         candidate_revision=candidate,
         step_index=step_index,
-        weight=weights.get(candidate, 0),
+        weight=weight,
         step_weight=planned,
         split_forced=forced_why,
         failed_checks=failed,
@@ -290,8 +329,17 @@ def _progress(
         paused_by=state.paused_by,
         last_operation=state.last_operation,
         shadow_verdict=state.shadow_verdict,
+        served_users=state.served_users or _serves(weights, candidate, cand),
     )
     return CanaryOutcome(status.model_copy(update={"message": _message(spec, status, now)}), weights)
+
+
+def after_shadow(state: CanaryStatus, now: datetime, window: float) -> bool:
+    """At the first live step after a shadow, less than a metrics window after it started: a check now would judge
+    mostly mirrored traffic, so none is due (an incident still fails a check at once)."""
+    if state.shadow_verdict is None or (state.step_index or 0) != 0 or state.step_started_at is None:
+        return False
+    return (now - state.step_started_at).total_seconds() < window
 
 
 def _shadow(
@@ -301,8 +349,12 @@ def _shadow(
     revisions: dict[str, RevisionStats],
     metrics_usable: bool,
     now: datetime,
+    window: float,
 ) -> CanaryOutcome:
-    """The shadow stage: users stay on the stable revision; the candidate gets the mirror and is judged on it."""
+    """The shadow stage: users stay on the stable revision; the candidate gets the mirror and is judged on it.
+
+    The pass that ends it must be a check whose whole window (`metrics.window`) had the mirror in place: one taken
+    at least `window` seconds after the shadow's clock started (a check from before the mirror judged no copy)."""
     candidate = state.candidate_revision or ""
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
@@ -320,6 +372,7 @@ def _shadow(
     checked_at = now if ran else state.last_check_at
     paused = spec.paused or state.paused_by is not None
     weights = _split(stable, candidate, 0, forced_to)
+    weight, forced_why = _published(weights, candidate, cand, forced_why)
     # A mirror copies the stable route's requests: none without that route, or once users are on the candidate.
     users_on_stable = stable is not None and weights.get(stable, 0) == 100
     phase: CanaryPhase
@@ -335,7 +388,8 @@ def _shadow(
         if state.phase == "Waiting" or state.mirror_percent is None:
             started = now  # the clock runs only while the mirror is rendered
         elapsed = (now - started).total_seconds()
-        if phase == "Shadow" and elapsed >= shadow.duration and result == "Pass":
+        evidence = mirrored_evidence(result, checked_at, started, window)
+        if phase == "Shadow" and elapsed >= shadow.duration and evidence:
             live = go_live(state, now, f"passed after {elapsed:.0f}s: {reason}")
             return _progress(
                 spec,
@@ -343,6 +397,7 @@ def _shadow(
                 revisions,
                 metrics_usable,
                 now,
+                window,
             )
     mirrored = phase in ("Shadow", "Paused") and users_on_stable and cand.routable_pods > 0
     mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
@@ -352,7 +407,7 @@ def _shadow(
         stable_revision=stable,
         candidate_revision=candidate,
         step_index=0,
-        weight=weights.get(candidate, 0),
+        weight=weight,
         step_weight=0,
         split_forced=forced_why,
         failed_checks=failed,
@@ -363,18 +418,19 @@ def _shadow(
         paused_by=state.paused_by,
         last_operation=state.last_operation,
         mirror_percent=mirror.percent if mirror else None,
+        served_users=state.served_users or _serves(weights, candidate, cand),
     )
-    message = _shadow_message(shadow, status, now)
+    message = _shadow_message(shadow, status, now, window)
     return CanaryOutcome(status.model_copy(update={"message": message}), weights, mirror)
 
 
-def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> str:
+def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime, window: float) -> str:
     candidate = status.candidate_revision
     last = f"last check {status.last_check or 'pending'}: {status.last_check_reason or 'none yet'}"
     if status.phase == "RolledBack":
         return (
-            f"rolled back {candidate} in shadow after {status.failed_checks} failed checks, before any user "
-            f"request was routed to it: {status.last_check_reason}"
+            f"rolled back {candidate} in shadow after {status.failed_checks} failed checks, {_reached(status)}: "
+            f"{status.last_check_reason}"
         )
     if status.phase == "Waiting":
         return f"shadow: candidate {candidate} has no routable pods: no mirror rendered until it has"
@@ -388,7 +444,21 @@ def _shadow_message(shadow: ShadowSpec, status: CanaryStatus, now: datetime) -> 
     at = (now - status.step_started_at).total_seconds() if status.step_started_at else 0.0
     if at >= shadow.duration and status.last_check != "Pass":
         return f"shadow: {mirror}; holding until a check passes ({last})"
+    if at >= shadow.duration and not mirrored_evidence(
+        status.last_check, status.last_check_at, status.step_started_at, window
+    ):
+        return (
+            f"shadow: {mirror}; holding until a check over {window:g}s of mirrored traffic passes "
+            f"(metrics.window; the last passing check was taken before: {last})"
+        )
     return f"shadow: {mirror}, {at:.0f}s of {shadow.duration:g}s; {last}"
+
+
+def _reached(status: CanaryStatus) -> str:
+    """Whether users reached a candidate rolled back in shadow, in words (the claim only when it is true)."""
+    if status.served_users:
+        return "after users were routed to it while the stable revision had no healthy pod"
+    return "before any user request was routed to it"
 
 
 def _promoted(

@@ -6,9 +6,11 @@ state it finds and is either **Applied** or **Refused** with the reason; the rec
 - `promote`: finish the rollout now — only after the current step's check passed (and no forced split), unless
   `force` (recorded as forced);
 - `skip-step`: go to the next step now, with the same gate; in shadow: end the shadow and go to the first live
-  step (gated on a passing shadow check unless `force`);
+  step (gated on a passing shadow check taken at least `metrics.window` after the mirror was in place, unless
+  `force`);
 - `abort`: roll the candidate back now (it stays back until `retry` or a new candidate); in shadow no user request
-  has reached it;
+  has reached it, unless the split was forced to it because the stable revision had no healthy pod
+  (`servedUsers`);
 - `retry`: a rolled-back candidate again, from the shadow if the spec has one, else from the first step, failed
   checks forgotten;
 - `pause` / `resume`: hold / release the current step (like `spec.canary.paused`, but without touching the spec);
@@ -22,7 +24,7 @@ from datetime import datetime
 from typing import Literal
 
 from sluice.api.operation import Operation
-from sluice.api.v1alpha1 import CanarySpec, CanaryStatus, OperationRecord
+from sluice.api.v1alpha1 import CanarySpec, CanaryStatus, CheckResult, OperationRecord
 
 Effect = Literal["none", "promote"]
 
@@ -71,6 +73,15 @@ def first_state(spec: CanarySpec, stable: str | None, candidate: str | None, now
     )
 
 
+def mirrored_evidence(
+    result: CheckResult | None, checked_at: datetime | None, started: datetime | None, window: float
+) -> bool:
+    """A passing shadow check whose whole window (`metrics.window`) came after the mirror was in place."""
+    if result != "Pass" or checked_at is None or started is None:
+        return False
+    return (checked_at - started).total_seconds() >= window
+
+
 def go_live(state: CanaryStatus, now: datetime, verdict: str) -> CanaryStatus:
     """Shadow over: the first live step starts now, its own check pending; `shadowVerdict` says how it ended."""
     return state.model_copy(
@@ -87,7 +98,9 @@ def go_live(state: CanaryStatus, now: datetime, verdict: str) -> CanaryStatus:
     )
 
 
-def apply_operation(spec: CanarySpec, state: CanaryStatus, operation: Operation, now: datetime) -> Applied:
+def apply_operation(
+    spec: CanarySpec, state: CanaryStatus, operation: Operation, now: datetime, window: float
+) -> Applied:
     op = operation.op
     if op == "invalid":
         return Applied(state, record(operation, now, False, operation.problem or "not an operation"))
@@ -97,13 +110,16 @@ def apply_operation(spec: CanarySpec, state: CanaryStatus, operation: Operation,
             return Applied(
                 state, record(operation, now, False, f"retry needs a rolled-back rollout (phase {state.phase})")
             )
-        fresh = first_state(spec, state.stable_revision, state.candidate_revision, now)
+        fresh = first_state(spec, state.stable_revision, state.candidate_revision, now).model_copy(
+            update={"served_users": state.served_users}  # the same candidate: what it served stays true
+        )
         again = "in shadow first" if fresh.stage == "Shadow" else "from the first step"
         return Applied(fresh, record(operation, now, True, f"{state.candidate_revision} again {again}"))
     if rolled_back:
         return Applied(state, record(operation, now, False, "the rollout is rolled back: retry it first"))
     if op == "abort":
-        where = " in shadow, before any user request was routed to it" if state.stage == "Shadow" else ""
+        reached = "after users were routed to it" if state.served_users else "before any user request was routed to it"
+        where = f" in shadow, {reached}" if state.stage == "Shadow" else ""
         aborted = state.model_copy(
             update={
                 "phase": "RolledBack",
@@ -119,16 +135,19 @@ def apply_operation(spec: CanarySpec, state: CanaryStatus, operation: Operation,
         if op == "resume" and spec.paused:
             message += " (spec.canary.paused is still true and still holds it)"
         return Applied(state.model_copy(update={"paused_by": paused_by}), record(operation, now, True, message))
-    return _advance(spec, state, operation, now)
+    return _advance(spec, state, operation, now, window)
 
 
-def _advance(spec: CanarySpec, state: CanaryStatus, operation: Operation, now: datetime) -> Applied:
-    """promote / skip-step: gated on a passing check at this step unless forced."""
+def _advance(spec: CanarySpec, state: CanaryStatus, operation: Operation, now: datetime, window: float) -> Applied:
+    """promote / skip-step: gated on a passing check at this step unless forced (in shadow: one over a whole
+    window of mirrored traffic)."""
     active = ("Shadow", "Progressing", "Paused")
     passed = state.last_check == "Pass" and state.split_forced is None and state.phase in active
     shadow = state.stage == "Shadow"
+    if shadow:
+        passed = passed and mirrored_evidence(state.last_check, state.last_check_at, state.step_started_at, window)
     if not passed and not operation.force:
-        where = "in shadow" if shadow else "at the current step"
+        where = f"in shadow over {window:g}s of mirrored traffic" if shadow else "at the current step"
         why = f"no passing check {where} yet (last: {state.last_check or 'none'}); --force skips analysis"
         return Applied(state, record(operation, now, False, why))
     forced = not passed

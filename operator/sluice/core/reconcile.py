@@ -153,11 +153,19 @@ def revision_stats(
 
 
 def _aggregate(window: float, items: list[PodVerdict], allocations: dict[str, Allocation]) -> RevisionStats:
-    """Request-weighted error rate and TTFT p95 over a revision's pods (p95 of pods, not of the merged histogram)."""
-    rated = [v for v in items if v.signals.request_rate is not None and v.signals.request_rate > 0]
+    """Request-weighted error rate and TTFT p95 over a revision's pods (p95 of pods, not of the merged histogram).
+
+    Only fresh evidence counts: a pod whose samples are stale or absent (verdict frozen / awaiting) contributes
+    no figures, and a routable one is named in `stale_pods`, which makes the check Inconclusive."""
+    fresh = [v for v in items if v.kind not in ("frozen", "awaiting")]
+    rated = [v for v in fresh if v.signals.request_rate is not None and v.signals.request_rate > 0]
     return RevisionStats(
+        window=window,
         routable_pods=sum(1 for v in items if allocations[v.name].routable),
         healthy_pods=sum(1 for v in items if allocations[v.name].healthy),
+        stale_pods=tuple(
+            sorted(v.name for v in items if v.kind in ("frozen", "awaiting") and allocations[v.name].routable)
+        ),
         requests=sum((v.signals.request_rate or 0.0) * window for v in rated) if rated else None,
         error_rate=_weighted(rated, "error_rate"),
         ttft_p95=_weighted(rated, "ttft_p95_seconds"),
