@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from pydantic import ValidationError
 
 from sluice.api.v1alpha1 import ScoringSpec
 from sluice.core.headroom import PodLoad, plan, utilisation, water_fill
@@ -159,3 +160,13 @@ def test_a_frozen_pod_keeps_its_learned_capacity():
     row = next(r for r in second.status.endpoints if r.pod == "a100-1")
     assert row.verdict == "frozen"
     assert row.score == pytest.approx(learned["a100-1"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("policy", "fastest"), ("targetUtilization", 0), ("targetUtilization", 1.5), ("clientSidecars", 0)],
+)
+def test_bad_headroom_knobs_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValidationError) as refused:
+        spec(scoring={field: value})
+    assert f"scoring.{field}" in str(refused.value)
