@@ -32,6 +32,9 @@ def spec(**wire: Any) -> InferencePoolSpec:
         "targetPort": 8000,
         "service": "llama",
         "capacity": {"classes": CLASSES},
+        # The checks written against the cube's arithmetic pin it; the headroom policy (the default) has its
+        # own tests (tests/test_headroom.py) and passes through plan_pass there.
+        "scoring": {"policy": "cube"},
     }
     return InferencePoolSpec.model_validate(deep_merge(base, wire))
 

@@ -38,6 +38,8 @@ def test_plan_prints_istio_objects_and_an_explanation(tmp_path):
     weights = {e["address"]: e["weight"] for e in objects[0]["spec"]["endpoints"]}
     assert weights["10.8.0.11"] > weights["10.8.1.21"] > weights["10.8.2.31"]
     assert "POD" in result.stderr
+    assert "IDLE" in result.stderr
+    assert "scoring: headroom (targetUtilization 0.8" in result.stderr
     assert "llama-cpu-0" in result.stderr
     assert "MetricsAvailable=True" in result.stderr
 

@@ -31,7 +31,7 @@ from sluice.core.events import Event
 from sluice.core.observed import Observed
 from sluice.core.presets import build_queries
 from sluice.core.reconcile import plan_pass
-from sluice.explain import endpoint_table, summary
+from sluice.explain import endpoint_table, scoring_line, summary
 from sluice.istio.render import PoolRef, render
 from sluice.runtime.config import OperatorConfig
 
@@ -118,7 +118,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sys.stdout.write("# no routable pod: sluice leaves the mesh's objects as they are\n")
     err = sys.stderr
     err.write(f"InferencePool {meta.namespace}/{meta.name} at {now.isoformat()}\n")
-    err.write(endpoint_table(plan.status.endpoints) + "\n\n")
+    err.write(endpoint_table(plan.status.endpoints) + "\n")
+    err.write(scoring_line(pool.spec.scoring) + "\n\n")
     err.write(summary(plan.status) + "\n")
     if plan.events:
         err.write("events:\n" + "\n".join(_event_line(e) for e in plan.events) + "\n")

@@ -5,7 +5,7 @@ Used by `sluice plan` (stderr) and by the live views of the demo.
 
 from __future__ import annotations
 
-from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus
+from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus, ScoringSpec
 
 
 def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -13,6 +13,8 @@ def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
 
 
 def endpoint_table(rows: list[EndpointStatus]) -> str:
+    """One line per pod. SCORE is the cube's score, or under the headroom policy the learned capacity (req/s);
+    IDLE is headroom's learned idle TTFT; REASON spells out capacity, its source and the planned share."""
     header = (
         "POD",
         "REV",
@@ -25,6 +27,7 @@ def endpoint_table(rows: list[EndpointStatus]) -> str:
         "ERR",
         "RPS",
         "SCORE",
+        "IDLE",
         "WEIGHT",
         "STATE",
         "REASON",
@@ -45,6 +48,7 @@ def endpoint_table(rows: list[EndpointStatus]) -> str:
                 _num(s.error_rate, ".1%"),
                 _num(s.request_rate, ".1f"),
                 f"{row.score:.2f}",
+                _num(row.idle_ttft_seconds, ".0f", 1000) + ("ms" if row.idle_ttft_seconds is not None else ""),
                 str(row.weight),
                 row.state,
                 row.reason,
@@ -54,6 +58,19 @@ def endpoint_table(rows: list[EndpointStatus]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
         for line in lines
+    )
+
+
+def scoring_line(scoring: ScoringSpec) -> str:
+    """The weight policy and its knobs, as `sluice plan` prints them under the table."""
+    if scoring.policy == "headroom":
+        return (
+            f"scoring: headroom (targetUtilization {scoring.target_utilization:g}, clientSidecars "
+            f"{scoring.client_sidecars:g}, smoothing {scoring.smoothing:g}, hysteresis {scoring.hysteresis_percent:g}%)"
+        )
+    return (
+        f"scoring: cube (sharpness {scoring.sharpness:g}, alpha {scoring.alpha:g}, smoothing {scoring.smoothing:g}, "
+        f"hysteresis {scoring.hysteresis_percent:g}%)"
     )
 
 

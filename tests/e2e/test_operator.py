@@ -6,6 +6,7 @@ One stack for the module; the tests run in file order and build on each other's 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -96,6 +97,9 @@ def test_an_unmanaged_destination_rule_is_left_untouched_and_reported(stack: Sta
 
 
 def test_pool_publishes_istio_objects_that_istio_accepts_and_weights_follow_capacity(stack: Stack) -> None:
+    def reason(name: str) -> str:
+        return str(rows(pool(stack))[name]["reason"])
+
     def settled() -> dict[str, int] | None:
         w = weights(stack)
         return w if len(w) == 3 and w["llama-a100-0"] > w["llama-4090-0"] > w["llama-cpu-0"] > 0 else None
@@ -119,8 +123,16 @@ def test_pool_publishes_istio_objects_that_istio_accepts_and_weights_follow_capa
     table = stack.kubectl("get", "slp", "-n", "llm").stdout
     assert "ROUTABLE" in table
     assert "3/3" in table
-    # The explanation names the capacity and the TTFT used (a scrape gap can briefly show "weight frozen").
-    wait_until(lambda: rows(pool(stack))["llama-cpu-0"]["reason"].startswith("K=1 ttft="), 20, "the CPU pod's reason")
+    # The explanation names the learned capacity, its source and the planned share (a scrape gap can briefly show
+    # "weight frozen").
+    wait_until(
+        lambda: (
+            re.match(r"capacity [0-9.]+/s \((measured|learned|probing|prior|relative)", reason("llama-cpu-0"))
+            and "planned" in reason("llama-cpu-0")
+        ),
+        20,
+        "the CPU pod's reason",
+    )
     print(f"\nServiceEntry weights: {w}")
 
 

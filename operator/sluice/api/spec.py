@@ -35,6 +35,8 @@ LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX_LENGTH, pattern=LAB
 MAX_LABELS = 64
 MAX_QUERY_LENGTH = 8192
 
+ScoringPolicy = Literal["headroom", "cube"]
+
 
 class LabelSelector(ApiModel):
     rules: ClassVar[tuple[Rule, ...]] = (label_keys_rule("match_labels"),)
@@ -251,9 +253,31 @@ class ScoringSpec(ApiModel):
         default=3.0,
         ge=1,
         le=4,
-        description="Exponent applied to scores before they become weights. Envoy's weighted least-request shares "
-        "traffic in proportion to weight/(active+1); above 1 it keeps slow pods nearly idle until faster ones fill "
-        "up. 1 makes weights proportional to scores.",
+        description="cube: exponent applied to scores before they become weights. Envoy's weighted least-request "
+        "shares traffic in proportion to weight/(active+1); above 1 it keeps slow pods nearly idle until faster ones "
+        "fill up. 1 makes weights proportional to scores. Not used by the headroom policy.",
+    )
+    policy: ScoringPolicy = Field(
+        default="headroom",
+        description="How weights are set. headroom: each pod's capacity is learned from its rate, TTFT inflation "
+        "and queue (capacity.classes is the prior), the pool's observed request rate is water-filled over the pods "
+        "(fastest first, spilling over as they fill) and the shares become weights for Envoy's least-request. "
+        "cube: (K / latency penalty)^sharpness x signal factors, ranking pods without modelling their headroom.",
+    )
+    target_utilization: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="headroom: the highest share of its learned capacity planned on a pod while the pool has "
+        "headroom elsewhere (a margin for 15-30 s old signals); past it on every pod, shares follow capacity.",
+    )
+    client_sidecars: float = Field(
+        default=8.0,
+        ge=1,
+        le=100000,
+        description="headroom: roughly how many client sidecars send to the pool. Envoy divides a weight by "
+        "(active + 1) per sidecar, and a sidecar's active count is the pod's in-flight requests over this; "
+        "weights are raised by that factor so each pod gets its planned share.",
     )
     hysteresis_percent: float = Field(
         default=10.0,

@@ -58,13 +58,22 @@ class EndpointStatus(StatusModel):
     hardware_class: str | None = Field(default=None, description="Value of the capacity class label.")
     capacity: float = Field(default=1.0, description="Capacity coefficient K used.")
     signals: EndpointSignals = Field(default_factory=EndpointSignals, description="Signals used this pass.")
-    score: float = Field(default=0.0, description="Smoothed score (capacity / latency penalty x health).")
+    score: float = Field(
+        default=0.0,
+        description="Smoothed score: cube, capacity / latency penalty x health; headroom, the learned capacity "
+        "(requests/s).",
+    )
     weight: int = Field(default=0, description="Published endpoint weight; 0 means removed from routing.")
     state: EndpointState = Field(description="Routable, Zeroed or Recovering.")
     reason: str = Field(default="", description="Why the pod has this weight, in words.")
     since: datetime | None = Field(default=None, description="When the pod entered its state.")
     ttft_estimate_seconds: float | None = Field(
         default=None, description="Last known TTFT, used while data is missing."
+    )
+    idle_ttft_seconds: float | None = Field(
+        default=None,
+        description="scoring.policy headroom: the pod's learned idle TTFT (lowest seen, drifting up slowly), "
+        "against which TTFT inflation reads its load.",
     )
     consecutive_failures: int = Field(default=0, description="Passes in a row below every health band.")
     restarts: int = Field(default=0, description="Container restarts last seen.")

@@ -73,8 +73,11 @@ class ScrapedServer:
         )
 
 
-def pool_spec(scenario: Scenario) -> InferencePoolSpec:
-    """The InferencePool the benchmark runs sluice with: defaults plus the scenario's overrides."""
+def pool_spec(scenario: Scenario, cube: bool = False) -> InferencePoolSpec:
+    """The InferencePool the benchmark runs sluice with: defaults plus the scenario's overrides.
+
+    `cube`: the same pool with `scoring.policy: cube` (the policy before headroom), for side-by-side figures.
+    """
     s = scenario.sluice
     base: dict[str, Any] = {
         "selector": {"matchLabels": {"app": "bench"}},
@@ -84,7 +87,10 @@ def pool_spec(scenario: Scenario) -> InferencePoolSpec:
         "capacity": {"classes": CAPACITY_CLASSES},
         "metrics": {"window": f"{s.window:g}s", "staleAfter": f"{max(15.0, 3 * s.scrape_interval):g}s"},
     }
-    return InferencePoolSpec.model_validate(_merge(base, s.pool))
+    merged = _merge(base, s.pool)
+    if cube:
+        merged = _merge(merged, {"scoring": {"policy": "cube"}})
+    return InferencePoolSpec.model_validate(merged)
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -121,8 +127,8 @@ class SluiceControl:
     weights and the VirtualService's split — exactly what a mesh would be handed.
     """
 
-    def __init__(self, scenario: Scenario) -> None:
-        self.spec = pool_spec(scenario)
+    def __init__(self, scenario: Scenario, cube: bool = False) -> None:
+        self.spec = pool_spec(scenario, cube)
         self.window = scenario.sluice.window
         self.cluster = MemoryCluster()
         self.source = SnapshotSource()

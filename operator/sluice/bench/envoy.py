@@ -153,6 +153,7 @@ def pool_spec(prometheus_url: str, interval: float, window: float) -> InferenceP
             "service": "bench",
             "interval": f"{interval:g}s",
             "capacity": {"classes": {"a100": 10, "rtx4090": 4, "cpu": 1}},
+            "scoring": {"clientSidecars": 1},  # one client Envoy in front of the servers
             "metrics": {
                 "prometheusUrl": prometheus_url,
                 "window": f"{window:g}s",
@@ -400,7 +401,13 @@ def main(argv: list[str] | None = None) -> int:
                 "warm_up": 0.0,
             },
             "dataplane": {"sidecars": 1, "propagation_delay": 0.05},
-            "sluice": {"interval": args.interval, "window": args.window, "scrape_interval": 1},
+            # One client Envoy: the pool says so (scoring.clientSidecars), as a user would for this mesh.
+            "sluice": {
+                "interval": args.interval,
+                "window": args.window,
+                "scrape_interval": 1,
+                "pool": {"scoring": {"clientSidecars": 1}},
+            },
             "strategies": list(STRATEGIES),
         }
     )

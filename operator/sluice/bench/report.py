@@ -25,7 +25,16 @@ from sluice.bench.scenario import Scenario, load
 from sluice.bench.sim import STRATEGIES, Simulation, summarise
 from sluice.bench.trace import make_trace, write_azure_csv
 
-KEPT = ("ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms", "tpot_mean_ms", "error_rate", "output_tokens_per_s")
+KEPT = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "ttft_mean_ms",
+    "tpot_mean_ms",
+    "error_rate",
+    "output_tokens_per_s",
+    "completed",
+    "weight_changes_per_min",
+)
 
 
 def _job(args: tuple[Scenario, float, int, dict[str, float], bool]) -> dict[str, Any]:
@@ -116,6 +125,7 @@ def run_scenario(scenario: Scenario, jobs: int) -> dict[str, Any]:
     good = {s: goodput(cells, loads, capacity, slo, s) for s in strategies}
     return {
         "description": scenario.description,
+        "held_out": scenario.held_out,
         "capacity": capacity,
         "servers": [
             {
@@ -153,7 +163,8 @@ def _cell(value: tuple[float, float, float] | None, pattern: str = "{:.0f}") -> 
 
 
 def scenario_section(name: str, r: dict[str, Any]) -> list[str]:
-    lines = [f"## {name}", "", str(r["description"]).strip(), ""]
+    role = "held out of tuning" if r.get("held_out") else "used to choose the headroom parameters"
+    lines = [f"## {name}", "", str(r["description"]).strip(), "", f"_Scenario {role}._", ""]
     lines += [
         "| server | hardware | capacity (req/s) | P99 TTFT idle | P99 TTFT at 90 % | peak KV at 90 % "
         "| peak queue at 90 % | preemptions at 110 % |",
@@ -173,12 +184,24 @@ def scenario_section(name: str, r: dict[str, Any]) -> list[str]:
         "",
     ]
     loads = r["loads"]
-    for key, label in (("ttft_p99_ms", "P99 TTFT (ms)"), ("ttft_p50_ms", "P50 TTFT (ms)")):
+    for key, label in (
+        ("ttft_p99_ms", "P99 TTFT (ms)"),
+        ("ttft_p50_ms", "P50 TTFT (ms)"),
+        ("ttft_mean_ms", "Mean TTFT (ms)"),
+    ):
         lines += [f"{label}, median [interval] over seeds, by offered load (share of capacity):", ""]
         lines += ["| strategy | " + " | ".join(f"{x:.0%} ({x * capacity:.1f}/s)" for x in loads) + " |"]
         lines += ["|---|" + "---|" * len(loads)]
         for strategy, per_load in r["strategies"].items():
             lines.append(f"| {strategy} | " + " | ".join(_cell(row[key]) for row in per_load) + " |")
+        lines.append("")
+    churn = {k: v for k, v in r["strategies"].items() if any(row.get("weight_changes_per_min") for row in v)}
+    if churn:
+        lines += ["Published weight changes per minute (measured window), by load:", ""]
+        lines += ["| strategy | " + " | ".join(f"{x:.0%}" for x in loads) + " |", "|---|" + "---|" * len(loads)]
+        for strategy, per_load in churn.items():
+            cells = [_cell(row.get("weight_changes_per_min"), "{:.1f}") for row in per_load]
+            lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [
         "| strategy | goodput at SLO (req/s) | share of capacity | first load over the SLO |",
@@ -282,6 +305,8 @@ def run(scenario_files: list[Path], out: Path, plots: bool = True, jobs: int | N
         write_azure_csv(trace, out / f"{scenario.name}-trace.csv")
     checks = targets.check(results["scenarios"])
     results["targets"] = checks
+    issue = targets.issue_checks(results["scenarios"])
+    results["issue_targets"] = issue
     results["seconds"] = time.perf_counter() - started
     head = [
         "# sluice routing benchmark",
@@ -293,6 +318,10 @@ def run(scenario_files: list[Path], out: Path, plots: bool = True, jobs: int | N
         f"Prefill estimate at {calibration.PREFILL_UTILISATION:.0%} of peak "
         "FLOP/s over 2 × parameters; decode estimate (weights + KV read) over peak bandwidth.",
         "",
+        "## The routing issue's targets: headroom (sluice) and the cube (sluice-cube) on the same runs",
+        "",
+        targets.issue_table(issue),
+        "",
         "## Targets",
         "",
         targets.table(checks),
@@ -302,6 +331,7 @@ def run(scenario_files: list[Path], out: Path, plots: bool = True, jobs: int | N
     (out / "results.json").write_text(json.dumps(results, indent=2, default=_json) + "\n")
     (out / "report.md").write_text(text)
     print(targets.table(checks))
+    print(targets.issue_table(issue))
     return results
 
 

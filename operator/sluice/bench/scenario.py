@@ -33,6 +33,7 @@ events:                        # things that happen during the run
   - {at: 120, server: a100-0, slowdown: 4.0}
   - {at: 0, server: v2-0, error_rate: 0.3}
 strategies: [round-robin, least-request, sluice]   # default: all
+held_out: true                 # not used to choose sluice's parameters (stated in the report)
 ```
 """
 
@@ -120,6 +121,8 @@ class Scenario(_Model):
     events: list[EventSpec] = Field(default_factory=list)
     strategies: list[str] | None = None
     """Which strategies to run (default: all)."""
+    held_out: bool = False
+    """Not used to choose the routing policy's parameters (the report says which scenarios were)."""
 
 
 def load(path: str | Path) -> Scenario:

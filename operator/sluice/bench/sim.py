@@ -11,6 +11,8 @@ Strategies:
 - `static-capacity`: LEAST_REQUEST with the user's static class weights K (A100=10, 4090=4, CPU=1...);
 - `sluice`: LEAST_REQUEST with the weights sluice publishes (`sluice.bench.control.SluiceControl`, fed by simulated
   Prometheus), the VirtualService revision split during a canary;
+- `sluice-cube`: the same loop with `scoring.policy: cube`, the weights before the headroom policy, on the same
+  trace;
 - `best-static`: the offline best static split of this load (water-filling on each server's measured TTFT-vs-load
   curve, `sluice.bench.capacity`), replayed as an exact split: the reference for any weight-based router;
 - `seed-adaptive`: seed 000's per-request scorer K / ((C+1)(α T/T_base + 1 − α)) in one central router with perfect
@@ -50,6 +52,7 @@ STRATEGIES = (
     "least-request",
     "static-capacity",
     "sluice",
+    "sluice-cube",
     "best-static",
     "seed-adaptive",
     "power-of-two",
@@ -123,7 +126,9 @@ class Simulation:
         self.rng = random.Random(f"{scenario.seed}-{strategy}-picks")
         plane = scenario.dataplane
         self.sidecar_active: list[dict[str, int]] = [dict.fromkeys(self.names, 0) for _ in range(plane.sidecars)]
-        self.control = SluiceControl(scenario) if strategy == "sluice" else None
+        self.control = (
+            SluiceControl(scenario, cube=strategy == "sluice-cube") if strategy.startswith("sluice") else None
+        )
         bias = self.control.active_request_bias if self.control else 1.0
         self.balancers: list[dict[str, EnvoyLeastRequest]] = [{} for _ in range(plane.sidecars)]
         self.bias = bias
@@ -360,8 +365,12 @@ def summarise(result: RunResult) -> dict[str, Any]:
     def ms(value: float | None) -> float | None:
         return None if value is None else value * 1000
 
+    published = [(t, w) for t, w in result.weights if result.measured_from <= t <= result.measured_until]
+    changes = sum(1 for (_, a), (_, b) in itertools.pairwise(published) if a != b)
     figures: dict[str, Any] = {
         "requests": len(measured),
+        "completed": len(ok),
+        "weight_changes_per_min": changes / (span / 60.0) if result.weights and span > 0 else None,
         "ttft_mean_ms": ms(statistics.fmean(finite)) if finite else None,
         "ttft_p50_ms": ms(_quantile(ttfts, 0.50)),
         "ttft_p90_ms": ms(_quantile(ttfts, 0.90)),

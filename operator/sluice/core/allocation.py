@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sluice.api.v1alpha1 import EndpointState, ScoringSpec
+from sluice.core.headroom import PodHeadroom, PodLoad, plan
 from sluice.core.protection import floor_keep, spare_order
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import ramp, scale, with_hysteresis
@@ -24,6 +25,8 @@ class Allocation:
     scored_weight: int | None = None
     """The weight scoring asked for, before hysteresis or the ramp (None when not scored)."""
     floor_held: bool = False
+    headroom: PodHeadroom | None = None
+    """scoring.policy headroom: the learned capacity and planned share behind the weight."""
 
     @property
     def routable(self) -> bool:
@@ -35,38 +38,90 @@ class Allocation:
         return self.weight > 0 and not self.floor_held
 
 
-def allocate(scoring: ScoringSpec, min_routable_percent: int, verdicts: Iterable[PodVerdict]) -> dict[str, Allocation]:
+def allocate(
+    scoring: ScoringSpec,
+    min_routable_percent: int,
+    verdicts: Iterable[PodVerdict],
+    active_request_bias: float = 1.0,
+    window: float = 60.0,
+) -> dict[str, Allocation]:
     subsets: dict[str | None, list[PodVerdict]] = {}
     for verdict in verdicts:
         subsets.setdefault(verdict.revision, []).append(verdict)
     out: dict[str, Allocation] = {}
     for members in subsets.values():
-        out.update(_allocate_subset(scoring, min_routable_percent, members))
+        out.update(_allocate_subset(scoring, min_routable_percent, members, active_request_bias, window))
     return out
 
 
 def _allocate_subset(
-    scoring: ScoringSpec, min_routable_percent: int, members: list[PodVerdict]
+    scoring: ScoringSpec,
+    min_routable_percent: int,
+    members: list[PodVerdict],
+    active_request_bias: float,
+    window: float,
 ) -> dict[str, Allocation]:
     live = [v for v in members if v.kind in ("scored", "ramping", "frozen")]
-    # Frozen pods take part with their last score, so fresh pods are scaled on the same basis.
-    targets = scale({v.name: v.smoothed for v in live}, scoring) if live else {}
-    out = {v.name: _weigh(scoring, v, targets.get(v.name)) for v in members}
+    headroom: dict[str, PodHeadroom] = {}
+    if scoring.policy == "headroom" and live:
+        headroom = plan(
+            [_load(v) for v in live],
+            scoring.smoothing,
+            window,
+            scoring.target_utilization,
+            scoring.client_sidecars,
+            active_request_bias,
+        )
+        targets = _smoothed(scoring, live, scale({name: h.weight for name, h in headroom.items()}, scoring))
+    else:
+        # Frozen pods take part with their last score, so fresh pods are scaled on the same basis.
+        targets = scale({v.name: v.smoothed for v in live}, scoring) if live else {}
+    out = {v.name: _weigh(scoring, v, targets.get(v.name), headroom.get(v.name)) for v in members}
     return _apply_floor(scoring, min_routable_percent, members, out)
 
 
-def _weigh(scoring: ScoringSpec, verdict: PodVerdict, target: int | None) -> Allocation:
+def _smoothed(scoring: ScoringSpec, live: list[PodVerdict], targets: dict[str, int]) -> dict[str, int]:
+    """headroom: weights move `1 - smoothing` of the way to the plan each pass (shares follow a noisy window)."""
+    out = dict(targets)
+    for v in live:
+        previous = v.previous
+        if previous is not None and previous.weight > 0 and previous.idle_ttft_seconds is not None and v.name in out:
+            blended = scoring.smoothing * previous.weight + (1.0 - scoring.smoothing) * out[v.name]
+            out[v.name] = min(scoring.max_weight, max(scoring.min_weight, round(blended)))
+    return out
+
+
+def _load(verdict: PodVerdict) -> PodLoad:
+    previous = verdict.previous
+    # A previous score is a learned capacity only if the previous pass ran this policy (it learned an idle TTFT).
+    learned = previous is not None and previous.idle_ttft_seconds is not None and previous.score > 0
+    signals = verdict.signals
+    return PodLoad(
+        name=verdict.name,
+        prior=verdict.capacity,
+        rate=signals.request_rate,
+        ttft=signals.ttft_p95_seconds,
+        queue=signals.queue_length,
+        running=signals.running_requests,
+        health=verdict.score.band_factor,
+        previous_capacity=previous.score if learned and previous is not None else None,
+        previous_idle=previous.idle_ttft_seconds if previous is not None else None,
+        fresh=verdict.kind != "frozen",
+    )
+
+
+def _weigh(scoring: ScoringSpec, verdict: PodVerdict, target: int | None, headroom: PodHeadroom | None) -> Allocation:
     previous = verdict.previous
     if verdict.kind == "frozen" and previous is not None:
         held = min(scoring.max_weight, max(scoring.min_weight, previous.weight))
-        return Allocation(held, "Recovering" if previous.state == "Recovering" else "Routable")
+        return Allocation(held, "Recovering" if previous.state == "Recovering" else "Routable", headroom=headroom)
     if target is None:
         return Allocation(0, "Zeroed")
     if verdict.kind == "ramping" and verdict.ramp_percent is not None:
-        return Allocation(ramp(target, verdict.ramp_percent, scoring), "Recovering", target)
+        return Allocation(ramp(target, verdict.ramp_percent, scoring), "Recovering", target, headroom=headroom)
     was_routable = previous is not None and previous.state == "Routable"
     weight = with_hysteresis(target, previous.weight if was_routable and previous else None, scoring.hysteresis_percent)
-    return Allocation(weight, "Routable", target)
+    return Allocation(weight, "Routable", target, headroom=headroom)
 
 
 def _apply_floor(

@@ -76,7 +76,8 @@ def plan_pass(
     before = remembered(previous)
     pods = sorted((p for p in observed.pods if selects(spec, p)), key=lambda p: p.name)
     verdicts = [judge_pod(spec, p, before.get(p.name), observed.signals, metrics.usable, now) for p in pods]
-    allocations = allocate(spec.scoring, spec.protection.min_routable_percent, verdicts)
+    bias = spec.routing.least_request.active_request_bias if spec.routing.least_request else 1.0
+    allocations = allocate(spec.scoring, spec.protection.min_routable_percent, verdicts, bias, spec.metrics.window)
     revisions = revision_stats(spec, verdicts, allocations)
     canary = step_canary(spec.canary, previous.canary if previous else None, revisions, metrics.usable, now, operation)
     rows = [render_row(spec, v, allocations[v.name], now) for v in verdicts]
@@ -208,7 +209,7 @@ def reason_for(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
     if verdict.kind == "ramping":
         percent, target = verdict.ramp_percent, allocation.scored_weight
         return f"recovering from {verdict.memory.incident}: {percent:.1f}% of scored weight {target}"
-    text = verdict.score.explain()
+    text = allocation.headroom.explain() if allocation.headroom is not None else verdict.score.explain()
     if allocation.scored_weight is not None and allocation.weight != allocation.scored_weight:
         text += f" (scored {allocation.scored_weight}, change within hysteresis)"
     if verdict.assessment.consecutive_failures:
@@ -231,12 +232,13 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "hardware_class": verdict.hardware_class,
         "capacity": verdict.capacity,
         "signals": verdict.signals,
-        "score": round(verdict.smoothed, 6),
+        "score": round(_score(spec, verdict, allocation), 6),
         "weight": allocation.weight,
         "state": allocation.state,
         "reason": reason_for(spec, verdict, allocation),
         "since": since,
         "ttft_estimate_seconds": estimate,
+        "idle_ttft_seconds": _idle_ttft(spec, prev, allocation),
         "consecutive_failures": verdict.assessment.consecutive_failures,
         "restarts": verdict.pod.restarts,
         "last_incident_at": verdict.memory.last_incident_at,
@@ -247,6 +249,24 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "missing_signals": list(verdict.missing),
         "class_known": verdict.class_known,
     }
+
+
+def _score(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation) -> float:
+    """The status' score: headroom remembers the learned capacity (kept while a pod is zeroed), cube its score."""
+    if allocation.headroom is not None:
+        return allocation.headroom.learned
+    prev = verdict.previous
+    if spec.scoring.policy == "headroom":
+        return prev.score if prev is not None and prev.idle_ttft_seconds is not None else 0.0
+    return verdict.smoothed
+
+
+def _idle_ttft(spec: InferencePoolSpec, prev: EndpointStatus | None, allocation: Allocation) -> float | None:
+    if allocation.headroom is not None:
+        return allocation.headroom.idle_ttft
+    if spec.scoring.policy == "headroom" and prev is not None:
+        return prev.idle_ttft_seconds
+    return None
 
 
 __all__ = ["CanaryOutcome", "EndpointWeight", "Plan", "plan_pass"]

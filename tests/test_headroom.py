@@ -1,0 +1,172 @@
+"""The headroom policy: learned capacity, water-filling, weights for Envoy's least-request; and through plan_pass."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from sluice.api.v1alpha1 import ScoringSpec
+from sluice.core.headroom import PodLoad, plan, utilisation, water_fill
+from sluice.core.observed import PodSignals
+from tests.helpers import pod, run, spec, weights
+
+HEADROOM = {"scoring": {"policy": "headroom"}}
+
+
+def test_utilisation_reads_ttft_inflation_and_the_queue():
+    # M/M/1: T = s / (1 - rho) -> rho = 1 - s/T; M/D/1: Lq = rho^2 / (2 (1 - rho)), Lq = 1 -> rho = sqrt(3) - 1.
+    assert utilisation(0.4, 0.1, 0.0) == pytest.approx(0.75)
+    assert utilisation(0.1, 0.1, 1.0) == pytest.approx(3**0.5 - 1)
+    assert utilisation(0.1, 0.1, 0.0) == 0.0
+    assert utilisation(None, None, None) is None
+    assert utilisation(10.0, 0.1, 50.0) == pytest.approx(0.98)  # capped: never "infinitely" loaded
+
+
+def test_water_filling_spills_over_monotonically_fastest_first():
+    capacity, idle = [10.0, 4.0, 1.0], [0.25, 0.45, 0.55]
+    previous = [0.0, 0.0, 0.0]
+    for demand in [0.5, 2, 4, 6, 8, 10, 11, 12]:
+        shares = water_fill(demand, capacity, idle, 0.8)
+        assert sum(shares) == pytest.approx(demand, rel=1e-6)
+        assert all(s >= p - 1e-9 for s, p in zip(shares, previous, strict=True)), (demand, shares, previous)
+        assert all(s <= 0.8 * c + 1e-9 for s, c in zip(shares, capacity, strict=True))
+        previous = shares
+    light = water_fill(0.5, capacity, idle, 0.8)
+    assert light[0] == pytest.approx(0.5)
+    assert light[1] == 0
+    assert light[2] == 0
+
+
+def test_water_filling_gives_nothing_to_a_zero_capacity_pod_and_follows_capacity_past_the_target():
+    shares = water_fill(5.0, [10.0, 0.0, 4.0], [0.3, 0.1, 0.4], 0.8)
+    assert shares[1] == 0.0
+    assert sum(shares) == pytest.approx(5.0)
+    full = water_fill(13.0, [10.0, 0.0, 4.0], [0.3, 0.1, 0.4], 0.8)  # 13 > 0.8 x 14
+    assert full == pytest.approx([13.0 * 10 / 14, 0.0, 13.0 * 4 / 14])
+
+
+def _loads(noise: float, rng: random.Random) -> list[PodLoad]:
+    def jitter(x: float) -> float:
+        return x * (1 + rng.uniform(-noise, noise))
+
+    return [
+        PodLoad("a100", 10.0, jitter(6.0), jitter(0.45), 1.0, jitter(20.0), previous_capacity=9.0, previous_idle=0.25),
+        PodLoad("4090", 4.0, jitter(2.0), jitter(0.6), 0.0, jitter(8.0), previous_capacity=3.5, previous_idle=0.45),
+        PodLoad("cpu", 1.0, jitter(0.3), jitter(0.7), 0.0, jitter(3.0), previous_capacity=1.1, previous_idle=0.55),
+    ]
+
+
+def test_weights_stay_put_under_ten_percent_noise():
+    rng = random.Random(7)
+    base = plan(_loads(0.0, rng), 0.3, 60.0, 0.8, 8.0, 1.0)
+    for _ in range(50):
+        noisy = plan(_loads(0.10, rng), 0.3, 60.0, 0.8, 8.0, 1.0)
+        for name, h in base.items():
+            # Shares of the pool's (noisy) demand: the plan moves less than the noise compounds (3 x 10 %).
+            assert noisy[name].share / noisy[name].demand == pytest.approx(h.share / h.demand, abs=0.08)
+        assert noisy["a100"].weight > noisy["4090"].weight > noisy["cpu"].weight
+
+
+def test_a_pod_that_saturates_below_its_declared_class_learns_its_capacity():
+    # Declared an A100 (K=10), it serves 2 req/s with 12 waiting: its capacity is ~2/s, not 10x a CPU's.
+    capacity = 9.0
+    for _ in range(6):
+        out = plan(
+            [
+                PodLoad("slow", 10.0, 2.0, 2.0, 12.0, 30.0, previous_capacity=capacity, previous_idle=0.25),
+                PodLoad("ok", 10.0, 6.0, 0.3, 0.0, 15.0, previous_capacity=9.0, previous_idle=0.25),
+            ],
+            0.3,
+            60.0,
+            0.8,
+            8.0,
+            1.0,
+        )
+        capacity = out["slow"].learned
+    assert capacity == pytest.approx(2.0 / 0.98, rel=0.05)
+    assert out["slow"].source == "measured"
+    assert out["slow"].share < out["ok"].share
+    assert "measured" in out["slow"].explain()
+
+
+def test_health_scales_the_capacity_planned_not_what_is_learned():
+    loads = [
+        PodLoad("a", 10.0, 5.0, 0.3, 0.0, 10.0, health=0.5, previous_capacity=10.0, previous_idle=0.25),
+        PodLoad("b", 10.0, 5.0, 0.3, 0.0, 10.0, previous_capacity=10.0, previous_idle=0.25),
+    ]
+    out = plan(loads, 0.3, 60.0, 0.8, 8.0, 1.0)
+    assert out["a"].capacity == pytest.approx(out["a"].learned * 0.5)
+    assert out["a"].share < out["b"].share
+    assert "for errors" in out["a"].explain()
+
+
+def _sig(rps: float, p95: float, queue: float = 0.0, running: float = 10.0) -> PodSignals:
+    return PodSignals(
+        ttft_seconds=p95 / 1.5,
+        ttft_p95_seconds=p95,
+        kv_cache_usage=0.3,
+        queue_length=queue,
+        running_requests=running,
+        request_rate=rps,
+        error_rate=0.0,
+    )
+
+
+PODS = [pod("a100-0", "a100"), pod("a100-1", "a100"), pod("a100-2", "a100")]
+
+
+def test_default_policy_is_headroom_and_the_status_keeps_what_it_learned():
+    s = spec(**HEADROOM)
+    assert spec().scoring.policy == "cube"  # the helpers pin the cube for the checks written against it
+    assert ScoringSpec().policy == "headroom"
+    signals = {p.name: _sig(5.0, 0.3) for p in PODS}
+    first = run(s, PODS, signals, 0)
+    rows = {r.pod: r for r in first.status.endpoints}
+    assert all(r.idle_ttft_seconds == pytest.approx(0.3) for r in rows.values())
+    assert all(r.score > 0 for r in rows.values())
+    assert all("capacity" in r.reason and "planned" in r.reason for r in rows.values())
+    second = run(s, PODS, signals, 5, first.status)
+    assert {r.pod: r.idle_ttft_seconds for r in second.status.endpoints} == pytest.approx(
+        {r.pod: r.idle_ttft_seconds for r in first.status.endpoints}
+    )
+
+
+def test_a_degrading_node_is_down_weighted_within_two_passes_of_the_evidence():
+    s = spec(**HEADROOM)
+    # Three A100s at ~40 % (TTFT p95 0.5 s over an idle 0.3 s); then one is 4x slower: p95 4x, a queue, fewer
+    # completions.
+    idle = {p.name: _sig(4.0, 0.3) for p in PODS}
+    healthy = {p.name: _sig(4.0, 0.5) for p in PODS}
+    status = run(s, PODS, idle, 0).status
+    for i in range(1, 6):
+        status = run(s, PODS, healthy, 5 * i, status).status
+    before = weights(run(s, PODS, healthy, 30, status))
+    slowed = {**healthy, "a100-2": _sig(2.5, 2.0, queue=6.0)}
+    one = run(s, PODS, slowed, 35, status)
+    two = run(s, PODS, slowed, 40, one.status)
+    assert weights(two)["a100-2"] < 0.5 * before["a100-2"], (before, weights(one), weights(two))
+    assert weights(two)["a100-0"] == 1000
+
+
+def test_a_frozen_pod_keeps_its_learned_capacity():
+    s = spec(**HEADROOM)
+    signals = {p.name: _sig(5.0, 0.3, queue=1.0) for p in PODS}
+    first = run(s, PODS, signals, 0)
+    learned = {r.pod: r.score for r in first.status.endpoints}
+    gone = {k: v for k, v in signals.items() if k != "a100-1"}
+    second = run(s, PODS, gone, 5, first.status)
+    row = next(r for r in second.status.endpoints if r.pod == "a100-1")
+    assert row.verdict == "frozen"
+    assert row.score == pytest.approx(learned["a100-1"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("policy", "fastest"), ("targetUtilization", 0), ("targetUtilization", 1.5), ("clientSidecars", 0)],
+)
+def test_bad_headroom_knobs_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValidationError) as refused:
+        spec(scoring={field: value})
+    assert f"scoring.{field}" in str(refused.value)
