@@ -32,6 +32,7 @@ MEMORY_FIELDS = (
     "class_known",
     "revision",
     "hardware_class",
+    "idle_ttft_seconds",
 )
 
 
@@ -54,8 +55,9 @@ def memory_of(status: InferencePoolStatus) -> dict[str, tuple]:
     return {name: tuple(getattr(row, f) for f in MEMORY_FIELDS) for name, row in remembered(status).items()}
 
 
-def test_a_4096_pod_pool_stores_at_most_256_kib_where_full_rows_would_not_fit_in_etcd() -> None:
-    s = spec()
+@pytest.mark.parametrize("policy", ["cube", "headroom"])
+def test_a_4096_pod_pool_stores_at_most_256_kib_where_full_rows_would_not_fit_in_etcd(policy: str) -> None:
+    s = spec(scoring={"policy": policy})
     pods, signals = fleet(4096)
     first = plan_pass(s, 1, observed(pods, signals, at(0)), None, at(0))
     second = plan_pass(s, 1, observed(pods, signals, at(10)), first.status, at(10))
@@ -64,9 +66,10 @@ def test_a_4096_pod_pool_stores_at_most_256_kib_where_full_rows_would_not_fit_in
     assert stored_bytes(second.status) <= 256 * 1024
 
 
-def test_a_4096_pod_pool_with_every_pod_frozen_still_fits() -> None:
+@pytest.mark.parametrize("policy", ["cube", "headroom"])
+def test_a_4096_pod_pool_with_every_pod_frozen_still_fits(policy: str) -> None:
     """Prometheus down: every pod is frozen (not plainly Routable); rows are capped, the rest kept in memory."""
-    s = spec()
+    s = spec(scoring={"policy": policy})
     pods, signals = fleet(4096)
     first = plan_pass(s, 1, observed(pods, signals, at(0)), None, at(0))
     down = plan_pass(s, 1, observed(pods, {}, at(10), failed={"ttft": "connection refused"}), first.status, at(10))
@@ -126,9 +129,10 @@ def _wire_round_trip(status: InferencePoolStatus) -> InferencePoolStatus:
     return snapshot.status
 
 
-def test_incidents_and_ramps_survive_the_compact_form_exactly_as_they_survive_full_rows() -> None:
+@pytest.mark.parametrize("policy", ["cube", "headroom"])
+def test_incidents_and_ramps_survive_the_compact_form_exactly_as_they_survive_full_rows(policy: str) -> None:
     """Two runs of the same passes, one reading back full statuses, one the stored compact form: same decisions."""
-    s = spec(protection={"recovery": {"quietPeriod": "30s", "stepInterval": "10s"}})
+    s = spec(protection={"recovery": {"quietPeriod": "30s", "stepInterval": "10s"}}, scoring={"policy": policy})
     pods, signals = fleet(200, seed=3)
     victims = [pods[3].name, pods[50].name, pods[199].name]
     full_prev = compact_prev = None
@@ -153,8 +157,9 @@ def test_incidents_and_ramps_survive_the_compact_form_exactly_as_they_survive_fu
     assert all(remembered(compact_prev)[n].last_incident_at == at(20) for n in victims)
 
 
-def test_memory_round_trip_is_exact() -> None:
-    s = spec()
+@pytest.mark.parametrize("policy", ["cube", "headroom"])
+def test_memory_round_trip_is_exact(policy: str) -> None:
+    s = spec(scoring={"policy": policy})
     pods, signals = fleet(100, seed=5)
     plan = plan_pass(s, 1, observed(pods, signals, at(0)), None, at(0))
     rows = plan.status.endpoints

@@ -2,7 +2,8 @@
 
 The next pass needs, of every pod, what its previous row held: weight (hysteresis, frozen weights), smoothed
 score, state and since, the TTFT estimate, restarts (restart detection), the failing-band streak, the floor mark
-and the last incident (quiet period, ramp); revision and class feed the summary. For the pods without a row that
+and the last incident (quiet period, ramp), the learned idle TTFT (the headroom policy: with the score, the
+learned capacity); revision and class feed the summary. For the pods without a row that
 is one short array each, trailing defaults dropped, the whole list as zlib-compressed JSON in base64: pod names
 of one Deployment share their prefix and compress well. Times are kept exactly (ISO strings), so an incident or
 a ramp reads back the same instant. The format carries its version (`z1:`); anything else is refused with a
@@ -42,6 +43,7 @@ FIELDS: tuple[tuple[str, Any], ...] = (
     ("class_known", 1),
     ("revision", None),
     ("hardware_class", None),
+    ("idle_ttft_seconds", None),
 )
 _ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
 
@@ -71,6 +73,7 @@ def _pack(row: EndpointStatus) -> list[Any]:
         int(row.class_known),
         row.revision,
         row.hardware_class,
+        row.idle_ttft_seconds,
     ]
     while values and values[-1] == FIELDS[len(values) - 1][1]:
         values.pop()

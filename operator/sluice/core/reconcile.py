@@ -238,7 +238,7 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "reason": reason_for(spec, verdict, allocation),
         "since": since,
         "ttft_estimate_seconds": estimate,
-        "idle_ttft_seconds": _idle_ttft(spec, prev, allocation),
+        "idle_ttft_seconds": _idle_ttft(spec, prev, allocation),  # to the microsecond, as the score
         "consecutive_failures": verdict.assessment.consecutive_failures,
         "restarts": verdict.pod.restarts,
         "last_incident_at": verdict.memory.last_incident_at,
@@ -263,7 +263,8 @@ def _score(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation)
 
 def _idle_ttft(spec: InferencePoolSpec, prev: EndpointStatus | None, allocation: Allocation) -> float | None:
     if allocation.headroom is not None:
-        return allocation.headroom.idle_ttft
+        idle = allocation.headroom.idle_ttft
+        return None if idle is None else round(idle, 6)
     if spec.scoring.policy == "headroom" and prev is not None:
         return prev.idle_ttft_seconds
     return None
