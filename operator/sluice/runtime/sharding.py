@@ -292,7 +292,11 @@ class ShardLeases:
             if failure.status not in (409,):
                 log.warning("acquiring %s: %s %s", name, failure.status, failure.reason)
             return
-        self._renewed[name] = sent
+        self._acquired(index, sent)
+
+    def _acquired(self, index: int, sent: float) -> None:
+        """The shard's Lease was taken by a write sent at `sent` (monotonic)."""
+        self._renewed[shard_lease_name(self.prefix, index, self.shards)] = sent
         with self._lock:
             self._valid_until[index] = sent + self.duration - self.margin
         self._note(index, "acquired")
