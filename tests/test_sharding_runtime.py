@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 from datetime import datetime
 from types import SimpleNamespace
@@ -12,17 +14,20 @@ import kopf
 import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from sluice.api.snapshot import PoolSnapshot
 from sluice.core.events import Event
+from sluice.io.kube import KubeCluster
 from sluice.io.memory import MemoryCluster
-from sluice.io.ports import ClusterError
+from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.runtime import handlers
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.report import PassReport
 from sluice.runtime.sharding import FencedCluster, ShardLeases
 from tests.test_handlers import BODY
+from tests.test_kube_cluster import DESIRED, FakeCustom
 
 
 class Clock:
@@ -63,7 +68,10 @@ def test_writes_are_refused_outside_a_held_shard_and_allowed_inside() -> None:
     with shards.passing("llm", "llama"):
         with pytest.raises(ClusterError):
             fenced.write_status("llm", "llama", {})  # the shard is not held
-        shards._valid_until[index] = clock.now + 8.0
+        shards._acquired(index, clock.now)
+        with pytest.raises(ClusterError):
+            fenced.write_status("llm", "llama", {})  # nor was it when this pass began
+    with shards.passing("llm", "llama"):
         fenced.write_status("llm", "llama", {"routable": "1/1"})
         fenced.emit("llm", "llama", None, Event("Normal", "X", "y"))
         clock.now += 9.0  # the Lease lapsed mid-pass
@@ -109,7 +117,7 @@ def test_the_daemon_idles_until_the_shard_is_held_then_passes_inside_the_fence()
     async def grant_later() -> None:
         await asyncio.sleep(2.5)
         granted.append(time.monotonic())
-        shards._valid_until[shards.shard("llm", "llama")] = time.monotonic() + 8.0
+        shards._acquired(shards.shard("llm", "llama"), time.monotonic())
 
     async def go() -> None:
         loops.append(asyncio.get_running_loop())
@@ -122,3 +130,214 @@ def test_the_daemon_idles_until_the_shard_is_held_then_passes_inside_the_fence()
     ((ran_at, fenced_inside),) = reconciler.runs
     assert ran_at >= granted[0], "no pass before the shard was held"
     assert fenced_inside, "the pass ran with its writes fenced to the pool's shard"
+
+
+class FakeLeaseApi:
+    """coordination.k8s.io/v1 leases in memory, with resourceVersions and 409 on a stale one."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        self.calls: list[tuple[float, str, str, str | None]] = []
+        """(monotonic time, verb, lease name, holder written)."""
+
+    def _answer(self, value: Any) -> Any:
+        return SimpleNamespace(data=json.dumps(value).encode())
+
+    def list_namespaced_lease(self, namespace: str, **_: Any) -> Any:
+        return self._answer({"items": list(self.items.values())})
+
+    def _store(self, verb: str, body: dict[str, Any]) -> Any:
+        name = body["metadata"]["name"]
+        self.version += 1
+        stored = json.loads(json.dumps(body))
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        self.items[name] = stored
+        self.calls.append((time.monotonic(), verb, name, body["spec"].get("holderIdentity")))
+        return self._answer(stored)
+
+    def create_namespaced_lease(self, namespace: str, body: dict[str, Any], **_: Any) -> Any:
+        if body["metadata"]["name"] in self.items:
+            raise ApiException(status=409, reason="AlreadyExists")
+        return self._store("create", body)
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> Any:
+        current = self.items.get(name)
+        if current is None:
+            raise ApiException(status=404, reason="Not Found")
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        return self._store("replace", body)
+
+    def delete_namespaced_lease(self, name: str, namespace: str, **_: Any) -> None:
+        self.items.pop(name, None)
+        self.calls.append((time.monotonic(), "delete", name, None))
+
+
+def faked(shards: int = 4, identity: str = "me", clock: Any = time.monotonic, api: Any = None) -> ShardLeases:
+    leases = ShardLeases(k8s.ApiClient(), "llm", shards, identity=identity, clock=clock)
+    leases.api = api or FakeLeaseApi()
+    return leases
+
+
+def test_a_write_is_checked_right_before_it_is_sent_not_only_when_the_call_begins() -> None:
+    clock = Clock()
+    shards = leases(clock)
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, clock.now)
+    adapter = KubeCluster(k8s.ApiClient(), resync_seconds=60)
+    custom = FakeCustom()
+
+    def slow_get(*args: Any, **kwargs: Any) -> Any:
+        clock.now += 9.0  # the read hangs past the Lease's validity
+        raise ApiException(status=404, reason="Not Found")
+
+    custom.get_namespaced_custom_object = slow_get  # type: ignore[method-assign]
+    adapter.custom = custom  # type: ignore[assignment]
+    fenced = FencedCluster(adapter, shards)
+    with shards.passing("llm", "llama"), pytest.raises(ClusterError):
+        fenced.apply(DESIRED, None, adopt=False)
+    assert custom.patches == 0, "the patch after the hung read was withheld"
+
+
+def test_a_fenced_write_carries_a_request_timeout_within_the_remaining_validity() -> None:
+    clock = Clock()
+    shards = leases(clock)
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, clock.now)  # valid until now + 10 - 2
+    clock.now += 5.0
+    adapter = KubeCluster(k8s.ApiClient(), resync_seconds=60)
+    timeouts: list[Any] = []
+
+    class Custom(FakeCustom):
+        def patch_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
+            timeouts.append(kwargs.get("_request_timeout"))
+            super().patch_namespaced_custom_object(*args, **kwargs)
+
+    adapter.custom = Custom()  # type: ignore[assignment]
+    with shards.passing("llm", "llama"):
+        FencedCluster(adapter, shards).apply(DESIRED, None, adopt=False)
+    assert timeouts == [pytest.approx(3.0)]
+
+
+def test_a_pass_begun_in_one_term_writes_nothing_in_the_next() -> None:
+    clock = Clock()
+    shards = leases(clock)
+    inner = MemoryCluster()
+    fenced = FencedCluster(inner, shards)
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, clock.now)
+    with shards.passing("llm", "llama"):
+        fenced.write_status("llm", "llama", {"routable": "1/1"})
+        shards._lose(index, "lapsed while the pass hung")
+        clock.now += 20.0
+        shards._acquired(index, clock.now)  # another replica had it meanwhile; this one took it back
+        assert shards.holds(index)
+        with pytest.raises(ClusterError):
+            fenced.write_status("llm", "llama", {"routable": "2/2"})
+    with shards.passing("llm", "llama"):  # a pass of the new term writes
+        fenced.write_status("llm", "llama", {"routable": "3/3"})
+    assert [s[2] for s in inner.statuses] == [{"routable": "1/1"}, {"routable": "3/3"}]
+
+
+def test_the_daemon_resyncs_when_the_shard_was_lost_and_regained_between_two_passes() -> None:
+    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, time.monotonic())
+    setter: FlagSetter[Any] = FlagSetter()
+    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    loops: list[asyncio.AbstractEventLoop] = []
+    resyncs: list[float] = []
+    runtime.cluster = SimpleNamespace(resync=lambda: resyncs.append(time.monotonic()))  # type: ignore[assignment]
+
+    class Twice(Reconciler):
+        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+            self.runs.append((time.monotonic(), True))
+            if len(self.runs) == 1:  # lost and taken back within one interval: the daemon never saw it idle
+                shards._lose(index, "lapsed")
+                shards._acquired(index, time.monotonic())
+            else:
+                self.stop()
+            return PassReport(pool=snapshot.key)
+
+    reconciler = Twice(shards, lambda: loops[0].call_soon_threadsafe(setter.set))
+    runtime.reconciler = reconciler  # type: ignore[assignment]
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    runtime.shards = shards
+    memo = SimpleNamespace(runtime=runtime)
+    body = {**BODY, "spec": {**BODY["spec"], "interval": "1s"}}
+
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+        await handlers.pool_loop(
+            name="llama", namespace="llm", body=kopf.Body(body), memo=memo, stopped=AsyncFlagWaiter(setter)
+        )
+
+    asyncio.run(asyncio.wait_for(go(), timeout=15))
+    assert len(reconciler.runs) == 2
+    assert len(resyncs) == 1
+    assert reconciler.runs[0][0] < resyncs[0] < reconciler.runs[1][0]
+    assert reconciler.forgotten[:1] == [BODY["metadata"]["uid"]]
+
+
+def test_stop_waits_for_a_write_in_flight_before_clearing_the_lease() -> None:
+    api = FakeLeaseApi()
+    shards = faked(shards=1, api=api)
+    shards.step()  # alone: takes the only shard
+    assert shards.holds(0)
+    ended: list[float] = []
+
+    class Slow(MemoryCluster):
+        def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+            time.sleep(0.6)
+            ended.append(time.monotonic())
+
+    fenced = FencedCluster(Slow(), shards)
+
+    def write() -> None:
+        with shards.passing("llm", "llama"):
+            fenced.write_status("llm", "llama", {})
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.1)
+    shards.stop()
+    writer.join()
+    assert not shards.holds(0)
+    cleared = [at for at, verb, name, holder in api.calls if name.endswith("shard-0-of-1") and holder is None]
+    assert cleared
+    assert ended
+    assert cleared[0] >= ended[0], "the Lease was cleared while the write was in flight"
+
+
+def test_nothing_is_acquired_once_stopped() -> None:
+    api = FakeLeaseApi()
+    shards = faked(shards=2, api=api)
+    shards.stop()
+    shards._acquire(0, None)
+    assert not [c for c in api.calls if c[1] == "create" and "shard" in c[2]]
+    assert not shards.holds(0)
+
+
+def test_pool_deletion_writes_through_the_fence() -> None:
+    clock = Clock()
+    shards = leases(clock)
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, clock.now)
+    released: list[Any] = []
+
+    class Lapsing(MemoryCluster):
+        def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
+            clock.now += 9.0  # the Lease lapses while the owned objects are listed
+            return [ObjectKey("ServiceEntry", "sluice-llama")]
+
+        def release(self, namespace: str, key: ObjectKey) -> WriteResult:
+            released.append(key)
+            return WriteResult(key.kind, key.name, "restored")
+
+    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    runtime.cluster = Lapsing()  # type: ignore[assignment]
+    runtime.shards = shards
+    with pytest.raises(ClusterError):
+        asyncio.run(handlers.pool_deleted(name="llama", namespace="llm", memo=SimpleNamespace(runtime=runtime)))
+    assert released == []

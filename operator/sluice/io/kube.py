@@ -10,13 +10,16 @@ when released), never anybody else's. Releasing an object sluice created deletes
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import copy
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar, cast
@@ -44,6 +47,22 @@ from sluice.istio.ownership import (
 FIELD_MANAGER = "sluice"
 APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")
+WRITE_FENCE: contextvars.ContextVar[Callable[[], AbstractContextManager[float]] | None] = contextvars.ContextVar(
+    "sluice_write_fence", default=None
+)
+"""Set by `sluice.runtime.sharding.FencedCluster` around a fenced call: entered right before each write request,
+it refuses (`ClusterError`) or gives the seconds the request may take (its `_request_timeout`); it is left when
+the request has returned."""
+
+
+@contextlib.contextmanager
+def _fenced() -> Iterator[float | None]:
+    fence = WRITE_FENCE.get()
+    if fence is None:
+        yield None
+        return
+    with fence() as seconds:
+        yield seconds
 
 
 def observed_pod(pod: dict[str, Any]) -> ObservedPod:
@@ -238,19 +257,21 @@ class KubeCluster:
 
     def _patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
         k = ISTIO_KINDS[kind]
-        _call(
-            lambda: self.custom.patch_namespaced_custom_object(
-                k.group,
-                k.version,
-                namespace,
-                k.plural,
-                name,
-                body,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY,
+        with _fenced() as seconds:
+            _call(
+                lambda: self.custom.patch_namespaced_custom_object(
+                    k.group,
+                    k.version,
+                    namespace,
+                    k.plural,
+                    name,
+                    body,
+                    field_manager=FIELD_MANAGER,
+                    force=True,
+                    _content_type=APPLY,
+                    _request_timeout=seconds,
+                )
             )
-        )
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
         self._verified.pop((namespace, key.kind, key.name), None)
@@ -262,17 +283,23 @@ class KubeCluster:
             self._replace(decision.body)
             return WriteResult(key.kind, key.name, "restored")
         k = ISTIO_KINDS[key.kind]
-        _call(lambda: self.custom.delete_namespaced_custom_object(k.group, k.version, namespace, k.plural, key.name))
+        with _fenced() as seconds:
+            _call(
+                lambda: self.custom.delete_namespaced_custom_object(
+                    k.group, k.version, namespace, k.plural, key.name, _request_timeout=seconds
+                )
+            )
         return WriteResult(key.kind, key.name, "pruned")
 
     def _replace(self, body: dict[str, Any]) -> None:
         k = ISTIO_KINDS[body["kind"]]
         meta = body["metadata"]
-        _call(
-            lambda: self.custom.replace_namespaced_custom_object(
-                k.group, k.version, meta["namespace"], k.plural, meta["name"], body
+        with _fenced() as seconds:
+            _call(
+                lambda: self.custom.replace_namespaced_custom_object(
+                    k.group, k.version, meta["namespace"], k.plural, meta["name"], body, _request_timeout=seconds
+                )
             )
-        )
 
     def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         body = {
@@ -281,19 +308,21 @@ class KubeCluster:
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        _call(
-            lambda: self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                body,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY,
+        with _fenced() as seconds:
+            _call(
+                lambda: self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    body,
+                    field_manager=FIELD_MANAGER,
+                    force=True,
+                    _content_type=APPLY,
+                    _request_timeout=seconds,
+                )
             )
-        )
 
     def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
         now = datetime.now(UTC)
@@ -312,4 +341,5 @@ class KubeCluster:
             reporting_component="sluice",
             reporting_instance="sluice",
         )
-        _call(lambda: self.core.create_namespaced_event(namespace, body))
+        with _fenced() as seconds:
+            _call(lambda: self.core.create_namespaced_event(namespace, body, _request_timeout=seconds))

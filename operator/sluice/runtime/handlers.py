@@ -32,6 +32,7 @@ from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot, parse_snapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
 from sluice.io.kube import KubeCluster, load_api_client
+from sluice.io.ports import Cluster, ObjectKey, WriteResult
 from sluice.io.prometheus import PromIO
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
@@ -144,28 +145,33 @@ async def pool_loop(
     await stopped.wait(runtime.config.first_pass_delay)
     uid = ""
     due = time.monotonic()
-    shards, idle = runtime.shards, False
+    shards, idle, seen_term = runtime.shards, False, None
     try:
         while not stopped:
-            if shards is not None and not shards.holds_pool(namespace or "default", name):
+            term = None if shards is None else shards.pool_term(namespace or "default", name)
+            if shards is not None and term is None:
                 idle = True  # another replica's shard (or none held yet): check again in a second
                 await asyncio.sleep(1.0)
                 continue
-            if idle:  # the shard came (back): what this process remembers of the pool may be stale
+            if idle or (seen_term is not None and term != seen_term):
+                # the shard came back, or was lost and taken again since the last pass (a new term): what this
+                # process remembers of the pool may be stale
                 reconciler.forget(uid)
                 if runtime.cluster is not None:
                     runtime.cluster.resync()
                 idle = False
+            seen_term = term
             waker.clear()
             snapshot = _snapshot(body)
             uid = snapshot.meta.uid or ""
             submitted = time.monotonic()
             interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
 
-            def timed(snapshot: PoolSnapshot = snapshot) -> tuple[float, PassReport]:
+            def timed(snapshot: PoolSnapshot = snapshot, term: int | None = term) -> tuple[float, PassReport]:
                 if shards is None:
                     return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
-                with shards.passing(snapshot.meta.namespace, snapshot.meta.name):  # every write fenced
+                # every write fenced to the term seen here: a pass that outlives it writes nothing more
+                with shards.passing(snapshot.meta.namespace, snapshot.meta.name, term):
                     return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
 
             try:
@@ -198,11 +204,17 @@ async def pool_deleted(name: str, namespace: str | None, memo: Any, **_: Any) ->
     cluster = runtime.cluster
     assert cluster is not None
     ns = namespace or "default"
-    if runtime.shards is not None and not runtime.shards.holds_pool(ns, name):
+    shards = runtime.shards
+    term = None if shards is None else shards.pool_term(ns, name)
+    if shards is not None and term is None:
         raise kopf.TemporaryError("the pool's shard is held by another replica", delay=5)
-    keys = await asyncio.to_thread(cluster.owned, ns, name)
-    for key in keys:
-        result = await asyncio.to_thread(cluster.release, ns, key)
+    writer: Cluster = cluster if shards is None else FencedCluster(cluster, shards)
+
+    def give_back() -> list[tuple[ObjectKey, WriteResult]]:
+        with contextlib.nullcontext() if shards is None else shards.passing(ns, name, term):  # fenced as a pass
+            return [(key, writer.release(ns, key)) for key in cluster.owned(ns, name)]
+
+    for key, result in await asyncio.to_thread(give_back):
         log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)
 
 

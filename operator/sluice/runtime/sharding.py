@@ -4,11 +4,14 @@ With `--shards N` (N > 1) every replica runs one `ShardLeases` thread: each tick
 Leases once, renews its own member Lease and the shard Leases it holds (every `renew_every` < duration / 3), and
 acquires or releases shards as `sluice.core.shards.decide` says. Every update carries the resourceVersion it
 listed, so two replicas racing for one Lease get one success and one 409. A pool's daemon passes only while its
-shard is held (`holds_pool`); inside a pass, `FencedCluster` refuses every write once the Lease is no longer valid
-(`renewal sent + duration - margin`), so a replica that lost its Lease mid-pass writes nothing after it. A
+shard is held (`pool_term`); inside a pass, `FencedCluster` refuses every write unless the shard is still held in
+the term the pass began in (a term begins at each acquisition) and the Lease is still valid (`renewal sent +
+duration - margin`), checked right before each request, which is sent with a timeout within what is left of that
+validity; so a replica that lost its Lease mid-pass writes nothing after it, even once it has taken it back. A
 surplus shard is given up in two steps: the fence closes at once, the Lease is cleared `margin` seconds later
-(writes already on the wire finish first). On shutdown every held Lease is cleared, so a successor takes over
-at once; a replica that dies (SIGKILL) is replaced after its Leases expire (duration + one tick).
+(writes already on the wire finish first). On shutdown the fence closes, the loop stops, the fenced calls in
+flight end (bounded by their timeouts), then every held Lease is cleared, so a successor takes over at once; a
+replica that dies (SIGKILL) is replaced after its Leases expire (duration + one tick).
 Verbs used on leases: list, create, update, delete (expired member Leases of replicas that are gone).
 """
 
@@ -24,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -40,12 +43,18 @@ from sluice.core.shards import (
     shard_lease_name,
     shard_of,
 )
-from sluice.io.kube import USER_AGENT
+from sluice.io.kube import USER_AGENT, WRITE_FENCE
 from sluice.io.ports import Cluster, ClusterError, ObjectKey, WriteResult
 
 log = logging.getLogger("sluice.sharding")
 TIMEOUT = 4.0  # seconds per Lease call: a call that hangs must not hold the renewals past the Lease's validity
-_CURRENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("sluice_shard", default=None)
+_CURRENT: contextvars.ContextVar[tuple[int, int | None] | None] = contextvars.ContextVar("sluice_shard", default=None)
+"""The pool's shard of the pass running in this thread, and the term in which the pass began (None: not held)."""
+T = TypeVar("T")
+
+
+class _Stopping(Exception):
+    """A Lease write that would take or keep a shard, asked for after `stop`."""
 
 
 def _micro_time(now: datetime) -> str:
@@ -81,6 +90,15 @@ class ShardLeases:
         self._lock = threading.Lock()
         self._valid_until: dict[int, float] = {}
         """Held shard -> monotonic time until which this replica may act on it."""
+        self._term: dict[int, int] = {}
+        """Held shard -> its term: a number taken anew each time the shard is acquired (never reused)."""
+        self._terms = 0
+        self._closed = False
+        """Set by `stop`: no write starts from then on."""
+        self._cleared = False
+        self._inflight = 0
+        """Fenced calls under way (`writing`): `stop` lets them end before it clears the Leases."""
+        self._ended = threading.Condition(self._lock)
         self._renewed: dict[str, float] = {}
         self._versions: dict[str, str] = {}
         self._releasing: dict[int, float] = {}
@@ -97,7 +115,18 @@ class ShardLeases:
 
     def holds(self, index: int) -> bool:
         with self._lock:
-            return self.clock() < self._valid_until.get(index, 0.0) and index not in self._releasing
+            return self._holds(index)
+
+    def _holds(self, index: int) -> bool:
+        return not self._closed and self.clock() < self._valid_until.get(index, 0.0) and index not in self._releasing
+
+    def term(self, index: int) -> int | None:
+        """The shard's current term while it is held, else None."""
+        with self._lock:
+            return self._term.get(index) if self._holds(index) else None
+
+    def pool_term(self, namespace: str, name: str) -> int | None:
+        return self.term(self.shard(namespace, name))
 
     def holds_pool(self, namespace: str, name: str) -> bool:
         return self.holds(self.shard(namespace, name))
@@ -106,13 +135,31 @@ class ShardLeases:
         return [i for i in range(self.shards) if self.holds(i)]
 
     @contextlib.contextmanager
-    def passing(self, namespace: str, name: str) -> Iterator[None]:
-        """Mark the calling thread as passing this pool: `FencedCluster` checks its shard before each write."""
-        token = _CURRENT.set(self.shard(namespace, name))
+    def passing(self, namespace: str, name: str, term: int | None = None) -> Iterator[None]:
+        """Mark the calling thread as passing this pool, in `term` (by default the shard's term now):
+        `FencedCluster` lets a write go only while the shard is held in that same term."""
+        index = self.shard(namespace, name)
+        token = _CURRENT.set((index, self.term(index) if term is None else term))
         try:
             yield
         finally:
             _CURRENT.reset(token)
+
+    @contextlib.contextmanager
+    def writing(self, index: int, term: int | None) -> Iterator[float]:
+        """Around one fenced call: refuses unless the shard is held in `term`, else gives the seconds left of the
+        Lease's validity (the call's request timeout) and counts the call in flight until it returns."""
+        with self._lock:
+            if term is None or not self._holds(index) or self._term.get(index) != term:
+                raise ClusterError(409, f"shard {index} not held by this replica in term {term}: write withheld")
+            seconds = self._valid_until[index] - self.clock()
+            self._inflight += 1
+        try:
+            yield seconds
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                self._ended.notify_all()
 
     # ---- the loop
 
@@ -121,12 +168,22 @@ class ShardLeases:
         self._thread.start()
 
     def stop(self) -> None:
+        """Close the fence (no write starts), stop the loop (it takes no shard after this), let the fenced calls
+        in flight end (each write's request timeout ends within its Lease's validity, so this is bounded by
+        `duration - margin`), then clear the Leases so a successor takes over at once."""
+        with self._lock:
+            self._closed = True
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.tick * 5)
+            self._thread.join(timeout=TIMEOUT + self.tick)  # at most one Lease call is in flight after `_stop`
         with self._lock:
+            until = max(self._valid_until.values(), default=0.0)
+            while self._inflight and self.clock() < until:
+                self._ended.wait(timeout=min(0.1, max(0.0, until - self.clock())))
             held = list(self._valid_until)
             self._valid_until.clear()
+            self._term.clear()
+            self._cleared = True
         for index in held:
             with contextlib.suppress(Exception):
                 self._clear(shard_lease_name(self.prefix, index, self.shards))
@@ -137,6 +194,8 @@ class ShardLeases:
         while not self._stop.is_set():
             try:
                 self.step()
+            except _Stopping:
+                return
             except Exception:  # the API is down or refused: held shards lapse by their own deadline
                 log.exception("shard lease round failed")
             self._stop.wait(self.tick)
@@ -211,6 +270,8 @@ class ShardLeases:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
     def _write(self, name: str, body: dict[str, Any], create: bool) -> str:
+        if self._stop.is_set() and body["spec"].get("holderIdentity"):
+            raise _Stopping(name)  # after `stop` only clearing writes go out
         if create:
             answer = self.api.create_namespaced_lease(
                 self.namespace, cast(Any, body), _preload_content=False, _request_timeout=TIMEOUT
@@ -283,6 +344,8 @@ class ShardLeases:
                 self._valid_until[index] = sent + self.duration - self.margin
 
     def _acquire(self, index: int, view: LeaseView | None) -> None:
+        if self._stop.is_set():
+            return
         name = shard_lease_name(self.prefix, index, self.shards)
         sent = self.clock()
         body = self._body(name, "shard", self.identity, None if view is None else view.resource_version, True)
@@ -292,12 +355,20 @@ class ShardLeases:
             if failure.status not in (409,):
                 log.warning("acquiring %s: %s %s", name, failure.status, failure.reason)
             return
+        with self._lock:
+            late = self._cleared  # `stop` cleared the Leases while this write was on the wire: give it back
+        if late:
+            with contextlib.suppress(ApiException):
+                self._clear(name)
+            return
         self._acquired(index, sent)
 
     def _acquired(self, index: int, sent: float) -> None:
-        """The shard's Lease was taken by a write sent at `sent` (monotonic)."""
+        """The shard's Lease was taken by a write sent at `sent` (monotonic): a new term begins."""
         self._renewed[shard_lease_name(self.prefix, index, self.shards)] = sent
         with self._lock:
+            self._terms += 1
+            self._term[index] = self._terms
             self._valid_until[index] = sent + self.duration - self.margin
         self._note(index, "acquired")
 
@@ -311,6 +382,7 @@ class ShardLeases:
             with self._lock:
                 self._releasing.pop(index, None)
                 self._valid_until.pop(index, None)
+                self._term.pop(index, None)
             self._note(index, "released")
 
     def _clear(self, name: str) -> None:
@@ -320,6 +392,7 @@ class ShardLeases:
     def _lose(self, index: int, why: str) -> None:
         with self._lock:
             self._valid_until.pop(index, None)
+            self._term.pop(index, None)
         self._note(index, f"lost ({why})")
 
     def _note(self, index: int, what: str) -> None:
@@ -328,15 +401,24 @@ class ShardLeases:
 
 
 class FencedCluster:
-    """The `Cluster` port with every write refused once this replica's Lease on the pool's shard is not valid."""
+    """The `Cluster` port with every write refused unless this replica holds the pool's shard in the term the pass
+    began in. Checked when a call begins, and again right before each request it sends (`WRITE_FENCE`, honoured
+    by `KubeCluster`), each request with a timeout no longer than the Lease's remaining validity."""
 
     def __init__(self, inner: Cluster, leases: ShardLeases) -> None:
         self.inner, self.leases = inner, leases
 
-    def _check(self) -> None:
-        index = _CURRENT.get()
-        if index is None or not self.leases.holds(index):
-            raise ClusterError(409, f"shard {index} not held by this replica: write withheld")
+    def _fenced(self, call: Callable[[], T]) -> T:
+        current = _CURRENT.get()
+        if current is None:
+            raise ClusterError(409, "no pass of a pool under way in this thread: write withheld")
+        index, term = current
+        with self.leases.writing(index, term):  # in flight until it returns: `stop` waits for it
+            token = WRITE_FENCE.set(lambda: self.leases.writing(index, term))
+            try:
+                return call()
+            finally:
+                WRITE_FENCE.reset(token)
 
     def __getattr__(self, name: str) -> Any:  # reads and helpers the adapter has beyond the port
         return getattr(self.inner, name)
@@ -351,17 +433,13 @@ class FencedCluster:
         return self.inner.owned(namespace, pool)
 
     def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
-        self._check()
-        return self.inner.apply(desired, pool_uid, adopt)
+        return self._fenced(lambda: self.inner.apply(desired, pool_uid, adopt))
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
-        self._check()
-        return self.inner.release(namespace, key)
+        return self._fenced(lambda: self.inner.release(namespace, key))
 
     def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self._check()
-        self.inner.write_status(namespace, name, status)
+        self._fenced(lambda: self.inner.write_status(namespace, name, status))
 
     def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
-        self._check()
-        self.inner.emit(namespace, name, uid, event)
+        self._fenced(lambda: self.inner.emit(namespace, name, uid, event))
