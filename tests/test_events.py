@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from sluice.api.memory import encode
+from sluice.api.status import EndpointStatus
 from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.core.events import derive_events
 from tests.helpers import T0, at
@@ -216,3 +218,12 @@ def test_each_event_comes_from_its_transition(reason, before, after, kind, says)
 def test_no_event_when_nothing_changed(reason, before, after, kind, says):
     same = status(**after)
     assert [e.reason for e in derive_events(same, same)] == []
+
+
+def test_a_pod_of_an_unknown_class_held_in_pod_memory_is_not_announced_again() -> None:
+    remembered = EndpointStatus.model_validate(row("p-7", hardwareClass="H200", classKnown=False))
+    previous = status(podMemory=encode([remembered]))  # a large pool: the pod had no row, only its memory
+    next_ = status(endpoints=[row("p-7", hardwareClass="H200", classKnown=False)])
+    assert [e.reason for e in derive_events(previous, next_)] == []
+    fresh = status(endpoints=[row("p-8", hardwareClass="H200", classKnown=False)])
+    assert [e.reason for e in derive_events(previous, fresh)] == ["UnknownHardwareClass"]

@@ -66,7 +66,7 @@ def _condition_events(previous: InferencePoolStatus | None, next_: InferencePool
 
 
 def _class_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
-    known_before = {row.pod for row in previous.endpoints if not row.class_known} if previous else set()
+    known_before = {row.pod for row in remembered(previous).values() if not row.class_known}  # podMemory too
     fresh: dict[str, list[str]] = {}
     for row in next_.endpoints:
         if not row.class_known and row.pod not in known_before:
