@@ -111,3 +111,83 @@ def test_passes_starting_together_in_a_namespace_list_it_once():
         found = list(workers.map(lambda _: cluster.pods("llm", {"app": "a"}), range(8)))
     assert len(core.lists) == 1
     assert all([p.name for p in pods] == ["a-1"] for pods in found)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_pod_deleted_while_the_watch_was_down_is_dropped_at_the_periodic_reseed():
+    clock = Clock()
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"}), pod("a-2", {"app": "a"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = cache = PodCache(reseed_seconds=300, clock=clock)
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1", "a-2"]
+    core.items = [pod("a-2", {"app": "a"})]  # a-1 went while the watch was down: no DELETED event came
+    clock.now += 299
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1", "a-2"]
+    assert len(core.lists) == 1
+    core.during_list = lambda: cache.put("llm", pod("a-3", {"app": "a"}))  # the watch, while the reseed lists
+    clock.now += 1
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-2", "a-3"]
+    assert len(core.lists) == 2
+    assert "label_selector" not in core.lists[1]
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-2", "a-3"]
+    assert len(core.lists) == 2  # the next reseed is 300 s after this one
+
+
+def test_a_relisting_by_the_watch_brings_the_reseed_forward():
+    clock = Clock()
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"}), pod("a-2", {"app": "a"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = cache = PodCache(reseed_seconds=300, relist_gap=30, clock=clock)
+    cluster.pods("llm", {"app": "a"})
+    core.items = [pod("a-2", {"app": "a"})]
+    clock.now += 40
+    cache.put("llm", pod("a-2", {"app": "a"}), listing=True)  # kopf listed again after a watch error
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-2"]
+    assert len(core.lists) == 2
+    clock.now += 1
+    cache.put("llm", pod("a-2", {"app": "a"}), listing=True)  # the rest of the same relisting, after the reseed
+    clock.now += 9
+    cluster.pods("llm", {"app": "a"})
+    assert len(core.lists) == 2  # not again within 30 s of the last seed
+    clock.now += 20
+    cluster.pods("llm", {"app": "a"})
+    assert len(core.lists) == 3
+
+
+def test_a_reseed_under_way_does_not_hold_the_other_passes():
+    clock = Clock()
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = PodCache(reseed_seconds=300, clock=clock)
+    cluster.pods("llm", {"app": "a"})
+    clock.now += 300
+    core.during_list = lambda: time.sleep(0.5)
+    with ThreadPoolExecutor(max_workers=4) as workers:
+        started = time.monotonic()
+        reseeding = workers.submit(cluster.pods, "llm", {"app": "a"})
+        time.sleep(0.1)
+        others = [workers.submit(lambda: (cluster.pods("llm", {"app": "a"}), time.monotonic())[1]) for _ in range(3)]
+        done = [f.result() - started for f in others]
+        reseeding.result()
+    assert len(core.lists) == 2
+    assert max(done) < 0.4, "the other passes read the cache while one pass reseeded it"
+
+
+def test_a_seed_drops_the_pods_neither_listed_nor_touched_by_the_watch_since_it_began():
+    cache = PodCache()
+    cache.begin_seed("llm")
+    cache.finish_seed("llm", [pod("a-1", {"app": "a"}), pod("a-2", {"app": "a"})])
+    cache.begin_seed("llm")
+    cache.put("llm", pod("a-3", {"app": "a"}))  # created after the list was read
+    cache.finish_seed("llm", [pod("a-2", {"app": "a"})])
+    assert [p.name for p in cache.select("llm", {})] == ["a-2", "a-3"]

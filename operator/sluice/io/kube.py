@@ -108,6 +108,8 @@ class PodSource(Protocol):
 
     def seeded(self, namespace: str) -> bool: ...
 
+    def due(self, namespace: str) -> bool: ...
+
     def begin_seed(self, namespace: str) -> None: ...
 
     def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None: ...
@@ -173,18 +175,28 @@ class KubeCluster:
     def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
         cache = self.pod_cache
         if cache is not None:
-            if not cache.seeded(namespace):  # once per namespace: the watch keeps it current from then on
-                with self._seeding.setdefault(namespace, threading.Lock()):  # one list; the other passes wait
+            lock = self._seeding.setdefault(namespace, threading.Lock())
+            if not cache.seeded(namespace):  # the watch keeps it current from then on
+                with lock:  # one list; the other passes wait
                     if not cache.seeded(namespace):
-                        cache.begin_seed(namespace)
-                        answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
-                        cache.finish_seed(namespace, _json(answer).get("items", []))
+                        self._seed(cache, namespace)
+            elif cache.due(namespace) and lock.acquire(blocking=False):  # a reseed: the others read the cache
+                try:
+                    if cache.due(namespace):
+                        self._seed(cache, namespace)
+                finally:
+                    lock.release()
             return cache.select(namespace, match_labels)
         selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
         answer = _call(
             lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
         )
         return [observed_pod(item) for item in _json(answer).get("items", [])]
+
+    def _seed(self, cache: PodSource, namespace: str) -> None:
+        cache.begin_seed(namespace)
+        answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
+        cache.finish_seed(namespace, _json(answer).get("items", []))
 
     def secret_key(self, namespace: str, name: str, key: str) -> str:
         try:

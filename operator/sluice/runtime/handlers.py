@@ -260,7 +260,8 @@ async def pod_event(
     if event.get("type") == "DELETED":
         runtime.pods.drop(namespace or "", str(pod.get("metadata", {}).get("name", "")))
     else:
-        runtime.pods.put(namespace or "", pod)  # the pod cache (`sluice.runtime.podcache`)
+        # the pod cache (`sluice.runtime.podcache`); type None: an object of kopf's (re)listing
+        runtime.pods.put(namespace or "", pod, listing=event.get("type") is None)
     if not pod_matters(str(event.get("type")), pod):
         return
     for name, selector in pools_by_namespace.get(namespace, []):

@@ -15,13 +15,19 @@ Lookups are by label: an inverted index (namespace, key, value) -> pod names, th
 costs the pool's own pods, not the namespace's. Written on kopf's event loop, read and seeded from the worker
 threads of the passes: one lock.
 
-Known limit: after a watch error kopf lists the pods again, and a pod deleted while the watch was down sends no
-DELETED event; it stays here until its name is reused or the operator restarts (kopf's own indexes share this).
+Reseeding: after a watch error kopf lists the pods again, and a pod deleted while the watch was down sends no
+DELETED event. So a namespace is listed again every `reseed_seconds` (5 min), and sooner (`relist_gap`, 30 s after
+its last seed at the earliest) when the watch delivers a listing event (kopf marks the objects of its listings
+with event type None) for a namespace already seeded; a seed drops the pods neither in its list nor touched by the
+watch since it began. One pass lists; the others read the cache meanwhile. Known limit: a pod deleted while the
+watch was down stays here until the next seed of its namespace (at most 5 min; kopf's own indexes keep it).
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from sluice.core.observed import ObservedPod
@@ -29,7 +35,15 @@ from sluice.io.kube import observed_pod
 
 
 class PodCache:
-    def __init__(self) -> None:
+    def __init__(
+        self, reseed_seconds: float = 300.0, relist_gap: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.reseed_seconds, self.relist_gap, self.clock = reseed_seconds, relist_gap, clock
+        self._began: dict[str, float] = {}
+        """Namespace -> when its last finished seed began (monotonic)."""
+        self._pending: dict[str, float] = {}
+        self._relisted: dict[str, float] = {}
+        """Namespace -> when the watch last delivered a listing event for it after it was seeded."""
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], ObservedPod] = {}
         self._by_label: dict[tuple[str, str, str], set[str]] = {}
@@ -44,25 +58,45 @@ class PodCache:
     def seeded(self, namespace: str) -> bool:
         return namespace in self._seeded
 
+    def due(self, namespace: str) -> bool:
+        """A seeded namespace to list again: its seed is `reseed_seconds` old, or the watch relisted since."""
+        with self._lock:
+            began = self._began.get(namespace)
+            if began is None or namespace in self._seeding:
+                return False
+            age = self.clock() - began
+            relisted = self._relisted.get(namespace, float("-inf")) > began
+            return age >= self.reseed_seconds or (relisted and age >= self.relist_gap)
+
     def begin_seed(self, namespace: str) -> None:
         """Before listing the namespace: from now on, note the pods the watch touches."""
         with self._lock:
             self._seeding.setdefault(namespace, set())
+            self._pending[namespace] = self.clock()
 
     def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None:
-        """The namespace's listed pods, except those the watch touched since `begin_seed` (its word is newer)."""
+        """The namespace's listed pods, except those the watch touched since `begin_seed` (its word is newer);
+        the pods neither listed nor touched are gone (deleted while the watch was down)."""
         with self._lock:
             touched = self._seeding.pop(namespace, set())
+            listed = set()
             for pod in pods:
                 seen = observed_pod(pod)
+                listed.add(seen.name)
                 if seen.name not in touched:
                     self._put(namespace, seen)
+            for name in self._by_namespace.get(namespace, set()) - listed - touched:
+                self._remove(namespace, name)
             self._seeded.add(namespace)
+            self._began[namespace] = self._pending.pop(namespace, self.clock())
 
-    def put(self, namespace: str, pod: dict[str, Any]) -> None:
-        """Add or replace a pod from its object (as the watch delivered it)."""
+    def put(self, namespace: str, pod: dict[str, Any], listing: bool = False) -> None:
+        """Add or replace a pod from its object (as the watch delivered it); `listing`: from a listing of the
+        watch (event type None), which for a namespace already seeded means the watch was restarted."""
         seen = observed_pod(pod)
         with self._lock:
+            if listing and namespace in self._seeded:
+                self._relisted[namespace] = self.clock()
             self._touch(namespace, seen.name)
             self._put(namespace, seen)
 
