@@ -1,0 +1,117 @@
+"""The Lease loop of `ShardLeases`, round by round, against Leases kept in memory (resourceVersions, 409s)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from sluice.runtime.sharding import _Stopping
+from tests.test_sharding_runtime import Clock, FakeLeaseApi, faked
+
+SHARD = "sluice-shard-{}-of-4"
+
+
+def holders(api: FakeLeaseApi) -> dict[int, str | None]:
+    return {
+        i: api.items[SHARD.format(i)]["spec"].get("holderIdentity") for i in range(4) if SHARD.format(i) in api.items
+    }
+
+
+def test_a_replica_alone_takes_every_shard_and_renews_them_before_they_lapse() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    assert a.held() == [0, 1, 2, 3]
+    assert holders(api) == {0: "a", 1: "a", 2: "a", 3: "a"}
+    versions = {i: api.items[SHARD.format(i)]["metadata"]["resourceVersion"] for i in range(4)}
+    clock.now += 2.0
+    a.step()  # within renew_every (3 s): nothing written
+    assert {i: api.items[SHARD.format(i)]["metadata"]["resourceVersion"] for i in range(4)} == versions
+    clock.now += 1.5
+    a.step()
+    assert all(api.items[SHARD.format(i)]["metadata"]["resourceVersion"] != versions[i] for i in range(4))
+    clock.now += 7.9  # 8 s after the renewal sent at +3.5, less a tenth
+    assert a.held() == [0, 1, 2, 3]
+    clock.now += 0.2
+    assert a.held() == [], "without a renewal the replica stops acting 2 s before the Lease expires"
+
+
+def test_a_second_replica_gets_its_share_after_the_first_gives_it_up_with_the_margin() -> None:
+    api, clock_a, clock_b = FakeLeaseApi(), Clock(), Clock()
+    a = faked(api=api, identity="a", clock=clock_a)
+    b = faked(api=api, identity="b", clock=clock_b)
+    a.step()
+    b.step()  # b's member Lease appears; every shard is a's and not expired: b takes nothing
+    assert b.held() == []
+    clock_a.now += 1.0
+    a.step()  # two live replicas: a is over its share (2) and gives two up; their fence closes at once
+    given = [i for i in range(4) if not a.holds(i)]
+    assert len(given) == 2
+    assert all(holders(api)[i] == "a" for i in given), "the Leases are not cleared before the margin"
+    clock_a.now += 2.0
+    a.step()
+    assert all(holders(api)[i] is None for i in given)
+    clock_b.now += 3.0
+    b.step()
+    assert sorted(b.held()) == given
+    assert sorted(a.held() + b.held()) == [0, 1, 2, 3]
+
+
+def test_a_lease_taken_by_another_or_a_conflicting_renewal_loses_the_shard() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    api.items[SHARD.format(1)]["spec"]["holderIdentity"] = "other"
+    clock.now += 1.0
+    a.step()
+    assert not a.holds(1)
+    original = api.replace_namespaced_lease
+
+    def conflict(name: str, *args: object, **kwargs: object) -> object:
+        if name == SHARD.format(2):
+            raise ApiException(status=409, reason="Conflict")
+        return original(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    api.replace_namespaced_lease = conflict  # type: ignore[method-assign]
+    clock.now += 3.0
+    a.step()
+    assert not a.holds(2)
+    assert a.holds(0)
+    assert a.holds(3)
+    assert [what for _, i, what in a.transitions if i in (1, 2) and what.startswith("lost")] == [
+        "lost (taken by other)",
+        "lost (conflict on renewal)",
+    ]
+
+
+def test_the_shards_of_a_replica_that_stopped_renewing_are_taken_once_their_record_is_duration_old() -> None:
+    api, clock_a, clock_b = FakeLeaseApi(), Clock(), Clock()
+    a = faked(api=api, identity="a", clock=clock_a)
+    b = faked(api=api, identity="b", clock=clock_b)
+    a.step()  # then a dies: no more rounds
+    b.step()
+    assert b.held() == []
+    clock_b.now += 9.5
+    b.step()
+    assert b.held() == [], "not before leaseDurationSeconds on b's own clock"
+    clock_b.now += 1.0
+    b.step()
+    assert b.held() == [0, 1, 2, 3]
+
+
+def test_stop_clears_the_shard_leases_and_deletes_the_member_lease() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    member = a.member
+    assert member in api.items
+    a.stop()
+    assert holders(api) == {0: None, 1: None, 2: None, 3: None}
+    assert member not in api.items
+    assert a.held() == []
+    writes = len(api.calls)
+    clock.now += 1.0
+    with pytest.raises(_Stopping):
+        a.step()  # a round after stop (its thread stuck past the join) writes nothing that takes or keeps a shard
+    assert len(api.calls) == writes
+    assert holders(api) == {0: None, 1: None, 2: None, 3: None}
