@@ -115,3 +115,24 @@ def test_stop_clears_the_shard_leases_and_deletes_the_member_lease() -> None:
         a.step()  # a round after stop (its thread stuck past the join) writes nothing that takes or keeps a shard
     assert len(api.calls) == writes
     assert holders(api) == {0: None, 1: None, 2: None, 3: None}
+
+
+def test_a_shard_given_up_is_cleared_only_once_its_calls_in_flight_have_ended_or_its_validity_has() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    index = 1
+    term = a.term(index)
+    with a.writing(index, term):  # a fenced call under way when the shard is given up
+        a._releasing[index] = clock.now + a.margin
+        clock.now += a.margin
+        a.step()
+        assert holders(api)[index] == "a", "cleared while a call of the shard was in flight"
+    clock.now += 0.5
+    a.step()
+    assert holders(api)[index] is None
+    with a.writing(2, a.term(2)):  # one that does not return: cleared once the validity ended
+        a._releasing[2] = clock.now + a.margin
+        clock.now += 8.0
+        a.step()
+        assert holders(api)[2] is None

@@ -8,8 +8,8 @@ shard is held (`pool_term`); inside a pass, `FencedCluster` refuses every write 
 the term the pass began in (a term begins at each acquisition) and the Lease is still valid (`renewal sent +
 duration - margin`), checked right before each request, which is sent with a timeout within what is left of that
 validity; so a replica that lost its Lease mid-pass writes nothing after it, even once it has taken it back. A
-surplus shard is given up in two steps: the fence closes at once, the Lease is cleared `margin` seconds later
-(writes already on the wire finish first). On shutdown the fence closes, the loop stops, the fenced calls in
+surplus shard is given up in two steps: the fence closes at once, the Lease is cleared `margin` seconds later,
+once the shard's fenced calls in flight have ended (or its validity has: their request timeouts end with it). On shutdown the fence closes, the loop stops, the fenced calls in
 flight end (bounded by their timeouts), then every held Lease is cleared, so a successor takes over at once; a
 replica that dies (SIGKILL) is replaced after its Leases expire (duration + one tick).
 Verbs used on leases: list, create, update, delete (expired member Leases of replicas that are gone).
@@ -96,8 +96,8 @@ class ShardLeases:
         self._closed = False
         """Set by `stop`: no write starts from then on."""
         self._cleared = False
-        self._inflight = 0
-        """Fenced calls under way (`writing`): `stop` lets them end before it clears the Leases."""
+        self._inflight: dict[int, int] = {}
+        """Shard -> fenced calls under way (`writing`): a Lease is cleared once they ended (or its validity did)."""
         self._ended = threading.Condition(self._lock)
         self._renewed: dict[str, float] = {}
         self._versions: dict[str, str] = {}
@@ -153,13 +153,17 @@ class ShardLeases:
             if term is None or not self._holds(index) or self._term.get(index) != term:
                 raise ClusterError(409, f"shard {index} not held by this replica in term {term}: write withheld")
             seconds = self._valid_until[index] - self.clock()
-            self._inflight += 1
+            self._inflight[index] = self._inflight.get(index, 0) + 1
         try:
             yield seconds
         finally:
             with self._lock:
-                self._inflight -= 1
+                self._inflight[index] -= 1
                 self._ended.notify_all()
+
+    def _quiet(self, index: int, now: float) -> bool:
+        """No fenced call of the shard under way, or its validity over (their request timeouts have ended)."""
+        return not self._inflight.get(index) or now >= self._valid_until.get(index, 0.0)
 
     # ---- the loop
 
@@ -178,7 +182,7 @@ class ShardLeases:
             self._thread.join(timeout=TIMEOUT + self.tick)  # at most one Lease call is in flight after `_stop`
         with self._lock:
             until = max(self._valid_until.values(), default=0.0)
-            while self._inflight and self.clock() < until:
+            while not all(self._quiet(i, self.clock()) for i in self._valid_until) and self.clock() < until:
                 self._ended.wait(timeout=min(0.1, max(0.0, until - self.clock())))
             held = list(self._valid_until)
             self._valid_until.clear()
@@ -374,7 +378,7 @@ class ShardLeases:
 
     def _finish_releases(self, now: float) -> None:
         with self._lock:
-            due = [i for i, at in self._releasing.items() if at <= now]
+            due = [i for i, at in self._releasing.items() if at <= now and self._quiet(i, now)]
         for index in due:
             name = shard_lease_name(self.prefix, index, self.shards)
             with contextlib.suppress(ApiException):
