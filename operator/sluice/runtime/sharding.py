@@ -10,9 +10,9 @@ duration - margin`), checked right before each request, which is sent with a tim
 validity; so a replica that lost its Lease mid-pass writes nothing after it, even once it has taken it back. A
 surplus shard is given up in two steps: the fence closes at once, the Lease is cleared `margin` seconds later,
 once the shard's fenced calls in flight have ended (or its validity has: their request timeouts end with it).
-On shutdown the fence closes, the loop stops, the fenced calls in
-flight end (bounded by their timeouts), then every held Lease is cleared, so a successor takes over at once; a
-replica that dies (SIGKILL) is replaced after its Leases expire (duration + one tick).
+On shutdown the fence closes, the loop stops, the fenced calls in flight end (bounded by their timeouts), then
+every held Lease is cleared, so a successor takes over at once; a replica that dies (SIGKILL) is replaced after
+its Leases expire (duration + one tick).
 Verbs used on leases: list, create, update, delete (expired member Leases of replicas that are gone).
 """
 
