@@ -8,6 +8,7 @@ version). One emulator with a 5-event watch history and 1 s bookmarks is shared 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,3 +216,41 @@ def test_watch_bookmarks_come_only_when_allowed(api: Stack) -> None:
 
     assert "BOOKMARK" in event_types(allow=True)
     assert "BOOKMARK" not in event_types(allow=False)
+
+
+def test_an_open_watch_of_a_quiet_resource_outlives_a_history_full_of_other_resources(api: Stack) -> None:
+    """A watch in progress has seen every event up to now: other resources' writes never make it 410 Gone.
+
+    kube-apiserver keeps a watch cache per resource; a watch of Pods that sees no Pod change while Leases and
+    InferencePools churn stays open and gets the next Pod event. (Before: the watch's position moved only on
+    its own resource's events, so once the shared history rolled past it the stream broke off.)
+    """
+    core = k8s.CoreV1Api(custom(api).api_client)
+    api.kubectl("apply", "-f", "-", stdin=pool_yaml("noisy"))
+    since = get(api, "noisy")["metadata"]["resourceVersion"]
+    seen: list[tuple[str, str]] = []
+    errors: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            for event in watch.Watch().stream(
+                core.list_namespaced_config_map, "llm", resource_version=since, timeout_seconds=8
+            ):
+                seen.append((event["type"], event["object"].metadata.name))
+                if event["object"].metadata.name == "after-the-churn":
+                    return
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    time.sleep(1.0)  # the watch is open and waiting
+    for seconds in range(6, 20):  # many more writes to another resource than the 5 events kept
+        custom(api).patch_namespaced_custom_object(
+            GROUP, VERSION, "llm", PLURAL, "noisy", {"spec": {"interval": f"{seconds}s"}}
+        )
+        time.sleep(0.05)  # the watcher wakes between writes, as it does under load
+    core.create_namespaced_config_map("llm", {"metadata": {"name": "after-the-churn"}})
+    follower.join(timeout=15)
+    assert not errors, errors
+    assert ("ADDED", "after-the-churn") in seen

@@ -670,10 +670,19 @@ class ApiServer(kmock.KubernetesScaffold):
                     return response
             next_bookmark = loop.time() + self.bookmark_interval
             while loop.time() < deadline:
-                for event in self.store.events_since(rtype, last):
-                    last = event.resource_version
+                # The watch has seen everything up to the revision it read the history at, other resources'
+                # events included: its position moves with the store's, so a quiet resource's watch never falls
+                # behind a history that other resources' writes fill.
+                seen_up_to = self.store.revision
+                try:
+                    events = self.store.events_since(rtype, last)
+                except ApiError as expired:  # more writes while this watcher was sending than the history keeps
+                    await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
+                    break
+                for event in events:
                     if visible(event.obj):
                         await send(event.type, event.obj)
+                last = max(last, seen_up_to)
                 if bookmarks and loop.time() >= next_bookmark:
                     await bookmark()
                     next_bookmark = loop.time() + self.bookmark_interval

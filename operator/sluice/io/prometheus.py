@@ -31,6 +31,9 @@ from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSna
 from sluice.core.presets import build_queries
 from sluice.io.ports import PromAuth
 
+MAX_BACKOFF_SECONDS = 60.0
+"""The longest wait before a failing shared query is asked again (it doubles from one interval)."""
+
 FRESHNESS_KEY = "sampleTime"
 """Name under which the freshness query's failure is reported (it is not a signal)."""
 
@@ -84,7 +87,8 @@ def to_snapshot(
         failed=failed,
         unsupported=list(unsupported),
         pods={pod: PodSignals.model_validate(fields) for pod, fields in values.items()},
-        sampled_at=sample_times(freshness, pods, pod_label),
+        # No sample is newer than the oldest answer read (a fallback answer is older than the others).
+        sampled_at={pod: min(stamp, collected_at) for pod, stamp in sample_times(freshness, pods, pod_label).items()},
         freshness_known=freshness is not None,
     )
 
@@ -113,6 +117,14 @@ class _Answer:
     done: Future[dict[str, list[dict[str, Any]]]]
 
 
+@dataclass
+class _Backoff:
+    """A shared query's run of failures: when it may be asked again."""
+
+    failures: int
+    retry_at: float
+
+
 class PromIO:
     """Prometheus clients per (URL, credentials), reused across passes, and answers shared across pools.
 
@@ -122,9 +134,12 @@ class PromIO:
     asking pool's `interval` — so Prometheus sees one query per (namespace, URL, signal) per interval, not one
     per pool. When it is older, the next pass starts the next query and, while it runs, passes keep using the
     previous answer (up to two intervals old) rather than queueing behind it; without one, they wait for it.
-    A failed query is a failure for every pool it serves, for the same time (each freezes its weights and says
-    why, as it would have alone). Signals judged from a shared answer carry the time it was asked
-    (`collected_at`), and freshness comes from the samples' own timestamps, so sharing never makes old data
+    A failed query is asked again once per backoff, not by every pass: one interval after the first failure,
+    doubling with each further one up to `MAX_BACKOFF_SECONDS`, a success ending it. Meanwhile passes use
+    the last good answer while it was asked within the pool's `staleAfter`, and otherwise report the failure
+    (each pool freezes its weights and says why, as it would have alone) without waiting for the retry.
+    Signals judged from a shared answer carry the time it was asked (`collected_at`), and freshness comes from
+    the samples' own timestamps, never later than that time, so sharing or falling back never makes old data
     look new.
     """
 
@@ -137,6 +152,10 @@ class PromIO:
         """The newest completed answer per query."""
         self._pending: dict[tuple[Any, ...], _Answer] = {}
         """The query being asked, per query."""
+        self._good: dict[tuple[Any, ...], _Answer] = {}
+        """The newest successful answer per query (what passes fall back on while it fails)."""
+        self._backoff: dict[tuple[Any, ...], _Backoff] = {}
+        """Queries whose last answer failed: not asked again before `retry_at`."""
         self._swept = time.monotonic()
         self.queries_sent = 0
         """Queries sent to Prometheus so far (all pools)."""
@@ -174,13 +193,21 @@ class PromIO:
         return path
 
     def _shared(
-        self, key: tuple[Any, ...], ttl: float, now: datetime, fetch: Callable[[], list[dict[str, Any]]], label: str
+        self,
+        key: tuple[Any, ...],
+        ttl: float,
+        stale_after: float,
+        now: datetime,
+        fetch: Callable[[], list[dict[str, Any]]],
+        label: str,
     ) -> _Answer:
         """The answer to `key` to use now.
 
-        An answer asked within `ttl` seconds serves as it is. An older one starts the next (once), and keeps
-        serving while that runs if it is younger than `2 * ttl` and succeeded, so passes do not queue behind a
-        slow query; otherwise the pass waits for the new one.
+        An answer asked within `ttl` seconds serves as it is. An older one starts the next (once; after a
+        failure, not before its backoff), and keeps serving while that runs if it is younger than `2 * ttl` and
+        succeeded, so passes do not queue behind a slow query. While the query fails, the last good answer
+        serves if it was asked within `stale_after`, else the failure does; a pass waits for a query only when
+        it has neither an answer to use nor a failure to report.
         """
         at = time.monotonic()
         with self._lock:
@@ -188,18 +215,30 @@ class PromIO:
                 self._sweep(at)
             answer = self._answers.get(key)
             pending = self._pending.get(key)
+            backoff = self._backoff.get(key)
             if answer is not None and at - answer.monotonic < ttl:
-                return answer
-            if pending is None:
+                if backoff is None:
+                    return answer
+            elif pending is None and (backoff is None or at >= backoff.retry_at):
                 pending = _Answer(now, at, Future())
                 self._pending[key] = pending
                 self.queries_sent += 1
-                self._pool.submit(self._fetch, key, pending, fetch, label)
-            usable = answer is not None and at - answer.monotonic < 2 * ttl and answer.done.exception() is None
-            return answer if usable and answer is not None else pending
+                self._pool.submit(self._fetch, key, pending, fetch, label, ttl)
+            if backoff is not None and answer is not None:  # the last answer failed
+                good = self._good.get(key)
+                return good if good is not None and at - good.monotonic <= stale_after else answer
+            if answer is not None and (pending is None or at - answer.monotonic < 2 * ttl):
+                return answer
+            assert pending is not None  # no answer to use: one is being asked
+            return pending
 
     def _fetch(
-        self, key: tuple[Any, ...], answer: _Answer, fetch: Callable[[], list[dict[str, Any]]], label: str
+        self,
+        key: tuple[Any, ...],
+        answer: _Answer,
+        fetch: Callable[[], list[dict[str, Any]]],
+        label: str,
+        ttl: float,
     ) -> None:
         try:
             by_pod: dict[str, list[dict[str, Any]]] = {}
@@ -212,11 +251,27 @@ class PromIO:
             self._answers[key] = answer
             if self._pending.get(key) is answer:
                 del self._pending[key]
+            if answer.done.exception() is None:
+                self._good[key] = answer
+                self._backoff.pop(key, None)
+            else:
+                failures = self._backoff[key].failures + 1 if key in self._backoff else 1
+                wait = min(ttl * 2 ** (failures - 1), max(ttl, MAX_BACKOFF_SECONDS))
+                self._backoff[key] = _Backoff(failures, time.monotonic() + wait)
+
+    def _last_good(self, key: tuple[Any, ...], stale_after: float) -> _Answer | None:
+        """The newest successful answer to `key` if it was asked within `stale_after` seconds."""
+        with self._lock:
+            good = self._good.get(key)
+        return good if good is not None and time.monotonic() - good.monotonic <= stale_after else None
 
     def _sweep(self, at: float) -> None:
         self._swept = at
         for key in [k for k, a in self._answers.items() if a.done.done() and at - a.monotonic > 600]:
             del self._answers[key]
+            self._backoff.pop(key, None)
+        for key in [k for k, a in self._good.items() if at - a.monotonic > 600]:
+            del self._good[key]
 
     def read_signals(
         self, spec: InferencePoolSpec, namespace: str, pod_names: list[str], auth: PromAuth, now: datetime
@@ -236,10 +291,15 @@ class PromIO:
         queries: dict[str, str] = {str(name): query for name, query in plan.queries.items()}
         if plan.freshness is not None:
             queries[FRESHNESS_KEY] = plan.freshness
+        keys = {
+            signal: (metrics.prometheus_url, auth, metrics.timeout, metrics.pod_label, query)
+            for signal, query in queries.items()
+        }
         asked = {
             signal: self._shared(
-                (metrics.prometheus_url, auth, metrics.timeout, metrics.pod_label, query),
+                keys[signal],
                 spec.interval,
+                metrics.stale_after,
                 now,
                 runner(query),
                 metrics.pod_label,
@@ -249,12 +309,16 @@ class PromIO:
         answers: dict[str, list[dict[str, Any]]] = {}
         failed: dict[str, str] = {}
         collected_at = now
-        for signal, answer in asked.items():
+        for signal, asking in asked.items():
+            answer = asking
             try:
                 by_pod = answer.done.result(timeout=metrics.timeout + 2)
             except (PrometheusApiClientException, requests.RequestException, TimeoutError, ValueError) as failure:
-                failed[signal] = describe_failure(failure)
-                continue
+                fallback = self._last_good(keys[signal], metrics.stale_after)
+                if fallback is None:
+                    failed[signal] = describe_failure(failure)
+                    continue
+                answer, by_pod = fallback, fallback.done.result()
             answers[signal] = [item for pod in pod_names for item in by_pod.get(pod, ())]
             collected_at = min(collected_at, answer.asked_at)
         freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness is not None else None

@@ -1,0 +1,97 @@
+"""CPU to fetch and decode one namespace-wide Prometheus answer of N series, as the operator reads it.
+
+    python benchmarks/bench_prom_decode.py [--series 16000] [--repeat 40]
+
+A loopback HTTP server serves a vector answer shaped as Prometheus writes a `sum by (pod)` result (one `pod`
+label, a timestamp and a string value per series). Measured: the calling thread's CPU per answer (median) for
+prometheus-api-client's `custom_query` (requests' `.json()`, stdlib json) — what `sluice.io.prometheus` calls —
+and for the same request decoded with orjson, then split by pod as `PromIO` does; and the two decoders alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+
+
+def answer(series: int) -> bytes:
+    result = [
+        {"metric": {"pod": f"pool-{i // 16:04d}-{i % 16:02d}"}, "value": [1796119200.123, f"{0.5 + i % 7 / 100:.6f}"]}
+        for i in range(series)
+    ]
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+
+def cpu_ms(run: Callable[[], Any], repeat: int) -> float:
+    spent = []
+    for _ in range(repeat):
+        start = time.thread_time()
+        run()
+        spent.append(time.thread_time() - start)
+    return statistics.median(spent) * 1000
+
+
+def split(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by_pod: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        by_pod.setdefault(str(item.get("metric", {}).get("pod")), []).append(item)
+    return by_pod
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--series", type=int, default=16000)
+    parser.add_argument("--repeat", type=int, default=40)
+    args = parser.parse_args()
+    body = answer(args.series)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = PrometheusConnect(url=f"http://127.0.0.1:{server.server_address[1]}", timeout=5)
+    params = {"timeout": "4s"}
+    rows: list[tuple[str, Callable[[], Any]]] = [
+        ("custom_query + split (what the operator runs)", lambda: split(client.custom_query("q", params=params))),
+        ("json.loads alone", lambda: json.loads(body)),
+    ]
+    try:
+        orjson = importlib.import_module("orjson")  # not a dependency: measured when present
+
+        def orjson_query() -> Any:
+            response = client._session.get(f"{client.url}/api/v1/query", params={"query": "q", **params}, timeout=5)
+            return split(orjson.loads(response.content)["data"]["result"])
+
+        rows += [("same request, orjson + split", orjson_query), ("orjson.loads alone", lambda: orjson.loads(body))]
+    except ImportError:
+        print("orjson not installed: its rows are left out")
+    print(f"{args.series} series, {len(body) / 1e6:.2f} MB answer; CPU of the calling thread per answer, median")
+    try:
+        for name, run in rows:
+            print(f"  {name:48s} {cpu_ms(run, args.repeat):6.1f} ms")
+    finally:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""A shared namespace query that fails: the last good answer serves while it is fresh enough, and it is asked once.
+
+Real prometheus-api-client against a local HTTP server that can be switched to failing. A failed or timed-out
+query must not make every pass ask it again (single-flight, with backoff), and the answer passes fall back on
+keeps the time it was asked, so the core's staleness rules judge it as what it is: never a fresh number.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+
+from sluice.core.evidence import judge_metrics
+from sluice.io.prometheus import PromAuth, PromIO
+from tests.helpers import T0, spec
+
+
+class _Prometheus(BaseHTTPRequestHandler):
+    failing: ClassVar[bool] = False
+    asked: ClassVar[list[float]] = []
+    sample_time: ClassVar[float] = 0.0
+
+    def do_GET(self) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
+        _Prometheus.asked.append(time.monotonic())
+        if _Prometheus.failing:
+            body = json.dumps({"status": "error", "errorType": "internal", "error": "query failed"}).encode()
+            self.send_response(500)
+        else:
+            value = str(_Prometheus.sample_time) if "(timestamp(" in query else "3"
+            result = [{"metric": {"pod": "a"}, "value": [0, value]}]
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def prometheus() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Prometheus.failing = False
+    _Prometheus.asked.clear()
+    _Prometheus.sample_time = T0.timestamp() - 1
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+QUERIES = 8  # seven vLLM signals and the sample times
+
+
+def wait_for(count: int, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while len(_Prometheus.asked) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while_within_stale_after(
+    prometheus: str,
+) -> None:
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "4s"}, interval="1s")
+    try:
+        good = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        assert not good.failed
+        _Prometheus.failing = True
+        time.sleep(2.1)  # past two intervals: the next pass asks again, and the query fails
+        now = T0 + timedelta(seconds=2.1)
+        first = io.read_signals(pool, "llm", ["a"], PromAuth(), now)
+        wait_for(2 * QUERIES)
+        time.sleep(0.1)
+        after = io.read_signals(pool, "llm", ["a"], PromAuth(), now + timedelta(seconds=0.2))
+    finally:
+        io.close()
+    for snapshot in (first, after):
+        assert not snapshot.failed  # the last good answer is 2 s old, within staleAfter 4 s
+        assert snapshot.pods["a"].queue_length == 3.0
+        assert snapshot.collected_at == T0  # the time that answer was asked, not this pass's
+        assert snapshot.sampled_at["a"] <= T0  # its samples keep their own time
+    verdict = judge_metrics(pool, after, now + timedelta(seconds=0.2))
+    assert verdict.usable
+
+
+def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_reported(prometheus: str) -> None:
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "1s"}, interval="1s")
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        _Prometheus.failing = True
+        time.sleep(2.1)  # past two intervals and past staleAfter: the next pass asks again, and it fails
+        late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.1))
+    finally:
+        io.close()
+    assert len(late.failed) == QUERIES
+    assert late.pods == {}  # never the old numbers as if they were now
+    assert not judge_metrics(pool, late, T0 + timedelta(seconds=2.1)).usable
+
+
+def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_backoff(prometheus: str) -> None:
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "1s"}, interval="1s")
+    _Prometheus.failing = True
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        assert len(_Prometheus.asked) == QUERIES
+        time.sleep(1.1)  # one interval later: the backoff after one failure is one interval, so one more try
+
+        def one_pass(_: int) -> float:
+            start = time.monotonic()
+            snapshot = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.1))
+            assert len(snapshot.failed) == QUERIES
+            return time.monotonic() - start
+
+        with ThreadPoolExecutor(max_workers=16) as passes:
+            waited = list(passes.map(one_pass, range(32)))
+        wait_for(2 * QUERIES)
+        time.sleep(0.2)
+        assert len(_Prometheus.asked) == 2 * QUERIES  # 32 passes at once: asked once
+        time.sleep(1.2)  # past one interval, but the backoff doubled after the second failure
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.5))
+        time.sleep(0.2)
+        assert len(_Prometheus.asked) == 2 * QUERIES
+        time.sleep(1.0)  # two intervals after the second failure: asked once more
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.7))
+        wait_for(3 * QUERIES)
+        assert len(_Prometheus.asked) == 3 * QUERIES
+    finally:
+        io.close()
+    assert max(waited) < 1.0  # a pass that has a failure to report does not wait for the retry
+
+
+def test_a_success_after_failures_ends_the_backoff(prometheus: str) -> None:
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "1s"}, interval="1s")
+    _Prometheus.failing = True
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        _Prometheus.failing = False
+        time.sleep(1.1)
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.1))
+        wait_for(2 * QUERIES)
+        time.sleep(0.1)
+        healed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.3))
+        assert not healed.failed
+        assert healed.collected_at == T0 + timedelta(seconds=1.1)
+        time.sleep(2.1)  # no backoff left: the next interval asks as usual
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.4))
+        wait_for(3 * QUERIES)
+        assert len(_Prometheus.asked) == 3 * QUERIES
+    finally:
+        io.close()
