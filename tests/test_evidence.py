@@ -92,6 +92,31 @@ def test_old_samples_answered_now_are_stale():
     assert weights(later) == weights(first)
 
 
+def test_signals_read_long_ago_are_stale_even_when_the_freshness_answer_is_new():
+    """Each query's answer is shared on its own: a pass can pair a new freshness answer with older signals."""
+    s = spec(metrics={"staleAfter": "30s"})
+    pods = [pod("a"), pod("b")]
+    first = run(s, pods, {"a": sig(), "b": sig()}, 0, sampled_at={n: at(0) for n in ("a", "b")}, freshness_known=True)
+    asked = at(-40)
+    later = plan_pass(
+        s,
+        1,
+        Observed(
+            pods=pods,
+            signals=SignalSnapshot(
+                collected_at=asked,
+                pods={"a": sig(ttft=0.5), "b": sig()},
+                sampled_at={n: at(4) for n in ("a", "b")},
+                freshness_known=True,
+            ),
+        ),
+        first.status,
+        at(5),
+    )
+    assert condition(later, "MetricsAvailable") == ("False", "Stale")
+    assert weights(later) == weights(first)
+
+
 def test_one_pod_whose_samples_stopped_is_frozen_while_the_rest_follow_their_signals():
     s = spec(metrics={"staleAfter": "30s"}, scoring={"smoothing": 0})
     pods = [pod("a"), pod("b")]

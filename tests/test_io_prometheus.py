@@ -144,28 +144,43 @@ def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_it
     assert later.pods["a"].queue_length == 3.0
 
 
-def test_a_shared_answer_is_reused_only_within_the_interval_and_keeps_its_time(prometheus: str) -> None:
+def test_a_shared_answer_is_reused_only_within_half_the_interval_and_keeps_its_time(prometheus: str) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    pool = spec(metrics={"prometheusUrl": prometheus}, interval="2s")
     try:
         first = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         reused = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))
         assert len(_Handler.seen) == 8 + 1  # shared, the 503 included (its one retry is the +1)
         assert reused.collected_at == first.collected_at == T0  # the time the shared answer was asked
-        time.sleep(1.05)
-        meanwhile = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.1))
-        assert meanwhile.collected_at == T0  # older than the interval: served while the next one is asked
+        time.sleep(1.15)
+        meanwhile = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
+        assert meanwhile.collected_at == T0  # past half the interval: served while the next one is asked
         assert meanwhile.pods["a"].queue_length == 3.0
         deadline = time.monotonic() + 5
-        while len(_Handler.seen) < 2 * (8 + 1) and time.monotonic() < deadline:
+        again = 8 + 1 + 7  # asked again, once; the failing query waits out its backoff (one interval)
+        while len(_Handler.seen) < again and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(_Handler.seen) == 2 * (8 + 1)  # asked again, once
+        assert len(_Handler.seen) == again
         time.sleep(0.1)
-        renewed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.3))
-        assert renewed.collected_at == T0 + timedelta(seconds=1.1)
-        assert len(_Handler.seen) == 2 * (8 + 1)
-        time.sleep(2.1)  # more than two intervals: a pass waits for the new answer rather than use that one
-        late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.5))
-        assert late.collected_at == T0 + timedelta(seconds=3.5)
+        renewed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.4))
+        assert renewed.collected_at == T0 + timedelta(seconds=1.2)
+        assert len(_Handler.seen) == again
+        time.sleep(1.7)  # past three quarters of the interval: a pass waits for the new answer
+        late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.2))
+        assert late.collected_at == T0 + timedelta(seconds=3.2)
+    finally:
+        io.close()
+
+
+def test_a_pools_next_pass_never_gets_the_answer_its_own_previous_pass_asked_for(prometheus: str) -> None:
+    """Passes one interval apart: each reads a new answer (sharing is for the other pools in between)."""
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    try:
+        for n in range(3):
+            now = T0 + timedelta(seconds=n)
+            read = io.read_signals(pool, "llm", ["a"], PromAuth(), now)
+            assert read.collected_at == now, f"pass {n} got an answer asked at {read.collected_at}"
+            time.sleep(1.0)
     finally:
         io.close()

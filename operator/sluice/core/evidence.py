@@ -36,6 +36,11 @@ def judge_metrics(spec: InferencePoolSpec, snapshot: SignalSnapshot, now: dateti
         failures = "; ".join(f"{name}: {why}" for name, why in sorted(snapshot.failed.items()))
         return MetricsVerdict(False, "QueryFailed", f"{failures}; weights frozen")
     limit = spec.metrics.stale_after
+    read = (now - snapshot.collected_at).total_seconds()
+    if read > limit:  # answers are shared per query: old signals can come with a new freshness answer
+        return MetricsVerdict(
+            False, "Stale", f"signals were read {read:.0f}s ago (staleAfter {limit:g}s); weights frozen"
+        )
     if snapshot.freshness_known and snapshot.sampled_at:
         newest = max(snapshot.sampled_at.values())
         age = (now - newest).total_seconds()
@@ -45,10 +50,6 @@ def judge_metrics(spec: InferencePoolSpec, snapshot: SignalSnapshot, now: dateti
                 "Stale",
                 f"newest sample is {age:.0f}s old (staleAfter {limit:g}s): scraping has stalled; weights frozen",
             )
-    else:
-        age = (now - snapshot.collected_at).total_seconds()
-        if age > limit:
-            return MetricsVerdict(False, "Stale", f"signals are {age:.0f}s old (staleAfter {limit:g}s); weights frozen")
     message = "signals fresh"
     if not snapshot.freshness_known:
         message += " (sample age unknown for this engine: judged by query time)"

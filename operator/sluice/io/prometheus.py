@@ -130,10 +130,11 @@ class PromIO:
 
     Pools of one namespace with the same metrics settings render the same namespace-wide queries
     (`build_queries(..., namespace_wide=True)`). The first pass to need a query runs it; the answer, split by
-    pod, serves every pass that needs the same query (same URL, credentials, timeout, pod label) within the
-    asking pool's `interval` — so Prometheus sees one query per (namespace, URL, signal) per interval, not one
-    per pool. When it is older, the next pass starts the next query and, while it runs, passes keep using the
-    previous answer (up to two intervals old) rather than queueing behind it; without one, they wait for it.
+    pod, serves every pass that needs the same query (same URL, credentials, timeout, pod label) within half
+    the asking pool's `interval` — so Prometheus sees about two queries per (namespace, URL, signal) per
+    interval, not one per pool, and a pool's next pass never reads the answer its own previous pass asked for.
+    When it is older, the next pass starts the next query and, while it runs, passes keep using the previous
+    answer (up to three quarters of an interval old) rather than queueing behind it; without one, they wait.
     A failed query is asked again once per backoff, not by every pass: one interval after the first failure,
     doubling with each further one up to `MAX_BACKOFF_SECONDS`, a success ending it. Meanwhile passes use
     the last good answer while it was asked within the pool's `staleAfter`, and otherwise report the failure
@@ -203,8 +204,10 @@ class PromIO:
     ) -> _Answer:
         """The answer to `key` to use now.
 
-        An answer asked within `ttl` seconds serves as it is. An older one starts the next (once; after a
-        failure, not before its backoff), and keeps serving while that runs if it is younger than `2 * ttl` and
+        `ttl` is the asking pool's interval. An answer asked within half of it serves as it is, so a pool's
+        next pass (one interval later) never reads the answer its own previous pass asked for; the pools whose
+        passes fall in between share it. An older one starts the next (once; after a failure, not before its
+        backoff), and keeps serving while that runs if it is younger than three quarters of the interval and
         succeeded, so passes do not queue behind a slow query. While the query fails, the last good answer
         serves if it was asked within `stale_after`, else the failure does; a pass waits for a query only when
         it has neither an answer to use nor a failure to report.
@@ -216,7 +219,7 @@ class PromIO:
             answer = self._answers.get(key)
             pending = self._pending.get(key)
             backoff = self._backoff.get(key)
-            if answer is not None and at - answer.monotonic < ttl:
+            if answer is not None and at - answer.monotonic < ttl / 2:
                 if backoff is None:
                     return answer
             elif pending is None and (backoff is None or at >= backoff.retry_at):
@@ -227,7 +230,7 @@ class PromIO:
             if backoff is not None and answer is not None:  # the last answer failed
                 good = self._good.get(key)
                 return good if good is not None and at - good.monotonic <= stale_after else answer
-            if answer is not None and (pending is None or at - answer.monotonic < 2 * ttl):
+            if answer is not None and (pending is None or at - answer.monotonic < 0.75 * ttl):
                 return answer
             assert pending is not None  # no answer to use: one is being asked
             return pending
