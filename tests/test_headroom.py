@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -170,3 +171,148 @@ def test_bad_headroom_knobs_are_refused_naming_the_field(field, value):
     with pytest.raises(ValidationError) as refused:
         spec(scoring={field: value})
     assert f"scoring.{field}" in str(refused.value)
+
+
+# --- memory without a TTFT signal, probing on evidence only, cold start, frozen pods, NaN ---------------------
+
+
+def _tgi(rps: float, queue: float, running: float = 4.0) -> PodSignals:
+    """An engine without a TTFT histogram (TGI): rate, queue and running batch only."""
+    return PodSignals(queue_length=queue, running_requests=running, request_rate=rps, error_rate=0.0)
+
+
+def _row(plan_, name):
+    return next(r for r in plan_.status.endpoints if r.pod == name)
+
+
+def test_without_a_ttft_signal_a_measured_capacity_is_remembered():
+    s = spec(**HEADROOM)
+    busy = {p.name: _tgi(4.0, 2.0) for p in PODS}
+    first = run(s, PODS, busy, 0)
+    learned = _row(first, "a100-1").learned_capacity
+    assert learned is not None
+    assert learned > 0
+    # The queue drains on one pod: what was measured is kept, not relearned from the class prior.
+    drained = {**busy, "a100-1": _tgi(4.0, 0.0)}
+    second = run(s, PODS, drained, 5, first.status)
+    row = _row(second, "a100-1")
+    assert row.learned_capacity == pytest.approx(learned, rel=0.05)
+    assert "prior" not in row.reason
+
+
+def test_a_missing_ttft_is_no_evidence_of_spare_capacity_so_no_probing():
+    out = plan([PodLoad("a", 1.0, 9.0, None, None, 3.0, previous_capacity=10.0, previous_idle=0.2)], 0.3, 60, 0.8, 8, 1)
+    assert out["a"].learned == pytest.approx(10.0)
+    assert out["a"].source != "probing"
+    # An actual reading below INFORMATIVE is evidence: the belief rises slowly.
+    read = plan([PodLoad("a", 1.0, 9.0, 0.22, 0.0, 3.0, previous_capacity=10.0, previous_idle=0.2)], 0.3, 60, 0.8, 8, 1)
+    assert read["a"].source == "probing"
+    assert read["a"].learned == pytest.approx(10.2)
+
+
+def test_session_affinity_weighs_by_share_without_the_least_request_divisor():
+    s = spec(
+        scoring={"policy": "headroom", "hysteresisPercent": 0}, routing={"sessionAffinity": {"header": "x-session"}}
+    )
+    lr = spec(
+        scoring={"policy": "headroom", "hysteresisPercent": 0}, routing={"leastRequest": {"activeRequestBias": 1.0}}
+    )
+    hetero = [pod("fast", "a100"), pod("slow", "a100")]
+    signals = {"fast": _sig(6.0, 0.4, running=30.0), "slow": _sig(2.0, 0.4, running=4.0)}
+    sa, least = run(s, hetero, signals, 0), run(lr, hetero, signals, 0)
+    share = {n: float(_row(sa, n).reason.split("planned ")[1].split("/s")[0]) for n in ("fast", "slow")}
+    w = weights(sa)
+    assert w["slow"] / w["fast"] == pytest.approx(share["slow"] / share["fast"], rel=0.02)
+    assert weights(least)["slow"] != w["slow"]  # least-request's divisor does change the weights
+
+
+def test_a_cold_pod_carrying_traffic_without_inflation_is_not_believed_saturated_and_no_prior_is_persisted():
+    pods = [pod("a100-0", "a100"), pod("cpu-0", "cpu")]
+    s = spec(scoring={"policy": "headroom"}, capacity={"classes": {"a100": 10, "cpu": 1}})
+    signals = {"a100-0": _sig(12.0, 0.3), "cpu-0": _sig(1.0, 0.3)}
+    first = run(s, pods, signals, 0)
+    for name, rate in (("a100-0", 12.0), ("cpu-0", 1.0)):
+        row = _row(first, name)
+        assert row.score >= rate / 0.5 - 1e-6, (name, row.score, row.reason)  # at most SPARE loaded
+        assert row.learned_capacity is None  # a prior is not a measurement
+        assert "prior" in row.reason
+    second = run(s, pods, signals, 5, first.status)
+    assert "prior" in _row(second, "a100-0").reason  # still a prior: not read back as learned
+
+
+def test_without_any_rate_the_class_coefficient_is_not_reported_as_requests_per_second():
+    out = plan(
+        [PodLoad("a", 10.0, None, None, None, None), PodLoad("b", 1.0, None, None, None, None)], 0.3, 60, 0.8, 8, 1
+    )
+    assert out["a"].source == "relative"
+    assert out["a"].learned is None
+    assert "/s" not in out["a"].explain().split("planned")[0]
+    assert out["a"].weight > out["b"].weight > 0
+
+
+def test_a_frozen_pod_is_not_planned_a_share_of_the_fresh_pods_demand():
+    out = plan(
+        [
+            PodLoad("fresh", 1.0, 4.0, 0.3, 0.0, 4.0, previous_capacity=10.0, previous_idle=0.25),
+            PodLoad("frozen", 1.0, 4.0, 0.3, 0.0, 4.0, previous_capacity=10.0, previous_idle=0.25, fresh=False),
+        ],
+        0.3,
+        60,
+        0.8,
+        8,
+        1,
+    )
+    assert out["fresh"].share == pytest.approx(out["fresh"].demand) == pytest.approx(4.0)
+    assert out["frozen"].share == 0.0
+    assert out["frozen"].learned == pytest.approx(10.0)
+
+
+def test_nan_signals_are_missing_never_numbers():
+    nan = float("nan")
+    out = plan([PodLoad("a", 1.0, 4.0, nan, nan, nan, previous_capacity=10.0, previous_idle=0.25)], 0.3, 60, 0.8, 8, 1)
+    assert out["a"].idle_ttft == pytest.approx(0.25)
+    assert math.isfinite(out["a"].weight)
+    out = plan([PodLoad("a", 1.0, 4.0, 0.3, 0.0, nan, previous_capacity=10.0, previous_idle=0.25)], 0.3, 60, 0.8, 8, 1)
+    assert math.isfinite(out["a"].weight)
+    assert out["a"].weight > 0
+    # At the edge the signals model refuses NaN outright, so a pass never sees one.
+    with pytest.raises(ValidationError):
+        PodSignals(ttft_p95_seconds=nan)
+
+
+def test_a_recovering_pod_ramps_on_its_plan_not_blended_with_its_ramped_weight():
+    s = spec(**HEADROOM)
+    good = {p.name: _sig(4.0, 0.4) for p in PODS}
+    status = run(s, PODS, good, 0).status
+    failing = PodSignals(ttft_p95_seconds=0.4, running_requests=10.0, request_rate=4.0, error_rate=0.5)
+    status = run(s, PODS, {**good, "a100-1": failing}, 5, status).status
+    assert _row_status(status, "a100-1").state == "Zeroed"
+    seen = []
+    for t in range(10, 200, 5):
+        status = run(s, PODS, good, t, status).status
+        row = _row_status(status, "a100-1")
+        if row.state == "Recovering":
+            seen.append(row.reason)
+    assert seen, "never recovered"
+    for reason in seen:
+        assert reason.endswith("of scored weight 1000"), reason
+
+
+def _row_status(status, name):
+    return next(r for r in status.endpoints if r.pod == name)
+
+
+def test_without_a_ttft_signal_weights_are_still_smoothed():
+    hetero = [pod("a100-0", "a100"), pod("a100-1", "a100")]
+    busy = {p.name: _tgi(4.0, 2.0, running=4.0) for p in hetero}
+    # Ten times the time in system on a100-1: least-request needs it weighted up, so a100-0 is weighted down.
+    longer = {**busy, "a100-1": _tgi(4.0, 2.0, running=40.0)}
+    got = {}
+    for smoothing in (0.0, 0.5):
+        s = spec(scoring={"policy": "headroom", "smoothing": smoothing, "hysteresisPercent": 0})
+        first = run(s, hetero, busy, 0)
+        got[smoothing] = (weights(first)["a100-0"], weights(run(s, hetero, longer, 5, first.status))["a100-0"])
+    (before, target), (before_smoothed, smoothed) = got[0.0], got[0.5]
+    assert before == before_smoothed
+    assert target < before
+    assert smoothed == pytest.approx((before + target) / 2, abs=2)
