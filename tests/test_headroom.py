@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from sluice.api.v1alpha1 import ScoringSpec
-from sluice.core.headroom import PodLoad, plan, utilisation, water_fill
+from sluice.core.headroom import PodLoad, estimate, learn_idle, plan, utilisation, water_fill
 from sluice.core.observed import PodSignals
 from tests.helpers import pod, run, spec, weights
 
@@ -86,7 +86,8 @@ def test_a_pod_that_saturates_below_its_declared_class_learns_its_capacity():
             1.0,
         )
         capacity = out["slow"].learned
-    assert capacity == pytest.approx(2.0 / 0.98, rel=0.05)
+    # The queue reads rho = sqrt(12^2 + 2*12) - 12 = 0.9615 (above the TTFT's 1 - 0.25/2 = 0.875): 2 / 0.9615.
+    assert capacity == pytest.approx(2.0 / (168**0.5 - 12), rel=0.01)
     assert out["slow"].source == "measured"
     assert out["slow"].share < out["ok"].share
     assert "measured" in out["slow"].explain()
@@ -316,3 +317,105 @@ def test_without_a_ttft_signal_weights_are_still_smoothed():
     assert before == before_smoothed
     assert target < before
     assert smoothed == pytest.approx((before + target) / 2, abs=2)
+
+
+# --- the estimator's arithmetic, pinned ------------------------------------------------------------------------
+
+
+def _one(rate, ttft, previous=10.0, idle=0.2, smoothing=0.3, queue=0.0, window=60.0):
+    return estimate(
+        [PodLoad("a", 1.0, rate, ttft, queue, 1.0, previous_capacity=previous, previous_idle=idle)], smoothing, window
+    )["a"]
+
+
+def test_a_measurement_lowers_the_capacity_at_the_smoothing_gain_and_raises_it_at_a_tenth_of_it():
+    # rho = 1 - 0.2/0.5 = 0.6 (CONFIDENT: full confidence), 720 samples: gain 0.7.
+    fall, _, rho, source = _one(3.0, 0.5)  # observed 3 / 0.6 = 5
+    assert rho == pytest.approx(0.6)
+    assert source == "measured"
+    assert fall == pytest.approx(10 + 0.7 * (5 - 10))
+    rise, *_ = _one(9.0, 0.5)  # observed 15: a tenth of the gain
+    assert rise == pytest.approx(10 + 0.7 * 0.1 * (15 - 10))
+
+
+def test_a_lighter_or_thinner_reading_moves_the_capacity_less():
+    # rho 0.3 (INFORMATIVE): half the confidence of 0.6.
+    light, _, rho, source = _one(1.5, 0.2 / 0.7)
+    assert rho == pytest.approx(0.3)
+    assert source == "measured"
+    assert light == pytest.approx(10 + 0.7 * 0.5 * (5 - 10))
+    # 0.05 req/s over 60 s: 3 requests of the 30 that count fully.
+    thin, *_ = _one(0.05, 0.5)
+    assert thin == pytest.approx(10 + 0.7 * 0.1 * (0.05 / 0.6 - 10))
+    # Below INFORMATIVE a reading is no measurement: with rate < half the capacity, nothing moves.
+    quiet, _, _, source = _one(3.0, 0.25)
+    assert quiet == pytest.approx(10.0)
+    assert source == "learned"
+
+
+def test_the_idle_ttft_descends_a_tenth_of_the_way_and_drifts_up_slowly():
+    assert learn_idle(0.1, 0.2) == pytest.approx(0.19)
+    assert learn_idle(0.4, 0.2) == pytest.approx(0.2004)
+    assert learn_idle(None, 0.2) == 0.2
+    assert learn_idle(0.3, None) == 0.3
+
+
+def test_the_weight_is_the_share_times_envoys_active_plus_one_divisor():
+    # Same capacity and idle TTFT, same rate: equal shares (4/s each). a: 16 running at 4/s -> 4 s in system ->
+    # 16 in flight over 8 sidecars -> (1 + 2)^1 = 3; b: nothing running -> 1.
+    loads = [
+        PodLoad("a", 1.0, 4.0, 0.25, 0.0, 16.0, previous_capacity=20.0, previous_idle=0.25),
+        PodLoad("b", 1.0, 4.0, 0.25, 0.0, 0.0, previous_capacity=20.0, previous_idle=0.25),
+    ]
+    out = plan(loads, 0.3, 60, 0.8, 8, 1.0)
+    assert out["a"].share == pytest.approx(4.0)
+    assert out["a"].weight / out["b"].weight == pytest.approx(3.0)
+    squared = plan(loads, 0.3, 60, 0.8, 8, 2.0)
+    assert squared["a"].weight / squared["b"].weight == pytest.approx(9.0)
+    assert plan(loads, 0.3, 60, 0.8, 16, 1.0)["a"].weight / out["b"].weight == pytest.approx(2.0)
+
+
+def test_target_utilisation_caps_the_fast_pod_while_another_has_room():
+    shares = water_fill(6.0, [10.0, 10.0], [0.1, 1.0], 0.5)
+    assert shares == pytest.approx([5.0, 1.0])
+    assert water_fill(6.0, [10.0, 10.0], [0.1, 1.0], 0.9)[0] > 5.5
+
+
+def test_a_frozen_pod_holds_its_capacity_whatever_its_stale_readings_say():
+    out = estimate(
+        [PodLoad("f", 1.0, 3.0, 0.5, 0.0, 1.0, previous_capacity=10.0, previous_idle=0.2, fresh=False)], 0.3, 60
+    )
+    assert out["f"][0] == 10.0
+    assert out["f"][3] == "held"
+
+
+def test_without_traffic_a_trickle_of_five_percent_of_capacity_is_planned_fastest_first():
+    loads = [
+        PodLoad("fast", 1.0, 0.0, None, None, None, previous_capacity=10.0, previous_idle=0.1),
+        PodLoad("slow", 1.0, 0.0, None, None, None, previous_capacity=10.0, previous_idle=0.5),
+    ]
+    out = plan(loads, 0.3, 60, 0.8, 8, 1.0)
+    assert out["fast"].share + out["slow"].share == pytest.approx(1.0)
+    assert out["fast"].share == pytest.approx(1.0)
+    assert out["fast"].weight > 0
+
+
+def test_a_pod_with_nothing_learned_gets_the_median_capacity_per_unit_of_k():
+    loads = [
+        PodLoad("a", 1.0, 0.5, 0.3, 0.0, 1.0, previous_capacity=1.0, previous_idle=0.3),
+        PodLoad("b", 1.0, 0.5, 0.3, 0.0, 1.0, previous_capacity=2.0, previous_idle=0.3),
+        PodLoad("c", 1.0, 0.5, 0.3, 0.0, 1.0, previous_capacity=10.0, previous_idle=0.3),
+        PodLoad("new", 3.0, None, None, None, None),
+    ]
+    new = estimate(loads, 0.3, 60)["new"]
+    assert new[0] == pytest.approx(3.0 * 2.0)
+    assert new[3] == "prior"
+
+
+def test_one_pod_takes_the_whole_demand():
+    out = plan(
+        [PodLoad("only", 1.0, 3.0, 0.3, 0.0, 2.0, previous_capacity=4.0, previous_idle=0.25)], 0.3, 60, 0.8, 8, 1
+    )
+    assert out["only"].share == pytest.approx(3.0)
+    assert out["only"].demand == pytest.approx(3.0)
+    assert out["only"].weight > 0
