@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-envoy bench-real bench-core bench-scale clean
+.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
 
 venv: $(STAMP)
 
@@ -59,6 +59,10 @@ demo: venv stack-deps
 SCENARIOS := seed-000 seed-000-fast homogeneous mixed-fleet mixed-saturating degrading-node bad-canary burst
 bench: venv
 	$(PY) -m sluice bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) --out out/bench
+
+# The report again from out/bench/results.json, without simulating (report logic changes only).
+bench-report: venv
+	$(PY) -m sluice bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) --from-results out/bench/results.json --out out/bench
 
 # Real Envoy in front of the simulated servers, weights from sluice through a watched EDS file; out/bench-envoy/.
 bench-envoy: venv stack-deps

@@ -164,6 +164,108 @@ def test_a_target_every_baseline_meets_is_removed() -> None:
     assert kept[f"P99 TTFT within the SLO at the load nearest {targets.NEAR:.0%}"]["failed_by"] == ["round-robin"]
 
 
+def _issue_result(p99: dict[str, tuple[float, float, float]], goodput: dict[str, tuple[float, float, float]]):
+    """A heterogeneous scenario at one load (0.7) with the given P99s and goodputs."""
+    row = {s: [{"ttft_p99_ms": v, "ttft_mean_ms": v, "completed": (100.0, 100.0, 100.0)}] for s, v in p99.items()}
+    return {
+        "loads": [0.7],
+        "capacity": 10.0,
+        "slo_ttft_p99_ms": 1000.0,
+        "servers": [{"hardware": "a100"}, {"hardware": "cpu"}],
+        "goodput": goodput,
+        "strategies": row,
+    }
+
+
+def _issue_row(result, target):
+    return next(c for c in targets.issue_checks({"x": result}) if c["target"].startswith(target))
+
+
+def test_an_unbounded_least_request_is_named_not_read_as_a_zero_ratio() -> None:
+    inf = math.inf
+    g = dict.fromkeys(("sluice", "sluice-cube", "least-request", "round-robin"), (5.0, 5.0, 5.0))
+    result = _issue_result(
+        {
+            "sluice": (300.0, 200.0, 400.0),
+            "sluice-cube": (inf, inf, inf),
+            "least-request": (inf, inf, inf),
+            "round-robin": (inf, inf, inf),
+        },
+        g,
+    )
+    row = _issue_row(result, "P99 TTFT ≤ 0.5 × least-request")
+    assert row["sluice"] == ("least-request unbounded", "yes")
+    assert row["sluice-cube"] == ("∞ (unbounded)", "**no**")  # ∞ against ∞ is no win
+    assert "0.00x" not in targets.issue_table([row])
+
+
+def test_a_difference_inside_the_intervals_is_not_a_win_and_baselines_are_checked_too() -> None:
+    g = dict.fromkeys(("sluice", "sluice-cube", "least-request", "round-robin"), (5.0, 5.0, 5.0))
+    p99 = {
+        "sluice": (330.0, 306.0, 2743.0),  # median 0.77x least-request's, but its interval reaches past it
+        "sluice-cube": (100.0, 90.0, 110.0),
+        "least-request": (426.0, 394.0, 445.0),
+        "round-robin": (100.0, 90.0, 120.0),  # a baseline meeting it too
+    }
+    row = _issue_row(_issue_result(p99, g), "P99 TTFT ≤ 0.8 × least-request, every load 70")
+    assert row["sluice"][1] == "inside interval"
+    assert row["sluice-cube"][1] == "yes"
+    assert row["baselines_meeting"] == ["round-robin"]
+    assert not row["degenerate"]  # least-request itself fails it
+    never_worse = _issue_row(_issue_result(p99, g), "P99 TTFT ≤ least-request's at every load")
+    assert never_worse["baselines_meeting"] == ["least-request", "round-robin"]
+    assert never_worse["degenerate"]
+    assert "degenerate, not a win" in targets.issue_table([never_worse])
+
+
+def test_a_goodput_against_a_reference_of_zero_is_not_an_infinite_factor() -> None:
+    g = {"sluice": (6.0, 5.0, 7.0), "sluice-cube": (0.0, 0.0, 0.0), "least-request": (0.0, 0.0, 0.0)}
+    p99 = dict.fromkeys(g, (100.0, 90.0, 110.0))
+    row = _issue_row(_issue_result(p99, g), "goodput at SLO ≥ 1.5 × least-request")
+    assert row["sluice"] == ("reference has no goodput (0 req/s)", "yes")
+    assert row["sluice-cube"] == ("1.00x", "**no**")
+
+
+def test_the_report_is_rendered_again_from_stored_results_with_current_labels(tmp_path: Path) -> None:
+    from sluice.bench.report import rerender  # noqa: PLC0415
+
+    g = dict.fromkeys(("sluice", "sluice-cube", "least-request"), (5.0, 5.0, 5.0))
+    r = _issue_result(dict.fromkeys(g, (100.0, 90.0, 110.0)), g)
+    r["servers"] = [
+        {
+            "name": n,
+            "hardware": h,
+            "capacity": 5.0,
+            "idle_p99_ms": 100.0,
+            "p99_at_90_ms": 200.0,
+            "peak_kv_at_90": 0.5,
+            "peak_waiting_at_90": 1,
+            "preemptions_at_110": 0,
+        }
+        for n, h in (("a100-0", "a100"), ("cpu-0", "cpu"))
+    ]
+    for rows in r["strategies"].values():
+        rows[0].update(ttft_p50_ms=(50.0, 40.0, 60.0), share={})
+    r.update(description="old", held_out=True, seeds=[7], seconds=1.0)
+    stored = tmp_path / "results.json"
+    stored.write_text(json.dumps({"scenarios": {"seed-000-fast": r}, "calibration": [], "seconds": 1.0}))
+    scenario = tmp_path / "seed-000-fast.yaml"
+    scenario.write_text(
+        "name: seed-000-fast\ndescription: new\nservers: [{name: a, hardware: a100}]\nsame_traces_as: seed-000\n"
+    )
+    text = rerender(stored, [scenario], tmp_path / "out")
+    assert "seed-000's traces (not held out)" in text
+    assert "| seed-000-fast | held out |" not in text
+    assert (tmp_path / "out" / "report.md").read_text() == text
+
+
+def test_a_scenario_on_anothers_traces_cannot_be_held_out(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nservers: [{name: a, hardware: a100}]\nsame_traces_as: seed-000\nheld_out: true\n")
+    with pytest.raises(ValueError, match="same_traces_as"):
+        load(scenario)
+
+
 # ---------------------------------------------------------------------------------------------- the whole run
 
 

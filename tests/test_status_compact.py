@@ -33,6 +33,7 @@ MEMORY_FIELDS = (
     "revision",
     "hardware_class",
     "idle_ttft_seconds",
+    "learned_capacity",
 )
 
 

@@ -211,12 +211,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """The routing-quality benchmark (a tool: imports the simulation only when asked for)."""
-    from sluice.bench.report import run  # noqa: PLC0415
+    from sluice.bench.report import rerender, run  # noqa: PLC0415
 
     files = [Path(f) for f in args.scenario]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
         raise InputError(f"no such scenario: {', '.join(missing)}")
+    if args.from_results:
+        stored = Path(args.from_results)
+        if not stored.exists():
+            raise InputError(f"--from-results: no such file: {stored}")
+        print(rerender(stored, files, Path(args.out)))
+        return 0
     run(files, Path(args.out), plots=not args.no_plots)
     return 0
 
@@ -269,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scenario", action="append", required=True, help="scenario YAML (repeatable)")
     bench.add_argument("--out", default="out/bench", help="directory for results.json, report.md and plots")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.add_argument(
+        "--from-results",
+        help="re-render report.md from a stored results.json without simulating (labels from the scenario files)",
+    )
     bench.set_defaults(handler=cmd_bench)
     return parser
 

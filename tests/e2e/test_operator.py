@@ -127,11 +127,15 @@ def test_pool_publishes_istio_objects_that_istio_accepts_and_weights_follow_capa
     # "weight frozen").
     wait_until(
         lambda: (
-            re.match(r"capacity [0-9.]+/s \((measured|learned|probing|prior|relative)", reason("llama-cpu-0"))
+            re.match(
+                r"capacity ([0-9.]+/s \((measured|learned|probing|prior)|relative K=[0-9.]+ \(no rate yet)",
+                reason("llama-cpu-0"),
+            )
             and "planned" in reason("llama-cpu-0")
         ),
         20,
         "the CPU pod's reason",
+        show=lambda: reason("llama-cpu-0"),
     )
     print(f"\nServiceEntry weights: {w}")
 

@@ -2,8 +2,8 @@
 
 The next pass needs, of every pod, what its previous row held: weight (hysteresis, frozen weights), smoothed
 score, state and since, the TTFT estimate, restarts (restart detection), the failing-band streak, the floor mark
-and the last incident (quiet period, ramp), the learned idle TTFT (the headroom policy: with the score, the
-learned capacity); revision and class feed the summary. For the pods without a row that
+and the last incident (quiet period, ramp), the learned idle TTFT and learned capacity (the headroom
+policy); revision and class feed the summary. For the pods without a row that
 is one short array each, trailing defaults dropped, the whole list as zlib-compressed JSON in base64: pod names
 of one Deployment share their prefix and compress well. Times are kept exactly (ISO strings), so an incident or
 a ramp reads back the same instant. The format carries its version (`z1:`); anything else is refused with a
@@ -44,6 +44,7 @@ FIELDS: tuple[tuple[str, Any], ...] = (
     ("revision", None),
     ("hardware_class", None),
     ("idle_ttft_seconds", None),
+    ("learned_capacity", None),
 )
 _ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
 
@@ -74,6 +75,7 @@ def _pack(row: EndpointStatus) -> list[Any]:
         row.revision,
         row.hardware_class,
         row.idle_ttft_seconds,
+        row.learned_capacity,
     ]
     while values and values[-1] == FIELDS[len(values) - 1][1]:
         values.pop()

@@ -277,7 +277,9 @@ class ScoringSpec(ApiModel):
         le=100000,
         description="headroom: roughly how many client sidecars send to the pool. Envoy divides a weight by "
         "(active + 1) per sidecar, and a sidecar's active count is the pod's in-flight requests over this; "
-        "weights are raised by that factor so each pod gets its planned share.",
+        "weights are raised by that factor so each pod gets its planned share. Set it to the number of client Envoy "
+        "sidecars (calling pods plus gateways): the default 8 is the benchmark's count, not a property of the mesh. "
+        "No effect with routing.sessionAffinity (consistent hash weighs proportionally).",
     )
     hysteresis_percent: float = Field(
         default=10.0,

@@ -75,6 +75,11 @@ class EndpointStatus(StatusModel):
         description="scoring.policy headroom: the pod's learned idle TTFT (lowest seen, drifting up slowly), "
         "against which TTFT inflation reads its load.",
     )
+    learned_capacity: float | None = Field(
+        default=None,
+        description="scoring.policy headroom: the capacity (requests/s) measured from the pod's own load and "
+        "remembered; absent while only the class prior is known.",
+    )
     consecutive_failures: int = Field(default=0, description="Passes in a row below every health band.")
     restarts: int = Field(default=0, description="Container restarts last seen.")
     last_incident_at: datetime | None = Field(default=None, description="Last zeroing incident.")

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Hardware = Literal["h100", "a100", "l40s", "a10g", "rtx4090", "cpu"]
 
@@ -123,6 +123,17 @@ class Scenario(_Model):
     """Which strategies to run (default: all)."""
     held_out: bool = False
     """Not used to choose the routing policy's parameters (the report says which scenarios were)."""
+    same_traces_as: str | None = None
+    """A variant of that scenario on the same seeds, servers and workload (e.g. only the control loop differs):
+    it shares its traces, so it is never held out."""
+
+    @model_validator(mode="after")
+    def _variant_not_held_out(self) -> Scenario:
+        if self.same_traces_as is not None and self.held_out:
+            raise ValueError(
+                f"same_traces_as: {self.name} shares {self.same_traces_as}'s traces, so it is not held out"
+            )
+        return self
 
 
 def load(path: str | Path) -> Scenario:

@@ -134,42 +134,63 @@ def table(checks: list[dict[str, Any]]) -> str:
 CANDIDATES = ("sluice", "sluice-cube")
 PEERS = ("round-robin", "least-request", "power-of-two", "consistent-hash")
 """The routers a user could run instead of sluice (Envoy's two policies, the vLLM router's two)."""
-IssueVerdict = tuple[float, bool] | None
+UNDEFINED = math.nan
+"""A ratio against a reference that has no finite value (least-request's P99 unbounded, or its goodput 0): a
+finite figure beats it, but by no factor; printed as such, never as 0.00x or inf x."""
+IssueVerdict = tuple[float, bool, bool] | None
+"""(worst ratio of medians, met on the medians, met on the interval bounds)."""
 IssuePredicate = Callable[[dict[str, Any], str], IssueVerdict]
 
 
 def _ratio(mine: float, theirs: float) -> float:
+    """mine / theirs; UNDEFINED for a finite figure against an unbounded one, ∞ for an unbounded against either."""
+    if math.isinf(mine):
+        return math.inf
     if math.isinf(theirs):
-        return 1.0 if math.isinf(mine) else 0.0
+        return UNDEFINED
     return math.inf if theirs <= 0 else mine / theirs
 
 
-def _figure(r: dict[str, Any], strategy: str, i: int, key: str) -> float | None:
+def _worst(ratios: list[float]) -> float | None:
+    """The worst (largest) ratio; UNDEFINED only when every ratio is (the reference unbounded throughout)."""
+    defined = [x for x in ratios if not math.isnan(x)]
+    if defined:
+        return max(defined)
+    return UNDEFINED if ratios else None
+
+
+def _figure(r: dict[str, Any], strategy: str, i: int, key: str, at: int = 0) -> float | None:
+    """One figure of a strategy at load i: its median over seeds (at=0), or its interval's lower (1) or upper (2)."""
     rows = r["strategies"].get(strategy)
     if rows is None or rows[i].get(key) is None:
         return None
-    return float(rows[i][key][0])
+    return float(rows[i][key][at])
 
 
 def _worst_ratio(
-    r: dict[str, Any], strategy: str, key: str, lo: float, hi: float, versus: Callable[[int], float | None]
-) -> float | None:
-    ratios = []
+    r: dict[str, Any], strategy: str, key: str, lo: float, hi: float, versus: Callable[[int, int], float | None]
+) -> tuple[float, float] | None:
+    """Worst over the loads in [lo, hi] of mine / reference, on the medians and on the bounds (my interval's
+    upper end over the reference's lower end: the ratio the intervals cannot rule out)."""
+    medians, bounds = [], []
     for i, load in enumerate(r["loads"]):
         if lo - 1e-9 <= load <= hi + 1e-9:
-            mine, theirs = _figure(r, strategy, i, key), versus(i)
-            if mine is not None and theirs is not None:
-                ratios.append(_ratio(mine, theirs))
-    return max(ratios) if ratios else None
+            mine, theirs = _figure(r, strategy, i, key), versus(i, 0)
+            mine_hi, theirs_lo = _figure(r, strategy, i, key, 2), versus(i, 1)
+            if mine is not None and theirs is not None and mine_hi is not None and theirs_lo is not None:
+                medians.append(_ratio(mine, theirs))
+                bounds.append(_ratio(mine_hi, theirs_lo))
+    worst, bound = _worst(medians), _worst(bounds)
+    return None if worst is None or bound is None else (worst, bound)
 
 
-def _lr(r: dict[str, Any], key: str) -> Callable[[int], float | None]:
-    return lambda i: _figure(r, "least-request", i, key)
+def _lr(r: dict[str, Any], key: str) -> Callable[[int, int], float | None]:
+    return lambda i, at: _figure(r, "least-request", i, key, at)
 
 
-def _best_peer(r: dict[str, Any], key: str) -> Callable[[int], float | None]:
-    def best(i: int) -> float | None:
-        values = [v for p in PEERS if (v := _figure(r, p, i, key)) is not None]
+def _best_peer(r: dict[str, Any], key: str) -> Callable[[int, int], float | None]:
+    def best(i: int, at: int) -> float | None:
+        values = [v for p in PEERS if (v := _figure(r, p, i, key, at)) is not None]
         return min(values) if values else None
 
     return best
@@ -183,8 +204,16 @@ def _has_incident(r: dict[str, Any]) -> bool:
     return any("incident_ttft_p99_ms" in rows[0] for rows in r["strategies"].values())
 
 
-def _at_most(bound: float, value: float | None) -> IssueVerdict:
-    return None if value is None else (value, value <= bound)
+def _at_most(bound: float, value: tuple[float, float] | None) -> IssueVerdict:
+    """Met: the ratio is at most `bound` (a finite figure against an unbounded reference meets any bound)."""
+    if value is None:
+        return None
+    median, edge = value
+
+    def ok(x: float) -> bool:
+        return math.isnan(x) or x <= bound
+
+    return median, ok(median), ok(edge)
 
 
 def _t_low_p99_lr(r: dict[str, Any], s: str) -> IssueVerdict:
@@ -220,12 +249,19 @@ def _t_never_worse(r: dict[str, Any], s: str) -> IssueVerdict:
 def _goodput_ratio(r: dict[str, Any], s: str, versus: tuple[str, ...], bound: float) -> IssueVerdict:
     if not _heterogeneous(r):
         return None
-    theirs = max((r["goodput"][p][0] for p in versus if p in r["goodput"]), default=None)
-    if theirs is None or s not in r["goodput"]:
+    refs = [r["goodput"][p] for p in versus if p in r["goodput"]]
+    if not refs or s not in r["goodput"]:
         return None
-    mine = r["goodput"][s][0]
-    value = math.inf if theirs <= 0 and mine > 0 else (1.0 if theirs <= 0 else mine / theirs)
-    return value, value >= bound
+    theirs = max(refs, key=lambda g: g[0])
+    mine = r["goodput"][s]
+
+    def at_least(a: float, b: float) -> tuple[float, bool]:
+        if b <= 0:  # no goodput at all for the reference: beaten by any, by no factor
+            return (UNDEFINED, True) if a > 0 else (1.0, False)
+        return a / b, a / b >= bound
+
+    (value, met), (_, met_bounds) = at_least(mine[0], theirs[0]), at_least(mine[1], theirs[2])
+    return value, met, met_bounds
 
 
 def _t_goodput_lr(r: dict[str, Any], s: str) -> IssueVerdict:
@@ -245,7 +281,10 @@ def _t_overload_p99(r: dict[str, Any], s: str) -> IssueVerdict:
     if i is None or _has_incident(r):
         return None
     mine, theirs = _figure(r, s, i, "ttft_p99_ms"), _figure(r, "least-request", i, "ttft_p99_ms")
-    return None if mine is None or theirs is None else _at_most(1.0, _ratio(mine, theirs))
+    mine_hi, theirs_lo = _figure(r, s, i, "ttft_p99_ms", 2), _figure(r, "least-request", i, "ttft_p99_ms", 1)
+    if mine is None or theirs is None or mine_hi is None or theirs_lo is None:
+        return None
+    return _at_most(1.0, (_ratio(mine, theirs), _ratio(mine_hi, theirs_lo)))
 
 
 def _t_overload_completed(r: dict[str, Any], s: str) -> IssueVerdict:
@@ -253,10 +292,10 @@ def _t_overload_completed(r: dict[str, Any], s: str) -> IssueVerdict:
     if i is None or _has_incident(r):
         return None
     mine, theirs = _figure(r, s, i, "completed"), _figure(r, "least-request", i, "completed")
-    if mine is None or not theirs:
+    mine_lo, theirs_hi = _figure(r, s, i, "completed", 1), _figure(r, "least-request", i, "completed", 2)
+    if mine is None or not theirs or mine_lo is None or not theirs_hi:
         return None
-    value = mine / theirs
-    return value, value >= 1.0
+    return mine / theirs, mine / theirs >= 1.0, mine_lo / theirs_hi >= 1.0
 
 
 def _t_homogeneous(r: dict[str, Any], s: str) -> IssueVerdict:
@@ -269,9 +308,11 @@ def _t_homogeneous(r: dict[str, Any], s: str) -> IssueVerdict:
         if mine is None or lr is None:
             continue
         ratio = _ratio(mine[0], lr[0])
-        worst = ratio if worst is None else max(worst, ratio)
+        if not math.isnan(ratio):
+            worst = ratio if worst is None else max(worst, ratio)
         met = met and mine[0] <= lr[2]  # the median within (or below) least-request's interval
-    return None if worst is None else (worst, met)
+    # The target is itself stated on the interval: the same verdict on the medians and on the bounds.
+    return None if worst is None else (worst, met, met)
 
 
 def _t_incident(r: dict[str, Any], s: str) -> IssueVerdict:
@@ -295,33 +336,75 @@ ISSUE_TARGETS: tuple[tuple[str, str, IssuePredicate], ...] = (
 )
 
 
+def _verdict_text(verdict: tuple[float, bool, bool], pattern: str, goodput: bool) -> tuple[str, str]:
+    value, met, met_bounds = verdict
+    if math.isnan(value):
+        text = "reference has no goodput (0 req/s)" if goodput else "least-request unbounded"
+    elif math.isinf(value):
+        text = "∞ (unbounded)"
+    else:
+        text = pattern.format(value)
+    if met and met_bounds:
+        return text, "yes"
+    return text, "inside interval" if met else "**no**"
+
+
 def issue_checks(scenarios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every routing-issue target that applies to a scenario, for the headroom policy and the cube side by side.
+    """Every routing-issue target that applies to a scenario, for the headroom policy and the cube side by side,
+    and for every baseline: a target every baseline meets is degenerate (no win).
 
     Ratios are of medians over seeds (worst over the loads the target covers); `x` reads "times the reference".
+    "yes" needs the intervals too (my upper bound against the reference's lower one); a target met on the medians
+    only is "inside interval": no difference shown.
     """
     out = []
     for name, r in scenarios.items():
+        variant = r.get("same_traces_as")
         for label, pattern, predicate in ISSUE_TARGETS:
-            row: dict[str, Any] = {"scenario": name, "held_out": bool(r.get("held_out")), "target": label}
+            row: dict[str, Any] = {
+                "scenario": name,
+                "held_out": bool(r.get("held_out")) and not variant,
+                "same_traces_as": variant,
+                "target": label,
+            }
+            goodput = "goodput" in label
             for candidate in CANDIDATES:
                 verdict = predicate(r, candidate) if candidate in r["strategies"] else None
-                row[candidate] = None if verdict is None else (pattern.format(verdict[0]), verdict[1])
+                row[candidate] = None if verdict is None else _verdict_text(verdict, pattern, goodput)
+            judged = {b: v for b in BASELINES if b in r["strategies"] and (v := predicate(r, b)) is not None}
+            row["baselines_meeting"] = sorted(b for b, v in judged.items() if v[1])
+            row["degenerate"] = bool(judged) and len(row["baselines_meeting"]) == len(judged)
             if any(row[c] is not None for c in CANDIDATES):
                 out.append(row)
     return out
 
 
+def _role(c: dict[str, Any]) -> str:
+    if c.get("same_traces_as"):
+        return f"{c['same_traces_as']}'s traces (not held out)"
+    return "held out" if c["held_out"] else "tuning"
+
+
 def issue_table(checks: list[dict[str, Any]]) -> str:
     lines = [
-        "| scenario | role | target | headroom (sluice) | met | cube (sluice-cube) | met |",
-        "|---|---|---|---|---|---|---|",
+        "| scenario | role | target | headroom (sluice) | met | cube (sluice-cube) | met "
+        "| baselines that also meet it |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in checks:
         cells = []
         for candidate in CANDIDATES:
             value = c[candidate]
-            cells += ["-", "-"] if value is None else [value[0], "yes" if value[1] else "**no**"]
-        role = "held out" if c["held_out"] else "tuning"
-        lines.append(f"| {c['scenario']} | {role} | {c['target']} | " + " | ".join(cells) + " |")
+            cells += ["-", "-"] if value is None else list(value)
+        baselines = ", ".join(c.get("baselines_meeting", [])) or "none"
+        if c.get("degenerate"):
+            baselines += " (**every baseline: degenerate, not a win**)"
+        lines.append(f"| {c['scenario']} | {_role(c)} | {c['target']} | " + " | ".join(cells) + f" | {baselines} |")
+    lines += [
+        "",
+        "Met: **yes** when the intervals agree (my interval's upper end within the bound × the reference's lower "
+        "end); *inside interval* when only the medians meet it — no difference shown; **no** otherwise. "
+        '"least-request unbounded": its P99 is ∞ (requests never served) at every load the target covers, so a '
+        "finite figure meets it by no factor.",
+    ]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sluice.api.v1alpha1 import EndpointState, ScoringSpec
-from sluice.core.headroom import PodHeadroom, PodLoad, plan
+from sluice.core.headroom import PodHeadroom, PodLoad, finite, plan
 from sluice.core.protection import floor_keep, spare_order
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import ramp, scale, with_hysteresis
@@ -72,7 +72,10 @@ def _allocate_subset(
             scoring.client_sidecars,
             active_request_bias,
         )
-        targets = _smoothed(scoring, live, scale({name: h.weight for name, h in headroom.items()}, scoring))
+        # Frozen pods hold their weight (`_weigh`); only the fresh ones are planned and scaled.
+        fresh = {v.name for v in live if v.kind != "frozen"}
+        planned = {name: h.weight for name, h in headroom.items() if name in fresh}
+        targets = _smoothed(scoring, live, scale(planned, scoring)) if planned else {}
     else:
         # Frozen pods take part with their last score, so fresh pods are scaled on the same basis.
         targets = scale({v.name: v.smoothed for v in live}, scoring) if live else {}
@@ -81,11 +84,17 @@ def _allocate_subset(
 
 
 def _smoothed(scoring: ScoringSpec, live: list[PodVerdict], targets: dict[str, int]) -> dict[str, int]:
-    """headroom: weights move `1 - smoothing` of the way to the plan each pass (shares follow a noisy window)."""
+    """headroom: weights move `1 - smoothing` of the way to the plan each pass (shares follow a noisy window).
+
+    A recovering pod is not blended: its ramp is its smoothing (blending its ramped weight into the target would
+    slow the documented ramp and show a lower scored weight than planned)."""
     out = dict(targets)
     for v in live:
         previous = v.previous
-        if previous is not None and previous.weight > 0 and previous.idle_ttft_seconds is not None and v.name in out:
+        ran_headroom = previous is not None and (
+            previous.learned_capacity is not None or previous.idle_ttft_seconds is not None
+        )
+        if ran_headroom and previous is not None and previous.weight > 0 and v.kind == "scored" and v.name in out:
             blended = scoring.smoothing * previous.weight + (1.0 - scoring.smoothing) * out[v.name]
             out[v.name] = min(scoring.max_weight, max(scoring.min_weight, round(blended)))
     return out
@@ -93,19 +102,19 @@ def _smoothed(scoring: ScoringSpec, live: list[PodVerdict], targets: dict[str, i
 
 def _load(verdict: PodVerdict) -> PodLoad:
     previous = verdict.previous
-    # A previous score is a learned capacity only if the previous pass ran this policy (it learned an idle TTFT).
-    learned = previous is not None and previous.idle_ttft_seconds is not None and previous.score > 0
+    # What was learned is marked explicitly (`learned_capacity`): engines without a TTFT signal keep it too, and
+    # a prior or a cube score is never read back as a measurement. A NaN or infinite signal is missing.
     signals = verdict.signals
     return PodLoad(
         name=verdict.name,
         prior=verdict.capacity,
-        rate=signals.request_rate,
-        ttft=signals.ttft_p95_seconds,
-        queue=signals.queue_length,
-        running=signals.running_requests,
+        rate=finite(signals.request_rate),
+        ttft=finite(signals.ttft_p95_seconds),
+        queue=finite(signals.queue_length),
+        running=finite(signals.running_requests),
         health=verdict.score.band_factor,
-        previous_capacity=previous.score if learned and previous is not None else None,
-        previous_idle=previous.idle_ttft_seconds if previous is not None else None,
+        previous_capacity=finite(previous.learned_capacity) if previous is not None else None,
+        previous_idle=finite(previous.idle_ttft_seconds) if previous is not None else None,
         fresh=verdict.kind != "frozen",
     )
 

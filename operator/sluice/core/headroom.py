@@ -5,14 +5,18 @@ about how much each can take, so on servers that saturate it overfills the faste
 
 1. learns each pod's capacity (requests/s) from what it shows. Utilisation ρ is read two ways and the larger
    kept: TTFT inflation over the pod's own idle TTFT (M/M/1: T = s / (1 − ρ), so ρ = 1 − s/T) and the waiting
-   queue (M/D/1: Lq = ρ² / (2(1 − ρ))). With ρ ≥ `INFORMATIVE` the capacity is rate / ρ, a measurement; below it
-   the rate only bounds the capacity from below (rate / `INFORMATIVE`), and the declared class K scaled by the
-   pool's measured capacity per unit of K (`capacity.classes` stays the prior) fills in. A mislabelled or
-   throttled pod thus finds its own capacity as soon as it carries load;
-2. water-fills the pool's observed request rate over the pods: with T_i(x) = s_i / (1 − x/μ_i) the shares that
-   minimise the pool's mean TTFT are x_i = μ_i (1 − √(s_i / ν)) (Kleinrock's square-root assignment), fast pods
-   first, spilling over to slower ones as they fill; no pod is planned past `targetUtilization` of its capacity
-   unless the whole pool is, and then shares follow capacity;
+   queue (M/D/1: Lq = ρ² / (2(1 − ρ))). With ρ ≥ `INFORMATIVE` the capacity is rate / ρ, a measurement, and
+   only a measurement is remembered as learned. Until a pod has one, its capacity is a prior: the declared class
+   K scaled by the pool's capacity per unit of K (`capacity.classes`), and never below rate / `SPARE` for a pod
+   carrying traffic without showing load. With no rate anywhere yet, the shares follow K itself (unitless,
+   "relative", never stored as requests/s). A mislabelled or throttled pod finds its own capacity as soon as it
+   carries load;
+2. water-fills the pool's observed request rate over the pods with fresh evidence: with T_i(x) = s_i / (1 − x/μ_i)
+   every loaded pod is given the same latency level L, the lowest that carries the demand: x_i = μ_i (1 − s_i/L),
+   fast pods first, spilling over to slower ones as they fill (this minimises the highest TTFT, not the mean);
+   no pod is planned past `targetUtilization` of its capacity unless the whole pool is, and then shares follow
+   capacity. A pod without fresh evidence (frozen) keeps its weight and is left out of both the demand and the
+   fill;
 3. maps shares to weights for Envoy's weighted least-request, which picks in proportion to w / (active + 1)^bias
    per sidecar: w_i ∝ x_i (1 + x_i E_i / clientSidecars)^bias, with E_i the pod's observed time in system
    (in-flight / rate, Little's law) — so the share planned is the share Envoy gives once the actives settle.
@@ -26,30 +30,57 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+# Provenance of the constants: "swept" ones were compared in ad-hoc 2- and 5-seed runs of the simulated benchmark on
+# the seed-000 and mixed-fleet scenarios only (not in the repository; README, "Headroom vs the cube"); the others
+# were set by hand and never swept. None is validated on data outside the simulation.
+
 INFORMATIVE = 0.3
-"""Utilisation from which a pod's reading is a measurement of its capacity (below, TTFT inflation is mostly noise)."""
+"""Utilisation from which a pod's reading is a measurement of its capacity (below, TTFT inflation is mostly noise).
+Provenance: swept 0.3 / 0.4 (seed-000, mixed-fleet); 0.3 kept."""
 RISE = 0.1
-"""Learned capacity rises at this share of the gain it falls with: quick to shed load, slow to add it."""
+"""Learned capacity rises at this share of the gain it falls with: quick to shed load, slow to add it.
+Provenance: swept 0.1 / 0.3 (seed-000, mixed-fleet); 0.1 kept."""
 
 PROBE = 0.02
+"""Per pass, the rise of a pod's learned capacity while it carries much and reads below INFORMATIVE.
+Provenance: swept 0 / 1 / 2 / 3 % (seed-000, mixed-fleet); 2 % kept."""
 PROBE_FROM = 0.5
-"""A pod carrying at least this share of its learned capacity without showing load has it raised by PROBE per
-pass (slow; a reading past INFORMATIVE takes it down again at once)."""
+"""A pod carrying at least this share of its learned capacity while an actual reading shows ρ < INFORMATIVE has it
+raised by PROBE per pass (a reading past INFORMATIVE takes it down again at once); a missing reading is no
+evidence and never probes. Provenance: hand-set, never swept."""
 SPARE = 0.5
-"""A pod carrying traffic with less than INFORMATIVE inflation is taken to be at most this loaded."""
+"""A pod carrying traffic without a measurement is taken to be at most this loaded (its prior capacity is at
+least rate / SPARE). Provenance: hand-set after 0.3 made the learned capacities swing (docs/design.md, "What was
+tried and dropped"); never swept."""
 CONFIDENT = 0.6
-"""Utilisation from which a reading moves the learned capacity at the full smoothing gain."""
+"""Utilisation from which a reading moves the learned capacity at the full smoothing gain.
+Provenance: hand-set, never swept."""
 MAX_UTILISATION = 0.98
+"""Cap on a reading of ρ, so a saturated pod reads as very loaded, never infinitely. Provenance: hand-set."""
 IDLE_DRIFT = 0.002
+"""Per pass, the learned idle TTFT may rise by this share towards what is observed (a slowed node's new normal).
+Provenance: hand-set, never swept (by arithmetic, a sustained 2x slowdown becomes the new idle in ~350 passes)."""
 IDLE_DESCENT = 0.1
+"""Per pass, the learned idle TTFT moves this share of the way down to a lower reading (one short-prompt window
+cannot set it). Provenance: hand-set, never swept."""
 SAMPLES = 30
-"""Completed requests in the window from which a pod's reading counts fully (fewer: proportionally less)."""
-"""Per pass, the learned idle TTFT may rise by this share towards what is observed (a slowed node's new normal)."""
+"""Completed requests in the window from which a pod's reading counts fully (fewer: proportionally less).
+Provenance: hand-set, never swept."""
+TRICKLE = 0.05
+"""With no traffic observed, the share of the pool's capacity planned (fastest pods first), so weights exist.
+Provenance: hand-set, never swept (with no traffic only the order of the weights matters)."""
 
 CapacitySource = Literal["measured", "learned", "probing", "prior", "relative", "held"]
+LEARNED_SOURCES = ("measured", "learned", "probing", "held")
+"""Sources whose capacity rests on a measurement (now or remembered): only these are stored as learned."""
+
+
+def finite(value: float | None) -> float | None:
+    """A signal as evidence: a NaN or infinite value is missing, never a number."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -62,7 +93,7 @@ class PodLoad:
     rate: float | None
     """Completed requests per second over the window."""
     ttft: float | None
-    """Mean TTFT over the window (seconds)."""
+    """TTFT p95 over the window (seconds): its inflation over the idle TTFT reads the load."""
     queue: float | None
     running: float | None
     health: float = 1.0
@@ -77,10 +108,13 @@ class PodLoad:
 class PodHeadroom:
     """What the policy concluded for one pod."""
 
-    learned: float
-    """Learned capacity (requests/s), smoothed, before health: what the status remembers."""
+    estimate: float
+    """Capacity before health: requests/s, except with source "relative", where it is the class coefficient K."""
+    learned: float | None
+    """The learned capacity (requests/s) the status remembers: the estimate when it rests on a measurement; None
+    while only a prior is known."""
     capacity: float
-    """The capacity planned with: learned x health."""
+    """The capacity planned with: estimate x health."""
     idle_ttft: float | None
     utilisation: float | None
     """Utilisation read from this pass's evidence, if any."""
@@ -93,12 +127,15 @@ class PodHeadroom:
     """Relative Envoy weight (before scaling to integers)."""
 
     def explain(self) -> str:
-        parts = [f"capacity {self.learned:.2f}/s ({self.source}"]
+        if self.source == "relative":
+            parts = [f"capacity relative K={self.estimate:.2f} (no rate yet"]
+        else:
+            parts = [f"capacity {self.estimate:.2f}/s ({self.source}"]
         if self.utilisation is not None:
             parts[0] += f", load {self.utilisation:.0%}"
         parts[0] += ")"
-        if self.capacity < self.learned * 0.995:
-            parts.append(f"x{self.capacity / self.learned:.2f} for errors")
+        if self.estimate > 0 and self.capacity < self.estimate * 0.995:
+            parts.append(f"x{self.capacity / self.estimate:.2f} for errors")
         if self.idle_ttft is not None:
             parts.append(f"idle ttft {self.idle_ttft * 1000:.0f}ms")
         total = f"{self.demand:.2f}/s"
@@ -131,7 +168,7 @@ def learn_idle(ttft: float | None, previous: float | None) -> float | None:
 def estimate(
     pods: Sequence[PodLoad], smoothing: float, window: float
 ) -> dict[str, tuple[float, float | None, float | None, str]]:
-    """Per pod: (capacity req/s before health, idle TTFT, utilisation, source).
+    """Per pod: (capacity before health, idle TTFT, utilisation, source); see `CapacitySource`.
 
     An observation rate / ρ counts in proportion to ρ (up to `CONFIDENT`): the busier the pod, the more its
     inflation says about its capacity; a lightly loaded pod's reading hardly moves what was learned.
@@ -156,12 +193,12 @@ def estimate(
                 gain = (1.0 - smoothing) * min(1.0, (rho or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
                 value += gain * (observed - value) * (1.0 if observed < value else RISE)
                 source = "measured"
-            elif rate >= PROBE_FROM * value and (rho is None or rho < INFORMATIVE):
-                # Carrying most of what it is believed to take, yet showing no load: the belief is too low.
+            elif rate >= PROBE_FROM * value and rho is not None and rho < INFORMATIVE:
+                # Carrying most of what it is believed to take, and a reading shows no load: the belief is too low.
                 value *= 1.0 + PROBE
                 source = "probing"
             learned[p.name] = max(value, rate)
-        elif observed is not None and (rho or 0.0) >= INFORMATIVE:
+        elif observed is not None:
             learned[p.name] = observed
             source = "measured"
         notes[p.name] = (idle, rho, source)
@@ -180,7 +217,9 @@ def estimate(
         if p.name in learned:
             out[p.name] = (learned[p.name], idle, rho, source)
         elif per_k is not None:
-            out[p.name] = (max(p.prior * per_k, p.rate or 0.0), idle, rho, "prior")
+            # Not measured: a pod carrying traffic without a measurement is at most SPARE loaded.
+            floor = (p.rate or 0.0) / SPARE if p.fresh else 0.0
+            out[p.name] = (max(p.prior * per_k, floor), idle, rho, "prior")
         else:
             out[p.name] = (p.prior, idle, rho, "relative")
     return out
@@ -234,6 +273,18 @@ def _model_divisor(
     return float((1.0 + in_flight / clients) ** bias)
 
 
+def _sanitised(p: PodLoad) -> PodLoad:
+    return replace(
+        p,
+        rate=finite(p.rate),
+        ttft=finite(p.ttft),
+        queue=finite(p.queue),
+        running=finite(p.running),
+        previous_capacity=finite(p.previous_capacity),
+        previous_idle=finite(p.previous_idle),
+    )
+
+
 def plan(
     pods: Sequence[PodLoad],
     smoothing: float,
@@ -242,35 +293,41 @@ def plan(
     client_sidecars: float,
     active_request_bias: float,
 ) -> dict[str, PodHeadroom]:
-    """Capacities, shares and relative weights for one subset of pods."""
+    """Capacities, shares and relative weights for one subset of pods.
+
+    A pod without fresh evidence (frozen) keeps what it learned and gets no share: its weight is held by the
+    caller, and its stale rate is not part of the demand the fresh pods' shares add up to. `active_request_bias`
+    0 (consistent hash, which weighs proportionally) makes weights follow shares exactly.
+    """
     if not pods:
         return {}
+    pods = [_sanitised(p) for p in pods]
     estimates = estimate(pods, smoothing, window)
-    names = [p.name for p in pods]
-    capacity = [max(0.0, estimates[p.name][0] * p.health) for p in pods]
-    idles = [estimates[n][1] for n in names]
+    fresh = [p for p in pods if p.fresh]
+    capacity = [max(0.0, estimates[p.name][0] * p.health) for p in fresh]
+    idles = [estimates[p.name][1] for p in fresh]
     known_idle = [s for s in idles if s is not None and s > 0]
     fallback_idle = statistics.median(known_idle) if known_idle else 1.0
     idle = [s if s is not None and s > 0 else fallback_idle for s in idles]
-    demand = sum(p.rate for p in pods if p.fresh and p.rate is not None and p.rate > 0)
+    demand = sum(p.rate for p in fresh if p.rate is not None and p.rate > 0)
     # With no traffic observed, plan for a trickle: the fastest pods take it first.
-    planned_demand = demand if demand > 0 else 0.05 * sum(capacity)
-    shares = water_fill(planned_demand, capacity, idle, target_utilisation)
+    planned_demand = demand if demand > 0 else TRICKLE * sum(capacity)
+    shares = dict(
+        zip([p.name for p in fresh], water_fill(planned_demand, capacity, idle, target_utilisation), strict=True)
+    )
     # In flight at the planned rate: the running batch (the queue is what the plan removes).
-    in_system = {
-        p.name: p.running or 0.0
-        for p in pods
-        if p.fresh and p.rate is not None and p.rate > 0 and p.running is not None
-    }
-    times = {p.name: in_system[p.name] / (p.rate or 1.0) for p in pods if p.name in in_system}
+    in_system = {p.name: p.running for p in fresh if p.rate is not None and p.rate > 0 and p.running is not None}
+    times = {p.name: in_system[p.name] / (p.rate or 1.0) for p in fresh if p.name in in_system}
     fallback_time = statistics.median(times.values()) if times else 0.0
     out: dict[str, PodHeadroom] = {}
-    for p, cap, share in zip(pods, capacity, shares, strict=True):
+    for p in pods:
+        value, idle_ttft, rho, source = estimates[p.name]
+        share = shares.get(p.name, 0.0)
         divisor = _model_divisor(p, share, times, fallback_time, client_sidecars, active_request_bias)
-        _, idle_ttft, rho, source = estimates[p.name]
         out[p.name] = PodHeadroom(
-            learned=estimates[p.name][0],
-            capacity=cap,
+            estimate=value,
+            learned=value if source in LEARNED_SOURCES else None,
+            capacity=max(0.0, value * p.health),
             idle_ttft=idle_ttft,
             utilisation=rho,
             source=source,  # type: ignore[arg-type]

@@ -76,7 +76,12 @@ def plan_pass(
     before = remembered(previous)
     pods = sorted((p for p in observed.pods if selects(spec, p)), key=lambda p: p.name)
     verdicts = [judge_pod(spec, p, before.get(p.name), observed.signals, metrics.usable, now) for p in pods]
-    bias = spec.routing.least_request.active_request_bias if spec.routing.least_request else 1.0
+    # Envoy's least-request divides a weight by (active + 1)^bias; consistent hash (sessionAffinity) weighs
+    # proportionally, so the plan's weights then follow its shares (bias 0).
+    if spec.routing.least_request is not None:
+        bias = spec.routing.least_request.active_request_bias
+    else:
+        bias = 0.0 if spec.routing.session_affinity is not None else 1.0
     allocations = allocate(spec.scoring, spec.protection.min_routable_percent, verdicts, bias, spec.metrics.window)
     revisions = revision_stats(spec, verdicts, allocations)
     canary = step_canary(spec.canary, previous.canary if previous else None, revisions, metrics.usable, now, operation)
@@ -239,6 +244,7 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "since": since,
         "ttft_estimate_seconds": estimate,
         "idle_ttft_seconds": _idle_ttft(spec, prev, allocation),  # to the microsecond, as the score
+        "learned_capacity": _learned(spec, prev, allocation),
         "consecutive_failures": verdict.assessment.consecutive_failures,
         "restarts": verdict.pod.restarts,
         "last_incident_at": verdict.memory.last_incident_at,
@@ -252,13 +258,23 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
 
 
 def _score(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation) -> float:
-    """The status' score: headroom remembers the learned capacity (kept while a pod is zeroed), cube its score."""
+    """The status' score: headroom, the capacity planned with in requests/s (0 while only relative); cube its score."""
     if allocation.headroom is not None:
-        return allocation.headroom.learned
+        return 0.0 if allocation.headroom.source == "relative" else allocation.headroom.estimate
     prev = verdict.previous
     if spec.scoring.policy == "headroom":
-        return prev.score if prev is not None and prev.idle_ttft_seconds is not None else 0.0
+        return prev.score if prev is not None and prev.learned_capacity is not None else 0.0
     return verdict.smoothed
+
+
+def _learned(spec: InferencePoolSpec, prev: EndpointStatus | None, allocation: Allocation) -> float | None:
+    """headroom: the measured capacity remembered (kept while a pod is zeroed); None while only a prior."""
+    if allocation.headroom is not None:
+        learned = allocation.headroom.learned
+        return None if learned is None else round(learned, 6)
+    if spec.scoring.policy == "headroom" and prev is not None:
+        return prev.learned_capacity
+    return None
 
 
 def _idle_ttft(spec: InferencePoolSpec, prev: EndpointStatus | None, allocation: Allocation) -> float | None:
