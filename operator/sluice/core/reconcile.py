@@ -13,6 +13,7 @@ reconciler, by `sluice plan`, and by the benchmark's simulated control loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,6 +26,7 @@ from sluice.core.allocation import Allocation, allocate
 from sluice.core.canary import CanaryOutcome, Mirror, RevisionStats, enabled_gates, step_canary
 from sluice.core.events import Event, derive_events
 from sluice.core.evidence import judge_metrics
+from sluice.core.headroom import PodHeadroom
 from sluice.core.observed import Observed
 from sluice.core.presets import supported_signals
 from sluice.core.verdicts import PodVerdict, judge_pod, selects
@@ -243,8 +245,13 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "reason": reason_for(spec, verdict, allocation),
         "since": since,
         "ttft_estimate_seconds": estimate,
-        "idle_ttft_seconds": _idle_ttft(spec, prev, allocation),  # to the microsecond, as the score
-        "learned_capacity": _learned(spec, prev, allocation),
+        # the measured capacity (None while only a prior) and the idle TTFT it is read against
+        "idle_ttft_seconds": _headroom_memory(
+            spec, allocation, lambda h: h.idle_ttft, prev.idle_ttft_seconds if prev is not None else None
+        ),
+        "learned_capacity": _headroom_memory(
+            spec, allocation, lambda h: h.learned, prev.learned_capacity if prev is not None else None
+        ),
         "consecutive_failures": verdict.assessment.consecutive_failures,
         "restarts": verdict.pod.restarts,
         "last_incident_at": verdict.memory.last_incident_at,
@@ -267,23 +274,15 @@ def _score(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation)
     return verdict.smoothed
 
 
-def _learned(spec: InferencePoolSpec, prev: EndpointStatus | None, allocation: Allocation) -> float | None:
-    """headroom: the measured capacity remembered (kept while a pod is zeroed); None while only a prior."""
+def _headroom_memory(
+    spec: InferencePoolSpec, allocation: Allocation, fresh: Callable[[PodHeadroom], float | None], kept: float | None
+) -> float | None:
+    """headroom's per-pod memory: this pass's value (to the microsecond, as the score), the previous one while the
+    pod is not weighed (zeroed: kept for its return), none under the cube."""
     if allocation.headroom is not None:
-        learned = allocation.headroom.learned
-        return None if learned is None else round(learned, 6)
-    if spec.scoring.policy == "headroom" and prev is not None:
-        return prev.learned_capacity
-    return None
-
-
-def _idle_ttft(spec: InferencePoolSpec, prev: EndpointStatus | None, allocation: Allocation) -> float | None:
-    if allocation.headroom is not None:
-        idle = allocation.headroom.idle_ttft
-        return None if idle is None else round(idle, 6)
-    if spec.scoring.policy == "headroom" and prev is not None:
-        return prev.idle_ttft_seconds
-    return None
+        value = fresh(allocation.headroom)
+        return None if value is None else round(value, 6)
+    return kept if spec.scoring.policy == "headroom" else None
 
 
 __all__ = ["CanaryOutcome", "EndpointWeight", "Plan", "plan_pass"]
