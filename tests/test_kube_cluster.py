@@ -36,11 +36,12 @@ class FakeCustom:
 
     def patch_namespaced_custom_object(
         self, group: str, version: str, ns: str, plural: str, name: str, body: Any, **_: Any
-    ) -> None:
+    ) -> Any:
         self.patches += 1
         if self.fail_patch:
             raise ApiException(status=500, reason="Internal Server Error")
         self.live = body
+        return SimpleNamespace(data=json.dumps(body).encode(), release_conn=lambda: None)
 
 
 @pytest.fixture

@@ -210,9 +210,9 @@ def test_a_fenced_write_carries_a_request_timeout_within_the_remaining_validity(
     timeouts: list[Any] = []
 
     class Custom(FakeCustom):
-        def patch_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
+        def patch_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
             timeouts.append(kwargs.get("_request_timeout"))
-            super().patch_namespaced_custom_object(*args, **kwargs)
+            return super().patch_namespaced_custom_object(*args, **kwargs)
 
     adapter.custom = Custom()  # type: ignore[assignment]
     with shards.passing("llm", "llama"):

@@ -76,6 +76,9 @@ class Result:
     prometheus_cpu_percent: float
     load_average: tuple[float, float, float]
     notes: list[str] = field(default_factory=list)
+    gc_percent: float | None = None
+    """Time the operators' garbage collector held them (`sluice_gc_pause_seconds_total`), % of one core."""
+    full_gc_per_second: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------- exporter
@@ -334,6 +337,17 @@ def gauge_values(text: str, name: str) -> list[float]:
     return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
 
 
+def gc_totals(text: str) -> tuple[float, float] | None:
+    """(seconds in every generation, full collections) from an operator's page; None when it exports neither."""
+    seconds = gauge_values(text, "sluice_gc_pause_seconds_total")
+    full = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('sluice_gc_collections_total{generation="2"}')
+    ]
+    return (sum(seconds), sum(full)) if seconds else None
+
+
 def status_ages(stack: Stack) -> list[float]:
     assert stack.custom is not None
     answer = stack.custom.list_namespaced_custom_object(
@@ -440,6 +454,8 @@ def run(args: argparse.Namespace, pools: int) -> Result:
         api_cpu1, prom_cpu1 = process_usage(apiserver.pid)[0], process_usage(prometheus.pid)[0]
         queries1 = prometheus_queries(prometheus_url)
         texts1 = [http_text(f"http://127.0.0.1:{p}/metrics") for p in metrics_ports]
+        gc0, gc1 = [gc_totals(t) for t in texts0], [gc_totals(t) for t in texts1]
+        gc_spent = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(gc0, gc1, strict=True) if a and b]
         time.sleep(1.0)  # the audit log is written from its own thread
         counts = audit_counts(audit, offset)
         lag: dict[float, float] = {}
@@ -482,6 +498,8 @@ def run(args: argparse.Namespace, pools: int) -> Result:
             prometheus_cpu_percent=round(100 * (prom_cpu1 - prom_cpu0) / elapsed, 1),
             load_average=(round(load[0], 2), round(load[1], 2), round(load[2], 2)),
             notes=notes,
+            gc_percent=round(100 * sum(g[0] for g in gc_spent) / elapsed, 1) if gc_spent else None,
+            full_gc_per_second=round(sum(g[1] for g in gc_spent) / elapsed, 2) if gc_spent else None,
         )
     finally:
         stack.close()
@@ -493,7 +511,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
 HEADER = (
     "| pools | replicas | operator CPU (% of one core) | RSS MiB | passes/s done / wanted | pass lag p50 / max | "
     "`lastReconcileTime` age p50 / max | last pass age p50 / max | API req/s | PromQL q/s | "
-    "emulator CPU | Prometheus CPU | /metrics |"
+    "emulator CPU | Prometheus CPU | /metrics | operator GC (% of one core; full collections/s) |"
 )
 
 
@@ -513,7 +531,9 @@ def row(r: Result) -> str:
         f"{_s(r.age_p50, ' s')} / {_s(r.age_max, ' s')} | {_s(r.pass_age_p50, ' s')} / {_s(r.pass_age_max, ' s')} | "
         f"{r.api_requests_per_second:g} | {r.promql_per_second:g} | "
         f"{r.apiserver_cpu_percent:g} % | {r.prometheus_cpu_percent:g} % | "
-        f"{r.metrics_series} series, {r.metrics_page_kib:g} KiB |"
+        f"{r.metrics_series} series, {r.metrics_page_kib:g} KiB | "
+        + ("–" if r.gc_percent is None else f"{r.gc_percent:g} %; {r.full_gc_per_second:g}/s")
+        + " |"
     )
 
 

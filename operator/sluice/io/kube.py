@@ -144,6 +144,13 @@ def _json(answer: Any) -> Any:
     return json.loads(cast(Any, answer).data)
 
 
+def _discard(answer: Any) -> None:
+    """Read a write's answer and give its connection back, without decoding it: the written object (with its
+    managedFields) would be parsed only to be dropped."""
+    cast(Any, answer).data  # noqa: B018 - reading the body is the point
+    cast(Any, answer).release_conn()
+
+
 class KubeCluster:
     """The operator's adapter: the `Cluster` port over the Kubernetes API."""
 
@@ -270,7 +277,7 @@ class KubeCluster:
     def _patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
         k = ISTIO_KINDS[kind]
         with _fenced() as seconds:
-            _call(
+            answer = _call(
                 lambda: self.custom.patch_namespaced_custom_object(
                     k.group,
                     k.version,
@@ -282,8 +289,10 @@ class KubeCluster:
                     force=True,
                     _content_type=APPLY,
                     _request_timeout=seconds,
+                    _preload_content=False,
                 )
             )
+            _discard(answer)
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
         self._verified.pop((namespace, key.kind, key.name), None)
@@ -321,7 +330,7 @@ class KubeCluster:
             "status": status,
         }
         with _fenced() as seconds:
-            _call(
+            answer = _call(
                 lambda: self.custom.patch_namespaced_custom_object_status(
                     GROUP,
                     VERSION,
@@ -333,8 +342,10 @@ class KubeCluster:
                     force=True,
                     _content_type=APPLY,
                     _request_timeout=seconds,
+                    _preload_content=False,
                 )
             )
+            _discard(answer)
 
     def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
         now = datetime.now(UTC)

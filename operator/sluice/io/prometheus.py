@@ -34,6 +34,12 @@ from sluice.io.ports import PromAuth
 MAX_BACKOFF_SECONDS = 60.0
 """The longest wait before a failing shared query is asked again (it doubles from one interval)."""
 
+WAIT_FROM = 0.9
+"""A pass waits for a query being asked only when the newest answer is older than this share of its interval: a
+pool's passes are one interval apart, so an older answer is most likely the one its own previous pass asked for
+(and it would read the same signals twice); a younger one was asked since, by another pool's pass, and serves
+while the next is asked. Was 0.75 until passes at 1000 pools were found waiting on nearly every query."""
+
 FRESHNESS_KEY = "sampleTime"
 """Name under which the freshness query's failure is reported (it is not a signal)."""
 
@@ -47,15 +53,30 @@ def parse_value(sample: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def sample_times(series: list[dict[str, Any]] | None, pods: set[str], pod_label: str) -> dict[str, datetime]:
-    """Pod -> time of its newest sample, from the answer of the freshness query (`timestamp()` values)."""
-    out: dict[str, datetime] = {}
+def pod_values(series: list[dict[str, Any]] | None, pod_label: str) -> dict[str, float]:
+    """Pod -> value from a vector answer. Pure.
+
+    A series without the pod label, or whose value is NaN or infinite, is left out (missing, never 0); where a
+    pod has several series the last finite one counts. Kept as plain floats: an answer over 16,000 pods held as
+    Prometheus' JSON (a dict, a dict and a list per series) is ~50,000 objects the garbage collector has to walk
+    for as long as the answer is shared.
+    """
+    out: dict[str, float] = {}
     for item in series or []:
         pod = item.get("metric", {}).get(pod_label)
-        stamp = parse_value(item.get("value"))
-        if pod in pods and stamp is not None:
-            out[pod] = datetime.fromtimestamp(stamp, UTC)
+        value = parse_value(item.get("value"))
+        if pod is not None and value is not None:
+            out[str(pod)] = value
     return out
+
+
+def sample_times(series: list[dict[str, Any]] | None, pods: set[str], pod_label: str) -> dict[str, datetime]:
+    """Pod -> time of its newest sample, from the answer of the freshness query (`timestamp()` values)."""
+    return _times(pod_values(series, pod_label), pods)
+
+
+def _times(stamps: dict[str, float], pods: set[str]) -> dict[str, datetime]:
+    return {pod: datetime.fromtimestamp(stamp, UTC) for pod, stamp in stamps.items() if pod in pods}
 
 
 def to_snapshot(
@@ -72,15 +93,30 @@ def to_snapshot(
     `freshness` is the answer of the freshness query, or None when the engine has none (then sample age is
     unknown and the core judges freshness by `collected_at`).
     """
+    return values_snapshot(
+        {signal: pod_values(series, pod_label) for signal, series in answers.items()},
+        failed,
+        unsupported,
+        pods,
+        collected_at,
+        None if freshness is None else pod_values(freshness, pod_label),
+    )
+
+
+def values_snapshot(
+    answers: dict[SignalName, dict[str, float]],
+    failed: dict[str, str],
+    unsupported: tuple[SignalName, ...],
+    pods: set[str],
+    collected_at: datetime,
+    freshness: dict[str, float] | None = None,
+) -> SignalSnapshot:
+    """`to_snapshot` over answers already split by pod (`pod_values`). Pure."""
     values: dict[str, dict[str, float]] = {}
-    for signal, series in answers.items():
+    for signal, by_pod in answers.items():
         field = SIGNAL_FIELD[signal]
-        for item in series:
-            pod = item.get("metric", {}).get(pod_label)
-            if pod not in pods:
-                continue
-            value = parse_value(item.get("value"))
-            if value is not None:
+        for pod, value in by_pod.items():
+            if pod in pods:
                 values.setdefault(pod, {})[field] = value
     return SignalSnapshot(
         collected_at=collected_at,
@@ -88,7 +124,7 @@ def to_snapshot(
         unsupported=list(unsupported),
         pods={pod: PodSignals.model_validate(fields) for pod, fields in values.items()},
         # No sample is newer than the oldest answer read (a fallback answer is older than the others).
-        sampled_at={pod: min(stamp, collected_at) for pod, stamp in sample_times(freshness, pods, pod_label).items()},
+        sampled_at={pod: min(stamp, collected_at) for pod, stamp in _times(freshness or {}, pods).items()},
         freshness_known=freshness is not None,
     )
 
@@ -114,7 +150,8 @@ class _Answer:
     asked_at: datetime
     """The `now` of the pass that asked (the time its pools' signals are from)."""
     monotonic: float
-    done: Future[dict[str, list[dict[str, Any]]]]
+    done: Future[dict[str, float]]
+    """Pod -> value (`pod_values`)."""
 
 
 @dataclass
@@ -134,7 +171,8 @@ class PromIO:
     the asking pool's `interval` — so Prometheus sees about two queries per (namespace, URL, signal) per
     interval, not one per pool, and a pool's next pass never reads the answer its own previous pass asked for.
     When it is older, the next pass starts the next query and, while it runs, passes keep using the previous
-    answer (up to three quarters of an interval old) rather than queueing behind it; without one, they wait.
+    answer (up to nine tenths of an interval old, `WAIT_FROM`) rather than queueing behind it; a pass without
+    one waits.
     A failed query is asked again once per backoff, not by every pass: one interval after the first failure,
     doubling with each further one up to `MAX_BACKOFF_SECONDS`, a success ending it. Meanwhile passes use
     the last good answer while it was asked within the pool's `staleAfter`, and otherwise report the failure
@@ -204,13 +242,14 @@ class PromIO:
     ) -> _Answer:
         """The answer to `key` to use now.
 
-        `ttl` is the asking pool's interval. An answer asked within half of it serves as it is, so a pool's
-        next pass (one interval later) never reads the answer its own previous pass asked for; the pools whose
-        passes fall in between share it. An older one starts the next (once; after a failure, not before its
-        backoff), and keeps serving while that runs if it is younger than three quarters of the interval and
-        succeeded, so passes do not queue behind a slow query. While the query fails, the last good answer
-        serves if it was asked within `stale_after`, else the failure does; a pass waits for a query only when
-        it has neither an answer to use nor a failure to report.
+        `ttl` is the asking pool's interval. An answer asked within half of it serves as it is; an older one
+        starts the next (once; after a failure, not before its backoff). While that runs, the previous answer
+        keeps serving if it succeeded and was asked within `WAIT_FROM` of an interval, so passes do not queue
+        behind a slow query (at 1000 pools, eight worker threads waiting for Prometheus were the whole
+        throughput); a pass whose newest answer is older, i.e. most likely the one its own previous pass asked
+        for, or that has none, waits for the new one.
+        While the query fails, the last good answer serves if it was asked within `stale_after`, else the
+        failure does. Every answer carries the time it was asked, so reusing one never makes old data look new.
         """
         at = time.monotonic()
         with self._lock:
@@ -230,7 +269,7 @@ class PromIO:
             if backoff is not None and answer is not None:  # the last answer failed
                 good = self._good.get(key)
                 return good if good is not None and at - good.monotonic <= stale_after else answer
-            if answer is not None and (pending is None or at - answer.monotonic < 0.75 * ttl):
+            if answer is not None and (pending is None or at - answer.monotonic < WAIT_FROM * ttl):
                 return answer
             assert pending is not None  # no answer to use: one is being asked
             return pending
@@ -244,10 +283,7 @@ class PromIO:
         ttl: float,
     ) -> None:
         try:
-            by_pod: dict[str, list[dict[str, Any]]] = {}
-            for item in fetch():
-                by_pod.setdefault(str(item.get("metric", {}).get(label)), []).append(item)
-            answer.done.set_result(by_pod)
+            answer.done.set_result(pod_values(fetch(), label))
         except BaseException as failure:  # handed to every pass that waits for it
             answer.done.set_exception(failure)
         with self._lock:
@@ -309,7 +345,7 @@ class PromIO:
             )
             for signal, query in queries.items()
         }
-        answers: dict[str, list[dict[str, Any]]] = {}
+        answers: dict[str, dict[str, float]] = {}
         failed: dict[str, str] = {}
         collected_at = now
         for signal, asking in asked.items():
@@ -322,15 +358,23 @@ class PromIO:
                     failed[signal] = describe_failure(failure)
                     continue
                 answer, by_pod = fallback, fallback.done.result()
-            answers[signal] = [item for pod in pod_names for item in by_pod.get(pod, ())]
+            answers[signal] = {pod: by_pod[pod] for pod in pod_names if pod in by_pod}
             collected_at = min(collected_at, answer.asked_at)
         freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness is not None else None
         if plan.freshness is not None and freshness is None:
-            freshness = []  # the freshness query failed: it is in `failed`, which freezes the pool
+            freshness = {}  # the freshness query failed: it is in `failed`, which freezes the pool
         signal_answers = {cast(SignalName, name): series for name, series in answers.items()}
-        return to_snapshot(
-            signal_answers, failed, plan.unsupported, set(pod_names), metrics.pod_label, collected_at, freshness
-        )
+        return values_snapshot(signal_answers, failed, plan.unsupported, set(pod_names), collected_at, freshness)
 
 
-__all__ = ["FRESHNESS_KEY", "PromAuth", "PromIO", "describe_failure", "parse_value", "sample_times", "to_snapshot"]
+__all__ = [
+    "FRESHNESS_KEY",
+    "PromAuth",
+    "PromIO",
+    "describe_failure",
+    "parse_value",
+    "pod_values",
+    "sample_times",
+    "to_snapshot",
+    "values_snapshot",
+]

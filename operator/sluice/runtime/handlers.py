@@ -35,7 +35,8 @@ from sluice.io.kube import KubeCluster, load_api_client
 from sluice.io.ports import Cluster, ObjectKey, WriteResult
 from sluice.io.prometheus import PromIO
 from sluice.runtime.config import OperatorConfig
-from sluice.runtime.metrics import OperatorMetrics
+from sluice.runtime.heap import HeapKeeper
+from sluice.runtime.metrics import GcPauses, OperatorMetrics
 from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
@@ -61,6 +62,8 @@ class Runtime:
     """With --shards > 1: the Leases this replica holds; a pool passes only while its shard is held."""
     pods: PodCache = field(default_factory=PodCache)
     workers: ThreadPoolExecutor | None = None
+    gc: GcPauses = field(default_factory=GcPauses)
+    heap: HeapKeeper = field(default_factory=HeapKeeper)
 
 
 def runtime_of(memo: Any) -> Runtime:
@@ -92,6 +95,9 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # No `_created` twin of every counter and histogram on the page.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     runtime.metrics = OperatorMetrics(runtime.registry, pod_series=config.pod_metrics)
+    runtime.gc.install()
+    runtime.registry.register(runtime.gc)
+    runtime.heap.start()
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
 
@@ -105,6 +111,8 @@ def cleanup(memo: Any, **_: Any) -> None:
     if runtime.prom is not None:
         with contextlib.suppress(Exception):
             runtime.prom.close()
+    runtime.heap.stop()
+    runtime.gc.uninstall()
     if runtime.workers is not None:
         runtime.workers.shutdown(wait=False, cancel_futures=True)
     if runtime.cluster is not None:
