@@ -31,8 +31,10 @@ ANSWERS: dict[str, list[dict[str, Any]]] = {
 
 class _Handler(BaseHTTPRequestHandler):
     seen: ClassVar[list[dict[str, str]]] = []
+    delay: ClassVar[float] = 0.0
 
     def do_GET(self) -> None:
+        time.sleep(_Handler.delay)
         form = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         query = form.get("query", [""])[0]
         _Handler.seen.append({"query": query, "auth": self.headers.get("Authorization", "")})
@@ -145,7 +147,13 @@ def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_it
     assert later.pods["a"].queue_length == 3.0
 
 
-def test_a_shared_answer_is_reused_only_within_half_the_interval_and_keeps_its_time(prometheus: str) -> None:
+def _wait_for(count: int, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while len(_Handler.seen) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(prometheus: str) -> None:
     io = PromIO()
     pool = spec(metrics={"prometheusUrl": prometheus}, interval="2s")
     try:
@@ -153,39 +161,61 @@ def test_a_shared_answer_is_reused_only_within_half_the_interval_and_keeps_its_t
         reused = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))
         assert len(_Handler.seen) == 8 + 1  # shared, the 503 included (its one retry is the +1)
         assert reused.collected_at == first.collected_at == T0  # the time the shared answer was asked
-        time.sleep(1.15)
-        meanwhile = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
-        assert meanwhile.collected_at == T0  # past half the interval: served while the next one is asked
-        assert meanwhile.pods["a"].queue_length == 3.0
-        deadline = time.monotonic() + 5
-        again = 8 + 1 + 7  # asked again, once; the failing query waits out its backoff (one interval)
-        while len(_Handler.seen) < again and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(_Handler.seen) == again
+        # Half an interval after it was asked, the refresher asks again without any pass (the failing query
+        # waits out its backoff: one interval).
+        _wait_for(8 + 1 + 7, seconds=3)
+        assert len(_Handler.seen) == 8 + 1 + 7
         time.sleep(0.1)
-        renewed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.4))
-        assert renewed.collected_at == T0 + timedelta(seconds=1.2)
-        assert len(_Handler.seen) == again
-        time.sleep(1.4)  # 1.5 s: past half the interval, not nine tenths: served while the next is asked
-        served = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.9))
-        assert served.collected_at == T0 + timedelta(seconds=1.2)
-        time.sleep(0.2)  # the one `served` started is in
-        time.sleep(1.7)  # now past nine tenths of the interval: a pass waits for the next answer
-        late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=4.8))
-        assert late.collected_at == T0 + timedelta(seconds=4.8)
+        later = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.4))
+        assert T0 + timedelta(seconds=0.9) <= later.collected_at <= T0 + timedelta(seconds=1.4)
+        assert later.pods["a"].queue_length == 3.0
+    finally:
+        io.close()
+
+
+def test_no_pass_waits_behind_a_refresh_while_the_previous_answer_is_within_stale_after(prometheus: str) -> None:
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        _Handler.delay = 1.5  # Prometheus slows down: every refresh now takes longer than an interval
+        time.sleep(1.2)
+        began = time.monotonic()
+        read = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
+        waited = time.monotonic() - began
+        assert waited < 0.5
+        assert read.collected_at == T0  # the previous answer, with the time it was asked
+        assert read.pods["a"].queue_length == 3.0
+    finally:
+        _Handler.delay = 0.0
+        io.close()
+
+
+def test_a_query_no_pass_reads_any_more_is_not_refreshed(prometheus: str) -> None:
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        time.sleep(2.6)  # past two intervals without a read: the refresher lets it go
+        settled = len(_Handler.seen)
+        time.sleep(1.0)
+        assert len(_Handler.seen) == settled
     finally:
         io.close()
 
 
 def test_a_pools_next_pass_never_gets_the_answer_its_own_previous_pass_asked_for(prometheus: str) -> None:
-    """Passes one interval apart: each reads a new answer (sharing is for the other pools in between)."""
+    """Passes one interval apart: each reads an answer asked since the previous pass."""
     io = PromIO()
     pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
     try:
+        previous = None
         for n in range(3):
             now = T0 + timedelta(seconds=n)
             read = io.read_signals(pool, "llm", ["a"], PromAuth(), now)
-            assert read.collected_at == now, f"pass {n} got an answer asked at {read.collected_at}"
+            if previous is not None:
+                assert read.collected_at > previous, f"pass {n} got an answer asked at {read.collected_at}"
+            previous = now
             time.sleep(1.0)
     finally:
         io.close()

@@ -150,16 +150,17 @@ def test_a_success_after_failures_ends_the_backoff(prometheus: str) -> None:
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         _Prometheus.failing = False
-        time.sleep(1.1)
-        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.1))
-        wait_for(2 * QUERIES)
+        time.sleep(0.5)
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))  # still failing: in backoff
+        assert len(_Prometheus.asked) == QUERIES
+        wait_for(2 * QUERIES)  # asked again when the backoff (one interval) ends
         time.sleep(0.1)
-        healed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.3))
+        healed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
         assert not healed.failed
-        assert healed.collected_at == T0 + timedelta(seconds=1.1)
-        time.sleep(2.1)  # no backoff left: the next interval asks as usual
-        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.4))
-        wait_for(3 * QUERIES)
-        assert len(_Prometheus.asked) == 3 * QUERIES
+        assert T0 + timedelta(seconds=0.95) <= healed.collected_at <= T0 + timedelta(seconds=1.2)
+        # No backoff left: refreshed every half interval again while passes read it.
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.5))
+        wait_for(3 * QUERIES, seconds=2)
+        assert len(_Prometheus.asked) >= 3 * QUERIES
     finally:
         io.close()

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import requests
@@ -34,11 +34,12 @@ from sluice.io.ports import PromAuth
 MAX_BACKOFF_SECONDS = 60.0
 """The longest wait before a failing shared query is asked again (it doubles from one interval)."""
 
-WAIT_FROM = 0.9
-"""A pass waits for a query being asked only when the newest answer is older than this share of its interval: a
-pool's passes are one interval apart, so an older answer is most likely the one its own previous pass asked for
-(and it would read the same signals twice); a younger one was asked since, by another pool's pass, and serves
-while the next is asked. Was 0.75 until passes at 1000 pools were found waiting on nearly every query."""
+REFRESH_AFTER = 0.5
+"""Share of the asking pool's interval after which a shared answer is asked again, ahead of the passes that will
+read it: about two queries per (namespace, URL, signal) per interval, and a pool's next pass (one interval on)
+reads an answer asked since its previous pass."""
+WANTED_FOR = 2.0
+"""Intervals a query keeps being refreshed after the last pass that read it (a deleted pool's queries stop)."""
 
 FRESHNESS_KEY = "sampleTime"
 """Name under which the freshness query's failure is reported (it is not a signal)."""
@@ -162,17 +163,30 @@ class _Backoff:
     retry_at: float
 
 
+@dataclass
+class _Wanted:
+    """A query some pass read: how to ask it again, and when it was last read."""
+
+    fetch: Callable[[], list[dict[str, Any]]]
+    label: str
+    ttl: float
+    read_now: datetime
+    """The `now` of the last pass that read it; with `read_at`, what the refresher's asking time maps to."""
+    read_at: float
+
+
 class PromIO:
     """Prometheus clients per (URL, credentials), reused across passes, and answers shared across pools.
 
     Pools of one namespace with the same metrics settings render the same namespace-wide queries
-    (`build_queries(..., namespace_wide=True)`). The first pass to need a query runs it; the answer, split by
-    pod, serves every pass that needs the same query (same URL, credentials, timeout, pod label) within half
-    the asking pool's `interval` — so Prometheus sees about two queries per (namespace, URL, signal) per
-    interval, not one per pool, and a pool's next pass never reads the answer its own previous pass asked for.
-    When it is older, the next pass starts the next query and, while it runs, passes keep using the previous
-    answer (up to nine tenths of an interval old, `WAIT_FROM`) rather than queueing behind it; a pass without
-    one waits.
+    (`build_queries(..., namespace_wide=True)`). The first pass to need a query runs it (and waits for it); the
+    answer, split by pod, serves every pass that needs the same query (same URL, credentials, timeout, pod
+    label). A refresher thread asks each query again once its answer is `REFRESH_AFTER` of the reading pool's
+    `interval` old, while passes still read it (`WANTED_FOR`), so Prometheus sees about two queries per
+    (namespace, URL, signal) per interval, not one per pool, and a pool's next pass reads an answer asked since
+    its previous one. No pass waits behind a refresh: while the next answer is being asked, passes read the
+    previous one (if it succeeded within `staleAfter`): at 1000 pools, eight worker threads waiting for a slow
+    Prometheus were the operator's whole throughput. A pass waits only when there is no answer yet.
     A failed query is asked again once per backoff, not by every pass: one interval after the first failure,
     doubling with each further one up to `MAX_BACKOFF_SECONDS`, a success ending it. Meanwhile passes use
     the last good answer while it was asked within the pool's `staleAfter`, and otherwise report the failure
@@ -195,11 +209,20 @@ class PromIO:
         """The newest successful answer per query (what passes fall back on while it fails)."""
         self._backoff: dict[tuple[Any, ...], _Backoff] = {}
         """Queries whose last answer failed: not asked again before `retry_at`."""
+        self._wanted: dict[tuple[Any, ...], _Wanted] = {}
+        """Queries passes read, for the refresher."""
         self._swept = time.monotonic()
         self.queries_sent = 0
         """Queries sent to Prometheus so far (all pools)."""
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._refresher = threading.Thread(target=self._refresh_loop, name="sluice-prom-refresh", daemon=True)
+        self._refresher.start()
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for client in self._clients.values():
             client._session.close()
@@ -242,37 +265,68 @@ class PromIO:
     ) -> _Answer:
         """The answer to `key` to use now.
 
-        `ttl` is the asking pool's interval. An answer asked within half of it serves as it is; an older one
-        starts the next (once; after a failure, not before its backoff). While that runs, the previous answer
-        keeps serving if it succeeded and was asked within `WAIT_FROM` of an interval, so passes do not queue
-        behind a slow query (at 1000 pools, eight worker threads waiting for Prometheus were the whole
-        throughput); a pass whose newest answer is older, i.e. most likely the one its own previous pass asked
-        for, or that has none, waits for the new one.
-        While the query fails, the last good answer serves if it was asked within `stale_after`, else the
-        failure does. Every answer carries the time it was asked, so reusing one never makes old data look new.
+        `ttl` is the asking pool's interval. The newest answer serves while it is younger than `REFRESH_AFTER`
+        of it; an older one is asked again now if the refresher has not yet (once; after a failure, not before
+        its backoff) and serves meanwhile if it succeeded within `stale_after`. While the query fails, the last
+        good answer serves if it was asked within `stale_after`, else the failure does. A pass waits only when
+        there is no answer at all. Every answer carries the time it was asked, so reusing one never makes old
+        data look new.
         """
         at = time.monotonic()
         with self._lock:
             if at - self._swept > 60:
                 self._sweep(at)
+            wanted = self._wanted.get(key)
+            self._wanted[key] = _Wanted(fetch, label, min(ttl, wanted.ttl) if wanted else ttl, now, at)
+            if wanted is None:
+                self._wake.notify_all()
             answer = self._answers.get(key)
-            pending = self._pending.get(key)
             backoff = self._backoff.get(key)
-            if answer is not None and at - answer.monotonic < ttl / 2:
-                if backoff is None:
-                    return answer
-            elif pending is None and (backoff is None or at >= backoff.retry_at):
-                pending = _Answer(now, at, Future())
-                self._pending[key] = pending
-                self.queries_sent += 1
-                self._pool.submit(self._fetch, key, pending, fetch, label, ttl)
+            if answer is not None and backoff is None and at - answer.monotonic < REFRESH_AFTER * ttl:
+                return answer
+            pending = self._ask(key, now, at) if backoff is None or at >= backoff.retry_at else self._pending.get(key)
             if backoff is not None and answer is not None:  # the last answer failed
                 good = self._good.get(key)
                 return good if good is not None and at - good.monotonic <= stale_after else answer
-            if answer is not None and (pending is None or at - answer.monotonic < WAIT_FROM * ttl):
+            if answer is not None and at - answer.monotonic <= stale_after:
                 return answer
             assert pending is not None  # no answer to use: one is being asked
             return pending
+
+    def _ask(self, key: tuple[Any, ...], now: datetime, at: float) -> _Answer:
+        """The query being asked for `key`, starting it if none is (the lock is held)."""
+        pending = self._pending.get(key)
+        if pending is None:
+            wanted = self._wanted[key]
+            pending = _Answer(now, at, Future())
+            self._pending[key] = pending
+            self.queries_sent += 1
+            self._pool.submit(self._fetch, key, pending, wanted.fetch, wanted.label, wanted.ttl)
+        return pending
+
+    def _refresh_loop(self) -> None:
+        """Ask each query again once its answer is `REFRESH_AFTER` of its interval old, while passes read it."""
+        with self._lock:
+            while not self._closed:
+                at = time.monotonic()
+                wait = 1.0
+                for key, wanted in list(self._wanted.items()):
+                    if at - wanted.read_at > WANTED_FOR * wanted.ttl:
+                        del self._wanted[key]
+                        continue
+                    if key in self._pending:
+                        continue
+                    answer, backoff = self._answers.get(key), self._backoff.get(key)
+                    if backoff is not None:
+                        due = backoff.retry_at
+                    else:
+                        due = answer.monotonic + REFRESH_AFTER * wanted.ttl if answer is not None else at
+                    if due <= at:
+                        asked = wanted.read_now + timedelta(seconds=at - wanted.read_at)
+                        self._ask(key, asked, at)
+                    else:
+                        wait = min(wait, due - at)
+                self._wake.wait(timeout=max(0.01, wait))
 
     def _fetch(
         self,
@@ -297,6 +351,7 @@ class PromIO:
                 failures = self._backoff[key].failures + 1 if key in self._backoff else 1
                 wait = min(ttl * 2 ** (failures - 1), max(ttl, MAX_BACKOFF_SECONDS))
                 self._backoff[key] = _Backoff(failures, time.monotonic() + wait)
+            self._wake.notify_all()
 
     def _last_good(self, key: tuple[Any, ...], stale_after: float) -> _Answer | None:
         """The newest successful answer to `key` if it was asked within `stale_after` seconds."""
