@@ -318,3 +318,38 @@ def test_istio_synced_keeps_its_transition_time_and_sits_with_the_other_conditio
     synced = [next(c for c in s.conditions if c.type == "IstioSynced") for s in (first, second)]
     assert synced[0].last_transition_time == synced[1].last_transition_time == T0 + timedelta(0)
     assert [c.type for c in second.conditions] == ["Ready", "SpecValid", "MetricsAvailable", "Degraded", "IstioSynced"]
+
+
+# ------------------------------------------------------------------------- repeated readings
+
+
+class OneReading(FakeProm):
+    """Every pass reads the same answer (asked at `asked`): what a shared or fallback answer is while Prometheus
+    is slow or failing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = T0
+        self.errors = 0.05  # above every default band (2 %), below fast-zeroing (10 %)
+
+    def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+        signals = PodSignals(ttft_seconds=0.05, kv_cache_usage=0.2, queue_length=0, running_requests=1)
+        bad = signals.model_copy(update={"error_rate": self.errors})
+        return SignalSnapshot(collected_at=self.asked, pods={p: bad if p == "a" else signals for p in pods})
+
+
+@pytest.mark.parametrize("new_readings", [False, True])
+def test_passes_in_a_row_below_every_band_count_only_new_readings(new_readings: bool) -> None:
+    loop = Loop()
+    prom = OneReading()
+    loop.reconciler.signals = prom
+    for n in range(5):
+        if new_readings:
+            prom.asked = at(n * 5)
+        loop.run(n * 5)
+    row = next(r for r in loop.reconciler._last_written["u1"].endpoints if r.pod == "a")
+    if new_readings:
+        assert row.state == "Zeroed"  # 3 passes in a row on 3 readings
+    else:
+        assert row.state != "Zeroed"  # one reading read five times is one failure, not five
+        assert row.consecutive_failures == 1

@@ -75,6 +75,12 @@ class SignalSnapshot(ApiModel):
         description="Whether sampledAt was measured (the engine preset has a freshness query). Without it, "
         "freshness falls back to collectedAt, the time the queries were answered.",
     )
+    repeated: bool = Field(
+        default=False,
+        description="The same reading the pool's previous pass had (a shared or fallback answer asked before it, "
+        "while Prometheus is slow or failing): still evidence of the pod's state, but not a new observation, so "
+        "it does not count again towards passes in a row below every band.",
+    )
 
 
 class Observed(ApiModel):

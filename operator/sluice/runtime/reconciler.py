@@ -61,10 +61,13 @@ class Reconciler:
         self._last_written: dict[str, InferencePoolStatus] = {}
         self._rendered: dict[str, frozenset[ObjectKey]] = {}
         """Pool uid -> the objects its last publishing pass rendered (pruning lists the cluster only on change)."""
+        self._read_at: dict[str, datetime] = {}
+        """Pool uid -> when the answers its last pass read were asked (a pass reading the same is `repeated`)."""
 
     def forget(self, uid: str) -> None:
         self._last_written.pop(uid, None)
         self._rendered.pop(uid, None)
+        self._read_at.pop(uid, None)
 
     def _previous(self, snapshot: PoolSnapshot) -> InferencePoolStatus | None:
         """The newer of the stored status and the one this process wrote last (the watch may lag behind)."""
@@ -112,6 +115,11 @@ class Reconciler:
         queried = time.monotonic()
         signals = self._read_signals(spec, meta.namespace, [p.name for p in pods], now)
         report.prometheus_seconds = time.monotonic() - queried
+        uid, asked = meta.uid or meta.name, signals.collected_at
+        if asked is not None:
+            if signals.pods and self._read_at.get(uid) == asked:
+                signals = signals.model_copy(update={"repeated": True})
+            self._read_at[uid] = asked
         report.signal_failures = dict(signals.failed)
         observed = Observed(pods=pods, signals=signals)
         plan = plan_pass(spec, meta.generation, observed, previous, now, snapshot.operation)
