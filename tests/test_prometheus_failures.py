@@ -164,3 +164,29 @@ def test_a_success_after_failures_ends_the_backoff(prometheus: str) -> None:
         assert len(_Prometheus.asked) >= 3 * QUERIES
     finally:
         io.close()
+
+
+def _depth(failure: BaseException | None) -> int:
+    depth, tb = 0, failure.__traceback__ if failure is not None else None
+    while tb is not None:
+        depth, tb = depth + 1, tb.tb_next
+    return depth
+
+
+def test_passes_reading_a_failed_shared_answer_do_not_grow_its_traceback(prometheus: str) -> None:
+    """Re-raising one stored exception prepends each reader's frames to its traceback: every pass that read a
+    failed shared answer stayed alive (its status, spec and report) for as long as the answer was kept."""
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus}, interval="30s")
+    _Prometheus.failing = True
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        failures = [a.done.exception() for a in io._answers.values()]
+        before = max(_depth(f) for f in failures)
+        for n in range(20):  # within the backoff: every pass reads the same failed answers
+            snapshot = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=n / 10))
+            assert len(snapshot.failed) == QUERIES
+        after = max(_depth(a.done.exception()) for a in io._answers.values())
+    finally:
+        io.close()
+    assert after == before
