@@ -47,8 +47,8 @@ RISE = 0.1
 """Learned capacity rises at this share of the gain it falls with: quick to shed load, slow to add it. It applies to
 a pod's first measurement too, which starts from the pod's prior: a flat TTFT curve (an H100 until its cliff) read
 ρ = 0.34 at 12.5 req/s, and taking rate / ρ = 37 req/s at once (its capacity is 15.5) planned 23 req/s on it.
-Provenance: swept 0.1 / 0.3 (seed-000, mixed-fleet), twice: before and after the first measurement started from
-the prior (5 seeds, P99 medians inside each other's seed ranges both times); 0.1 kept."""
+Provenance: swept 0.1 / 0.3 (seed-000, mixed-fleet); again with the changes of acfca5c (5 seeds, P99 medians:
+0.3 at most 11 % better at any load, 34 % worse on seed-000 at 80 %; docs/design.md); 0.1 kept."""
 QUEUE_EVIDENCE = 3.0
 """Waiting requests from which the queue is read as utilisation when the pod also has a TTFT reading (without
 one, any queue counts). The queue is one scrape sample: an A100 at ρ ≈ 0.6 shows 2 waiting now and then, which
@@ -59,7 +59,8 @@ pods below the knee, TTFT-only and 6 reacted late past it."""
 
 PROBE = 0.02
 """Per pass, the rise of a pod's learned capacity while it carries much and reads below INFORMATIVE.
-Provenance: swept 0 / 1 / 2 / 3 % (seed-000, mixed-fleet); 2 % kept."""
+Provenance: swept 0 / 1 / 2 / 3 % (seed-000, mixed-fleet); 3 % again with the changes of acfca5c (5 seeds, P99
+medians: better on the mixed fleet at 90 %, worse on seed-000 at 90 %; docs/design.md); 2 % kept."""
 PROBE_FROM = 0.5
 """A pod carrying at least this share of its learned capacity while an actual reading shows ρ < INFORMATIVE has it
 raised by PROBE per pass (a reading past INFORMATIVE takes it down again at once); a missing reading is no
