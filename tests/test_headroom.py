@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from pydantic import ValidationError
@@ -19,7 +20,8 @@ HEADROOM = {"scoring": {"policy": "headroom"}}
 def test_utilisation_reads_ttft_inflation_and_the_queue():
     # M/M/1: T = s / (1 - rho) -> rho = 1 - s/T; M/D/1: Lq = rho^2 / (2 (1 - rho)), Lq = 1 -> rho = sqrt(3) - 1.
     assert utilisation(0.4, 0.1, 0.0) == pytest.approx(0.75)
-    assert utilisation(0.1, 0.1, 1.0) == pytest.approx(3**0.5 - 1)
+    assert utilisation(None, None, 1.0) == pytest.approx(3**0.5 - 1)  # no TTFT reading: any queue counts
+    assert utilisation(0.1, 0.1, 3.0) == pytest.approx(15**0.5 - 3)  # QUEUE_EVIDENCE waiting: Lq = 3
     assert utilisation(0.1, 0.1, 0.0) == 0.0
     assert utilisation(None, None, None) is None
     assert utilisation(10.0, 0.1, 50.0) == pytest.approx(0.98)  # capped: never "infinitely" loaded
@@ -46,6 +48,52 @@ def test_water_filling_gives_nothing_to_a_zero_capacity_pod_and_follows_capacity
     assert sum(shares) == pytest.approx(5.0)
     full = water_fill(13.0, [10.0, 0.0, 4.0], [0.3, 0.1, 0.4], 0.8)  # 13 > 0.8 x 14
     assert full == pytest.approx([13.0 * 10 / 14, 0.0, 13.0 * 4 / 14])
+
+
+def test_one_or_two_waiting_in_a_scrape_do_not_outweigh_the_ttft_reading():
+    # An A100 at rho ~0.5 by its TTFT shows 2 waiting in one scrape: M/D/1 would read sqrt(8) - 2 = 0.83, and the
+    # larger reading was kept, pulling its learned capacity down by a third (the rest spilled to slower pods).
+    assert utilisation(0.5, 0.25, 2.0) == pytest.approx(0.5)
+    assert utilisation(0.1, 0.1, 1.0) == 0.0
+    capacity, _, rho, _ = estimate(
+        [PodLoad("a100", 10.0, 5.0, 0.5, 2.0, 20.0, previous_capacity=10.0, previous_idle=0.25)], 0.3, 60
+    )["a100"]
+    assert rho == pytest.approx(0.5)
+    assert capacity == pytest.approx(10.0)  # observed 5 / 0.5 = 10: nothing to move
+
+
+def test_a_first_measurement_moves_the_prior_at_the_gain_not_to_rate_over_rho():
+    # A flat TTFT curve (an H100 before its cliff) reads rho = 0.34 at 12.5/s; its prior is K x the pool's learned
+    # capacity per unit of K (20/s here). rate / rho = 36.8/s taken at once planned more than it can carry.
+    idle = 0.1
+    known = PodLoad("known", 1.0, 2.0, idle, 0.0, 2.0, previous_capacity=20.0, previous_idle=idle)
+    flat = PodLoad("flat", 1.0, 12.5, idle / (1 - 0.34), 0.0, 12.0, previous_idle=idle)
+    capacity, _, rho, source = estimate([known, flat], 0.3, 60)["flat"]
+    assert rho == pytest.approx(0.34)
+    assert source == "measured"
+    gain = 0.7 * (0.34 / 0.6)  # (1 - smoothing) x confidence; 750 samples count fully
+    observed = 12.5 / 0.34
+    assert capacity == pytest.approx(20.0 + gain * 0.1 * (observed - 20.0))  # rises at RISE of the gain
+    assert capacity < 0.6 * observed
+    # Below the prior it falls at the full gain; never below what it carries.
+    high = replace(known, previous_capacity=60.0)
+    assert estimate([high, flat], 0.3, 60)["flat"][0] == pytest.approx(60.0 + gain * (observed - 60.0))
+    low = replace(known, previous_capacity=5.0)
+    assert estimate([low, flat], 0.3, 60)["flat"][0] == pytest.approx(12.5)
+    # With nothing to start from (no class coefficient) the observation is all there is.
+    assert estimate([known, replace(flat, prior=0.0)], 0.3, 60)["flat"][0] == pytest.approx(observed)
+
+
+def test_an_unmeasured_pod_is_not_floored_at_its_own_rate_over_spare():
+    # A pod carrying 9/s without inflation, nothing learned of it: its prior is K x the pool's learned capacity per
+    # unit of K (10/s), not 9 / 0.5 = 18/s, which the plan then filled (0.8 x 18 > 9), raising its rate and floor.
+    known = PodLoad("known", 1.0, 2.0, 0.2, 0.0, 2.0, previous_capacity=10.0, previous_idle=0.2)
+    flat = PodLoad("flat", 1.0, 9.0, 0.2, 0.0, 9.0, previous_idle=0.2)
+    capacity, _, _, source = estimate([known, flat], 0.3, 60)["flat"]
+    assert source == "prior"
+    assert capacity == pytest.approx(10.0)
+    out = plan([known, flat], 0.3, 60, 0.8, 8, 1.0)
+    assert out["flat"].share <= 0.8 * 10.0 + 1e-9
 
 
 def _loads(noise: float, rng: random.Random) -> list[PodLoad]:
@@ -232,9 +280,12 @@ def test_a_cold_pod_carrying_traffic_without_inflation_is_not_believed_saturated
     s = spec(scoring={"policy": "headroom"}, capacity={"classes": {"a100": 10, "cpu": 1}})
     signals = {"a100-0": _sig(12.0, 0.3), "cpu-0": _sig(1.0, 0.3)}
     first = run(s, pods, signals, 0)
-    for name, rate in (("a100-0", 12.0), ("cpu-0", 1.0)):
+    # Nothing learned: the pool's capacity per unit of K is the median of rate / SPARE / K (12/0.5/10, 1/0.5/1).
+    per_k = (12.0 / 0.5 / 10 + 1.0 / 0.5 / 1) / 2
+    for name, rate, k in (("a100-0", 12.0, 10), ("cpu-0", 1.0, 1)):
         row = _row(first, name)
-        assert row.score >= rate / 0.5 - 1e-6, (name, row.score, row.reason)  # at most SPARE loaded
+        assert row.score == pytest.approx(k * per_k, rel=0.01), (name, row.score, row.reason)
+        assert row.score > rate  # not believed saturated
         assert row.learned_capacity is None  # a prior is not a measurement
         assert "prior" in row.reason
     second = run(s, pods, signals, 5, first.status)

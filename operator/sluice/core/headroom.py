@@ -5,12 +5,15 @@ about how much each can take, so on servers that saturate it overfills the faste
 
 1. learns each pod's capacity (requests/s) from what it shows. Utilisation ρ is read two ways and the larger
    kept: TTFT inflation over the pod's own idle TTFT (M/M/1: T = s / (1 − ρ), so ρ = 1 − s/T) and the waiting
-   queue (M/D/1: Lq = ρ² / (2(1 − ρ))). With ρ ≥ `INFORMATIVE` the capacity is rate / ρ, a measurement, and
-   only a measurement is remembered as learned. Until a pod has one, its capacity is a prior: the declared class
-   K scaled by the pool's capacity per unit of K (`capacity.classes`), and never below rate / `SPARE` for a pod
-   carrying traffic without showing load. With no rate anywhere yet, the shares follow K itself (unitless,
-   "relative", never stored as requests/s). A mislabelled or throttled pod finds its own capacity as soon as it
-   carries load;
+   queue (M/D/1: Lq = ρ² / (2(1 − ρ))), the queue only from `QUEUE_EVIDENCE` waiting requests when there is a
+   TTFT reading (one scrape of one or two waiting is noise, not load). With ρ ≥ `INFORMATIVE` the capacity is
+   rate / ρ, a measurement, and only a measurement is remembered as learned; every measurement, the first one
+   included, moves the capacity from what was believed (the learned value, or the prior) at a gain that grows
+   with ρ, rising at `RISE` of the gain it falls with. Until a pod has one, its capacity is a prior: the declared
+   class K scaled by the pool's learned capacity per unit of K (`capacity.classes`); while nothing in the pool is
+   learned yet, the pods carrying traffic without showing load are taken to be at most `SPARE` loaded. With
+   no rate anywhere yet, the shares follow K itself (unitless, "relative", never stored as requests/s). A
+   mislabelled or throttled pod finds its own capacity as soon as it carries load;
 2. water-fills the pool's observed request rate over the pods with fresh evidence: with T_i(x) = s_i / (1 − x/μ_i)
    every loaded pod is given the same latency level L, the lowest that carries the demand: x_i = μ_i (1 − s_i/L),
    fast pods first, spilling over to slower ones as they fill (this minimises the highest TTFT, not the mean);
@@ -41,20 +44,36 @@ INFORMATIVE = 0.3
 """Utilisation from which a pod's reading is a measurement of its capacity (below, TTFT inflation is mostly noise).
 Provenance: swept 0.3 / 0.4 (seed-000, mixed-fleet); 0.3 kept."""
 RISE = 0.1
-"""Learned capacity rises at this share of the gain it falls with: quick to shed load, slow to add it.
-Provenance: swept 0.1 / 0.3 (seed-000, mixed-fleet); 0.1 kept."""
+"""Learned capacity rises at this share of the gain it falls with: quick to shed load, slow to add it. It applies to
+a pod's first measurement too, which starts from the pod's prior: a flat TTFT curve (an H100 until its cliff) read
+ρ = 0.34 at 12.5 req/s, and taking rate / ρ = 37 req/s at once (its capacity is 15.5) planned 23 req/s on it.
+Provenance: swept 0.1 / 0.3 (seed-000, mixed-fleet); again with the changes of acfca5c (5 seeds, P99 medians:
+0.3 at most 11 % better at any load, 34 % worse on seed-000 at 80 %; docs/design.md); 0.1 kept."""
+QUEUE_EVIDENCE = 3.0
+"""Waiting requests from which the queue is read as utilisation when the pod also has a TTFT reading (without
+one, any queue counts). The queue is one scrape sample: an A100 at ρ ≈ 0.6 shows 2 waiting now and then, which
+M/D/1 reads as ρ = 0.83, and the max of the two readings kept its learned capacity near 7 of its 9.9 req/s (the
+rest spilled to slower pods). Provenance: swept 0 / 2 / 3 / 4 / 6 and TTFT-only (never the queue) on seed-000
+and mixed-fleet, 5 seeds (docs/design.md, "What was tried and dropped"); 3 kept: 0 and 2 overfilled the slow
+pods below the knee, TTFT-only and 6 reacted late past it."""
 
 PROBE = 0.02
 """Per pass, the rise of a pod's learned capacity while it carries much and reads below INFORMATIVE.
-Provenance: swept 0 / 1 / 2 / 3 % (seed-000, mixed-fleet); 2 % kept."""
+Provenance: swept 0 / 1 / 2 / 3 % (seed-000, mixed-fleet); 3 % again with the changes of acfca5c (5 seeds, P99
+medians: better on the mixed fleet at 90 %, worse on seed-000 at 90 %; docs/design.md); 2 % kept."""
 PROBE_FROM = 0.5
 """A pod carrying at least this share of its learned capacity while an actual reading shows ρ < INFORMATIVE has it
 raised by PROBE per pass (a reading past INFORMATIVE takes it down again at once); a missing reading is no
 evidence and never probes. Provenance: hand-set, never swept."""
 SPARE = 0.5
-"""A pod carrying traffic without a measurement is taken to be at most this loaded (its prior capacity is at
-least rate / SPARE). Provenance: hand-set after 0.3 made the learned capacities swing (docs/design.md, "What was
-tried and dropped"); never swept."""
+"""While nothing in the pool is learned yet, the pods carrying traffic without a measurement are taken to be at
+most this loaded: the pool's capacity per unit of K is the median of rate / SPARE / K. It is no floor under any
+one pod's capacity (a prior at least its own rate / SPARE, as before): that fed on itself on a pod whose TTFT
+does not inflate before its cliff (planned 0.8 × rate / 0.5 = 1.6 × its rate, so its rate rose, and its floor:
+mixed-fleet's H100 was planned 17 req/s of its 15.5). Provenance: 0.5 hand-set after 0.3 made the learned
+capacities swing, never swept as the per-K bound; the per-pod floor was compared at 0.5 / 0.6 / 0.7, only before
+anything is learned, and not at all, on seed-000 and mixed-fleet, 5 seeds (docs/design.md, "What was tried and
+dropped"): dropped."""
 CONFIDENT = 0.6
 """Utilisation from which a reading moves the learned capacity at the full smoothing gain.
 Provenance: hand-set, never swept."""
@@ -144,11 +163,13 @@ class PodHeadroom:
 
 
 def utilisation(ttft: float | None, idle: float | None, queue: float | None) -> float | None:
-    """ρ from TTFT inflation (M/M/1) and from the waiting queue (M/D/1); the larger, or None without evidence."""
+    """ρ from TTFT inflation (M/M/1) and from the waiting queue (M/D/1); the larger, or None without evidence.
+
+    With a TTFT reading, the queue counts only from `QUEUE_EVIDENCE` waiting requests."""
     readings = []
     if ttft is not None and idle is not None and ttft > 0:
         readings.append(max(0.0, 1.0 - idle / ttft))
-    if queue is not None and queue > 0:
+    if queue is not None and queue > 0 and (queue >= QUEUE_EVIDENCE or not readings):
         readings.append(-queue + math.sqrt(queue * queue + 2.0 * queue))
     return min(MAX_UTILISATION, max(readings)) if readings else None
 
@@ -171,9 +192,12 @@ def estimate(
     """Per pod: (capacity before health, idle TTFT, utilisation, source); see `CapacitySource`.
 
     An observation rate / ρ counts in proportion to ρ (up to `CONFIDENT`): the busier the pod, the more its
-    inflation says about its capacity; a lightly loaded pod's reading hardly moves what was learned.
+    inflation says about its capacity; a lightly loaded pod's reading hardly moves what was learned. A pod's first
+    measurement moves its prior the same way (when it has one).
     """
     learned: dict[str, float] = {}
+    first: dict[str, tuple[float, float, float]] = {}
+    """Pods measured for the first time: (observation, gain, rate)."""
     notes: dict[str, tuple[float | None, float | None, str]] = {}
     for p in pods:
         if not p.fresh:
@@ -186,11 +210,11 @@ def estimate(
         rho = utilisation(p.ttft, p.previous_idle or idle, p.queue)
         rate = p.rate if p.rate is not None and p.rate > 0 else 0.0
         observed = rate / rho if rate > 0 and rho is not None and rho >= INFORMATIVE else None
+        gain = (1.0 - smoothing) * min(1.0, (rho or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
         source = "learned"
         if p.previous_capacity:
             value = p.previous_capacity
             if observed is not None:
-                gain = (1.0 - smoothing) * min(1.0, (rho or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
                 value += gain * (observed - value) * (1.0 if observed < value else RISE)
                 source = "measured"
             elif rate >= PROBE_FROM * value and rho is not None and rho < INFORMATIVE:
@@ -199,30 +223,39 @@ def estimate(
                 source = "probing"
             learned[p.name] = max(value, rate)
         elif observed is not None:
-            learned[p.name] = observed
+            first[p.name] = (observed, gain, rate)
             source = "measured"
         notes[p.name] = (idle, rho, source)
     prior_of = {p.name: p.prior for p in pods if p.prior > 0}
-    # The pool's capacity per unit of K: from what was learned; before that, the optimistic bound that a pod
-    # showing no inflation is at most SPARE loaded.
-    per_k_values = [learned[n] / prior_of[n] for n in learned if n in prior_of]
-    if not per_k_values:
-        per_k_values = [
-            (p.rate or 0.0) / SPARE / prior_of[p.name] for p in pods if p.name in prior_of and (p.rate or 0) > 0
-        ]
-    per_k = statistics.median(per_k_values) if per_k_values else None
+    # A first measurement starts from the pod's prior (the capacity per unit of K of what was learned before it)
+    # and moves like any later one: a low reading of a flat TTFT curve is not taken as the capacity at once.
+    start_per_k = _per_k(pods, learned, prior_of)
+    for name, (observed, gain, rate) in first.items():
+        if start_per_k is None or name not in prior_of:
+            learned[name] = observed
+            continue
+        start = prior_of[name] * start_per_k
+        learned[name] = max(rate, start + gain * (observed - start) * (1.0 if observed < start else RISE))
+    per_k = _per_k(pods, learned, prior_of)
     out: dict[str, tuple[float, float | None, float | None, str]] = {}
     for p in pods:
         idle, rho, source = notes[p.name]
         if p.name in learned:
             out[p.name] = (learned[p.name], idle, rho, source)
         elif per_k is not None:
-            # Not measured: a pod carrying traffic without a measurement is at most SPARE loaded.
-            floor = (p.rate or 0.0) / SPARE if p.fresh else 0.0
-            out[p.name] = (max(p.prior * per_k, floor), idle, rho, "prior")
+            out[p.name] = (p.prior * per_k, idle, rho, "prior")
         else:
             out[p.name] = (p.prior, idle, rho, "relative")
     return out
+
+
+def _per_k(pods: Sequence[PodLoad], learned: dict[str, float], prior_of: dict[str, float]) -> float | None:
+    """The pool's capacity per unit of K: the median over what was learned; with nothing learned, the optimistic
+    bound over the pods carrying traffic (rate / SPARE / K); None without either."""
+    values = [learned[n] / prior_of[n] for n in learned if n in prior_of]
+    if not values:
+        values = [(p.rate or 0.0) / SPARE / prior_of[p.name] for p in pods if p.name in prior_of and (p.rate or 0) > 0]
+    return statistics.median(values) if values else None
 
 
 def water_fill(
