@@ -376,6 +376,8 @@ def audit_counts(path: Path, offset: int) -> Counter[str]:
                 continue
             if entry.get("userAgent", "").startswith(BENCH_AGENT):
                 continue
+            if entry.get("stage") == "ResponseComplete":  # the answer to a write already counted as a request
+                continue
             resource = entry["resource"] + (f"/{entry['subresource']}" if entry.get("subresource") else "")
             counts[f"{entry['verb']} {resource}"] += 1
     return counts
