@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import kopf
+import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
 from sluice.api.snapshot import PoolSnapshot
@@ -48,6 +49,9 @@ class FakeReconciler:
     def forget(self, uid: str) -> None:
         self.forgotten.append(uid)
 
+    def written_at(self, uid: str) -> datetime | None:
+        return None
+
 
 def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_stops():
     setter: FlagSetter[Any] = FlagSetter()
@@ -73,11 +77,54 @@ def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_s
 
 
 def test_the_selector_index_reads_the_parsed_spec_and_ignores_an_invalid_one():
-    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(BODY)) == {
+    memo = SimpleNamespace(runtime=handlers.Runtime(config=OperatorConfig()))
+    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(BODY), memo=memo) == {
         "llm": ("llama", {"app": "llama"})
     }
-    broken = {**BODY, "spec": {**BODY["spec"], "targetPort": "eighty"}}
-    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(broken)) == {"llm": ("llama", {})}
+    broken = {
+        **BODY,
+        "metadata": {**BODY["metadata"], "generation": 2},
+        "spec": {**BODY["spec"], "targetPort": "eighty"},
+    }
+    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(broken), memo=memo) == {
+        "llm": ("llama", {})
+    }
+
+
+def test_the_selector_is_parsed_once_per_generation(monkeypatch):
+    memo = SimpleNamespace(runtime=handlers.Runtime(config=OperatorConfig()))
+    parsed: list[Any] = []
+    real = handlers._selector
+    monkeypatch.setattr(handlers, "_selector", lambda body: parsed.append(1) or real(body))
+    for _ in range(3):  # the pool's own status writes: same generation
+        handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(BODY), memo=memo)
+    assert len(parsed) == 1
+    changed = {
+        **BODY,
+        "metadata": {**BODY["metadata"], "generation": 2},
+        "spec": {**BODY["spec"], "selector": {"matchLabels": {"app": "other"}}},
+    }
+    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(changed), memo=memo) == {
+        "llm": ("llama", {"app": "other"})
+    }
+    assert len(parsed) == 2
+
+
+@pytest.mark.parametrize(
+    ("stored", "mine", "parsed"),
+    [
+        ("2026-12-01T10:00:05Z", "2026-12-01T10:00:05+00:00", False),  # this process's own write
+        ("2026-12-01T10:00:00Z", "2026-12-01T10:00:05+00:00", False),  # older (the watch lags behind)
+        ("2026-12-01T10:00:09Z", "2026-12-01T10:00:05+00:00", True),  # newer: somebody else wrote it
+        ("2026-12-01T10:00:05Z", None, True),  # nothing remembered
+    ],
+)
+def test_the_stored_status_is_parsed_unless_this_process_wrote_it_or_a_newer_one(stored, mine, parsed):
+    body = {**BODY, "status": {"lastReconcileTime": stored, "routable": "2/2"}}
+    snapshot = handlers._snapshot(kopf.Body(body), datetime.fromisoformat(mine) if mine else None)
+    assert (snapshot.status is not None) == parsed
+    if parsed:
+        assert snapshot.status is not None and snapshot.status.routable == "2/2"
 
 
 def test_settings_come_from_the_config_not_the_environment(monkeypatch):

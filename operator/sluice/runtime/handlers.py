@@ -63,6 +63,8 @@ class Runtime:
     pods: PodCache = field(default_factory=PodCache)
     workers: ThreadPoolExecutor | None = None
     gc: GcPauses = field(default_factory=GcPauses)
+    selectors: dict[str, tuple[Any, dict[str, str]]] = field(default_factory=dict)
+    """Pool uid -> (generation, selector) for the namespace index (parsed once per generation)."""
     heap: HeapKeeper = field(default_factory=HeapKeeper)
 
 
@@ -121,24 +123,47 @@ def cleanup(memo: Any, **_: Any) -> None:
 
 
 def _selector(body: kopf.Body) -> dict[str, str]:
-    # Every event of the pool (its own status writes included) re-indexes it: parse the spec, not the status.
     spec = parse_snapshot(_plain({"metadata": body.get("metadata", {}), "spec": body.get("spec", {})})).spec
     return dict(spec.selector.match_labels) if spec is not None else {}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
 def pools_by_namespace(
-    namespace: str | None, name: str, body: kopf.Body, **_: Any
+    namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
 ) -> dict[str | None, tuple[str, dict[str, str]]]:
-    return {namespace: (name, _selector(body))}
+    # Every event of the pool re-indexes it, its own status writes (one per pass) included: the spec, and so the
+    # selector, changes only with the generation, so it is parsed once per generation.
+    runtime = runtime_of(memo)
+    meta = body.get("metadata", {})
+    key, generation = str(meta.get("uid") or f"{namespace}/{name}"), meta.get("generation")
+    known = runtime.selectors.get(key)
+    if known is None or known[0] != generation or generation is None:
+        known = (generation, _selector(body))
+        runtime.selectors[key] = known
+    return {namespace: (name, dict(known[1]))}
 
 
 def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
 
-def _snapshot(body: kopf.Body) -> PoolSnapshot:
-    return parse_snapshot(_plain({"metadata": body.metadata, "spec": body.spec, "status": body.status}))
+def _stored_at(status: Any) -> datetime | None:
+    raw = status.get("lastReconcileTime") if hasattr(status, "get") else None
+    try:
+        return datetime.fromisoformat(str(raw)) if raw else None
+    except ValueError:
+        return None
+
+
+def _snapshot(body: kopf.Body, mine_at: datetime | None = None) -> PoolSnapshot:
+    """The pool as the pass sees it. `mine_at`: when the status this process wrote last was stamped. A stored
+    status no newer than that is this process's own write (or older): the reconciler uses its own copy then, so
+    it is not parsed again (at 1000 pools, parsing every pass's stored status was ~8 % of the operator's CPU)."""
+    status: Any = body.status
+    stored_at = _stored_at(status)
+    if mine_at is not None and stored_at is not None and stored_at <= mine_at:
+        status = None
+    return parse_snapshot(_plain({"metadata": body.metadata, "spec": body.spec, "status": status}))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -170,7 +195,7 @@ async def pool_loop(
                 idle = False
             seen_term = term
             waker.clear()
-            snapshot = _snapshot(body)
+            snapshot = _snapshot(body, reconciler.written_at(str(body.metadata.get("uid") or "")))
             uid = snapshot.meta.uid or ""
             submitted = time.monotonic()
             interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
@@ -206,7 +231,7 @@ async def pool_loop(
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def pool_deleted(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+async def pool_deleted(name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     """Give adopted objects back before the pool goes (the finalizer holds the pool until this returns)."""
     runtime = runtime_of(memo)
     cluster = runtime.cluster
@@ -224,6 +249,8 @@ async def pool_deleted(name: str, namespace: str | None, memo: Any, **_: Any) ->
 
     for key, result in await asyncio.to_thread(give_back):
         log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)
+    uid = str((body.get("metadata") or {}).get("uid") or f"{ns}/{name}")
+    runtime.selectors.pop(uid, None)
 
 
 def _plain(value: Any) -> Any:

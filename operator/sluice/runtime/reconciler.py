@@ -64,6 +64,11 @@ class Reconciler:
         self._read_at: dict[str, datetime] = {}
         """Pool uid -> when the answers its last pass read were asked (a pass reading the same is `repeated`)."""
 
+    def written_at(self, uid: str) -> datetime | None:
+        """When the status this process wrote last for the pool was stamped (None: nothing remembered)."""
+        mine = self._last_written.get(uid)
+        return mine.last_reconcile_time if mine is not None else None
+
     def forget(self, uid: str) -> None:
         self._last_written.pop(uid, None)
         self._rendered.pop(uid, None)
