@@ -124,7 +124,8 @@ def test_the_stored_status_is_parsed_unless_this_process_wrote_it_or_a_newer_one
     snapshot = handlers._snapshot(kopf.Body(body), datetime.fromisoformat(mine) if mine else None)
     assert (snapshot.status is not None) == parsed
     if parsed:
-        assert snapshot.status is not None and snapshot.status.routable == "2/2"
+        assert snapshot.status is not None
+        assert snapshot.status.routable == "2/2"
 
 
 def test_settings_come_from_the_config_not_the_environment(monkeypatch):
