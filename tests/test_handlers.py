@@ -117,6 +117,8 @@ def test_the_selector_is_parsed_once_per_generation(monkeypatch):
         ("2026-12-01T10:00:00Z", "2026-12-01T10:00:05+00:00", False),  # older (the watch lags behind)
         ("2026-12-01T10:00:09Z", "2026-12-01T10:00:05+00:00", True),  # newer: somebody else wrote it
         ("2026-12-01T10:00:05Z", None, True),  # nothing remembered
+        ("2026-12-01T10:00:00", "2026-12-01T10:00:05+00:00", True),  # no zone (an edit): parsed, not compared
+        ("yesterday", "2026-12-01T10:00:05+00:00", True),  # unreadable: parsed (and reported)
     ],
 )
 def test_the_stored_status_is_parsed_unless_this_process_wrote_it_or_a_newer_one(stored, mine, parsed):

@@ -260,3 +260,23 @@ def test_a_shared_answer_is_kept_without_an_object_per_series(prometheus: str) -
     finally:
         io.close()
         del ANSWERS["vllm:num_requests_running"]
+
+
+def test_a_scalar_answer_is_a_query_failure_not_a_number() -> None:
+    with pytest.raises(ValueError, match="instant vector"):
+        pod_values([1796119200.0, "3"], "pod")  # type: ignore[list-item]
+
+
+def test_the_refresh_pace_follows_the_pools_that_still_read_a_query(prometheus: str) -> None:
+    io = PromIO()
+    fast = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    slow = spec(metrics={"prometheusUrl": prometheus}, interval="4s")
+    try:
+        io.read_signals(fast, "llm", ["a"], PromAuth(), T0)
+        io.read_signals(slow, "llm", ["a"], PromAuth(), T0)
+        assert {w.ttl for w in io._wanted.values()} == {1.0}
+        time.sleep(2.2)  # the 1 s pool has not read for two of its intervals: it no longer sets the pace
+        io.read_signals(slow, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.2))
+        assert {w.ttl for w in io._wanted.values()} == {4.0}
+    finally:
+        io.close()

@@ -335,7 +335,11 @@ class OneReading(FakeProm):
     def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
         signals = PodSignals(ttft_seconds=0.05, kv_cache_usage=0.2, queue_length=0, running_requests=1)
         bad = signals.model_copy(update={"error_rate": self.errors})
-        return SignalSnapshot(collected_at=self.asked, pods={p: bad if p == "a" else signals for p in pods})
+        return SignalSnapshot(
+            collected_at=self.asked,
+            answered_at={"errorRate": self.asked},
+            pods={p: bad if p == "a" else signals for p in pods},
+        )
 
 
 @pytest.mark.parametrize("new_readings", [False, True])
@@ -353,3 +357,24 @@ def test_passes_in_a_row_below_every_band_count_only_new_readings(new_readings: 
     else:
         assert row.state != "Zeroed"  # one reading read five times is one failure, not five
         assert row.consecutive_failures == 1
+
+
+def test_a_fresh_error_rate_zeroes_a_pod_though_another_signal_is_served_from_an_old_answer() -> None:
+    """One signal on its last good answer keeps the oldest asking time fixed; the error-rate answer is new."""
+    loop = Loop()
+
+    class Fallback(FakeProm):
+        def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+            signals = PodSignals(ttft_seconds=0.05, kv_cache_usage=0.2, queue_length=0, running_requests=1)
+            bad = signals.model_copy(update={"error_rate": 0.5 if now >= at(10) else 0.0})
+            return SignalSnapshot(
+                collected_at=T0,  # the oldest answer read: the fallback's
+                answered_at={"ttft": T0, "errorRate": now},
+                pods={p: bad if p == "a" else signals for p in pods},
+            )
+
+    loop.reconciler.signals = Fallback()
+    for n in range(3):
+        loop.run(n * 5)
+    row = next(r for r in loop.reconciler._last_written["u1"].endpoints if r.pod == "a")
+    assert row.state == "Zeroed"  # at 10 s, on the first new error-rate answer of 50 %

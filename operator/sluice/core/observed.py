@@ -75,11 +75,16 @@ class SignalSnapshot(ApiModel):
         description="Whether sampledAt was measured (the engine preset has a freshness query). Without it, "
         "freshness falls back to collectedAt, the time the queries were answered.",
     )
+    answered_at: dict[str, datetime] = Field(
+        default_factory=dict,
+        description="Signal name -> when the answer read for it was asked (a shared or fallback answer is older "
+        "than the pass).",
+    )
     repeated: bool = Field(
         default=False,
-        description="The same reading the pool's previous pass had (a shared or fallback answer asked before it, "
-        "while Prometheus is slow or failing): still evidence of the pod's state, but not a new observation, so "
-        "it does not count again towards passes in a row below every band.",
+        description="The error-rate answer is the one the pool's previous pass read (asked at the same time: a "
+        "shared or fallback answer while Prometheus is slow or failing). Still evidence, but not a new "
+        "observation: it does not count again towards passes in a row below every band. Set by the operator.",
     )
 
 

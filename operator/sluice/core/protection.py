@@ -45,8 +45,13 @@ def assess(
     metrics_usable: bool,
     below_bands: bool,
     now: datetime,
+    repeated: bool = False,
 ) -> Assessment:
     """Look for an incident: restarts from the pod's status (always), metric thresholds (only with fresh metrics).
+
+    `repeated`: the error-rate reading is the one the previous pass judged — it cannot be another pass in a row
+    below every band (an error rate past the fast-zeroing threshold still zeroes: the window guard below keeps one
+    reading from firing twice).
 
     Metric evidence is ignored until a full rate window has passed since the last incident, so the errors that
     caused a zeroing are not counted again when the pod comes back.
@@ -74,6 +79,8 @@ def assess(
         return Assessment(Incident("ErrorRate", f"error rate {errors:.1%} >= {protection.fast_zero_error_rate:.1%}"), 0)
     if not below_bands:
         return Assessment(None, 0)
+    if repeated:
+        return Assessment(None, streak)
     streak += 1
     if streak >= protection.consecutive_failures:
         return Assessment(

@@ -99,10 +99,16 @@ def judge_pod(
     evidence = metrics_usable and sampled
     hardware_class, capacity, class_known = capacity_of(spec, pod.labels)
     score = score_pod(spec, capacity, signals, previous.ttft_estimate_seconds if previous else None)
-    # A repeated reading was judged when it was new: it cannot be another failure in a row, nor a new incident.
-    new_evidence = evidence and not snapshot.repeated
     assessment = assess(
-        spec.protection, spec.metrics.window, pod, previous, signals, new_evidence, score.below_bands, now
+        spec.protection,
+        spec.metrics.window,
+        pod,
+        previous,
+        signals,
+        evidence,
+        score.below_bands,
+        now,
+        repeated=snapshot.repeated,
     )
     memory = _memory(previous, assessment, now)
     phase = recovery_phase(spec.protection.recovery, memory.last_incident_at, now)

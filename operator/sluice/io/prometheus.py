@@ -36,8 +36,9 @@ MAX_BACKOFF_SECONDS = 60.0
 
 REFRESH_AFTER = 0.5
 """Share of the asking pool's interval after which a shared answer is asked again, ahead of the passes that will
-read it: about two queries per (namespace, URL, signal) per interval, and a pool's next pass (one interval on)
-reads an answer asked since its previous pass."""
+read it: about two queries per (namespace, URL, signal) per interval — for a namespace with one pool too, twice
+what asking at each pass would cost — and, while a query takes less than half an interval, a pool's next pass
+(one interval on) reads an answer asked since its previous pass."""
 WANTED_FOR = 2.0
 """Intervals a query keeps being refreshed after the last pass that read it (a deleted pool's queries stop)."""
 
@@ -64,6 +65,8 @@ def pod_values(series: list[dict[str, Any]] | None, pod_label: str) -> dict[str,
     """
     out: dict[str, float] = {}
     for item in series or []:
+        if not isinstance(item, dict):
+            raise ValueError("the answer is not an instant vector (a query override must return one)")
         pod = item.get("metric", {}).get(pod_label)
         value = parse_value(item.get("value"))
         if pod is not None and value is not None:
@@ -144,7 +147,7 @@ def describe_failure(failure: Exception) -> str:
     return str(failure).replace("\n", " ")[:200]
 
 
-QUERY_FAILURES = (PrometheusApiClientException, requests.RequestException, TimeoutError, ValueError)
+QUERY_FAILURES = (PrometheusApiClientException, requests.RequestException, OSError, ValueError)
 """What a query may fail with: reported per signal. Anything else is a fault and fails the pass."""
 
 
@@ -189,6 +192,10 @@ class _Wanted:
     fetch: Callable[[], list[dict[str, Any]]]
     label: str
     ttl: float
+    """The shortest interval among the pools that read it recently (`readers`)."""
+    readers: dict[float, float]
+    """Interval -> when a pool with that interval last read it (monotonic): a deleted 1 s pool stops
+    setting the pace once it has not read for `WANTED_FOR` of its interval."""
     read_now: datetime
     """The `now` of the last pass that read it; with `read_at`, what the refresher's asking time maps to."""
     read_at: float
@@ -202,10 +209,11 @@ class PromIO:
     answer, split by pod, serves every pass that needs the same query (same URL, credentials, timeout, pod
     label). A refresher thread asks each query again once its answer is `REFRESH_AFTER` of the reading pool's
     `interval` old, while passes still read it (`WANTED_FOR`), so Prometheus sees about two queries per
-    (namespace, URL, signal) per interval, not one per pool, and a pool's next pass reads an answer asked since
-    its previous one. No pass waits behind a refresh: while the next answer is being asked, passes read the
-    previous one (if it succeeded within `staleAfter`): at 1000 pools, eight worker threads waiting for a slow
-    Prometheus were the operator's whole throughput. A pass waits only when there is no answer yet.
+    (namespace, URL, signal) per interval, not one per pool, and (while a query takes less than half an interval)
+    a pool's next pass reads an answer asked since its previous one. No pass waits behind a refresh: while the
+    next answer is being asked, passes read the previous one if it succeeded within `staleAfter` (at 1000 pools,
+    eight worker threads waiting for a slow Prometheus were the operator's whole throughput). A pass waits only
+    when there is no such answer: the first, or after nobody read the query for `WANTED_FOR` intervals.
     A failed query is asked again once per backoff, not by every pass: one interval after the first failure,
     doubling with each further one up to `MAX_BACKOFF_SECONDS`, a success ending it. Meanwhile passes use
     the last good answer while it was asked within the pool's `staleAfter`, and otherwise report the failure
@@ -296,7 +304,9 @@ class PromIO:
             if at - self._swept > 60:
                 self._sweep(at)
             wanted = self._wanted.get(key)
-            self._wanted[key] = _Wanted(fetch, label, min(ttl, wanted.ttl) if wanted else ttl, now, at)
+            readers = {t: seen for t, seen in (wanted.readers if wanted else {}).items() if at - seen <= WANTED_FOR * t}
+            readers[ttl] = at
+            self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at)
             if wanted is None:
                 self._wake.notify_all()
             answer = self._answers.get(key)
@@ -420,6 +430,7 @@ class PromIO:
             for signal, query in queries.items()
         }
         answers: dict[str, dict[str, float]] = {}
+        answered_at: dict[str, datetime] = {}
         failed: dict[str, str] = {}
         collected_at = now
         for signal, asking in asked.items():
@@ -436,12 +447,15 @@ class PromIO:
             else:
                 by_pod = outcome
             answers[signal] = {pod: by_pod[pod] for pod in pod_names if pod in by_pod}
+            answered_at[signal] = answer.asked_at
             collected_at = min(collected_at, answer.asked_at)
         freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness is not None else None
         if plan.freshness is not None and freshness is None:
             freshness = {}  # the freshness query failed: it is in `failed`, which freezes the pool
         signal_answers = {cast(SignalName, name): series for name, series in answers.items()}
-        return values_snapshot(signal_answers, failed, plan.unsupported, set(pod_names), collected_at, freshness)
+        snapshot = values_snapshot(signal_answers, failed, plan.unsupported, set(pod_names), collected_at, freshness)
+        answered_at.pop(FRESHNESS_KEY, None)
+        return snapshot.model_copy(update={"answered_at": answered_at})
 
 
 __all__ = [

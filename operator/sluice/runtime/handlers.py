@@ -150,9 +150,10 @@ def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
 def _stored_at(status: Any) -> datetime | None:
     raw = status.get("lastReconcileTime") if hasattr(status, "get") else None
     try:
-        return datetime.fromisoformat(str(raw)) if raw else None
+        stamp = datetime.fromisoformat(str(raw)) if raw else None
     except ValueError:
         return None
+    return stamp if stamp is not None and stamp.tzinfo is not None else None  # no zone: parse it, never compare
 
 
 def _snapshot(body: kopf.Body, mine_at: datetime | None = None) -> PoolSnapshot:

@@ -62,7 +62,8 @@ class Reconciler:
         self._rendered: dict[str, frozenset[ObjectKey]] = {}
         """Pool uid -> the objects its last publishing pass rendered (pruning lists the cluster only on change)."""
         self._read_at: dict[str, datetime] = {}
-        """Pool uid -> when the answers its last pass read were asked (a pass reading the same is `repeated`)."""
+        """Pool uid -> when the error-rate answer its last completed pass read was asked (the same again:
+        `repeated`). Kept only once the pass's status is stored, so a pass that failed does not use up a reading."""
 
     def written_at(self, uid: str) -> datetime | None:
         """When the status this process wrote last for the pool was stamped (None: nothing remembered)."""
@@ -104,6 +105,9 @@ class Reconciler:
                 self._finish(report, snapshot, previous, failed.model_copy(update={"last_reconcile_time": now}), now)
                 raise
             self._finish(report, snapshot, previous, status, now)
+            stored = report.status_written or _same(previous, status)
+            if stored and report.errors_asked_at is not None:
+                self._read_at[meta.uid or meta.name] = report.errors_asked_at
         report.seconds = time.monotonic() - started
         return report
 
@@ -120,11 +124,11 @@ class Reconciler:
         queried = time.monotonic()
         signals = self._read_signals(spec, meta.namespace, [p.name for p in pods], now)
         report.prometheus_seconds = time.monotonic() - queried
-        uid, asked = meta.uid or meta.name, signals.collected_at
-        if asked is not None:
-            if signals.pods and self._read_at.get(uid) == asked:
-                signals = signals.model_copy(update={"repeated": True})
-            self._read_at[uid] = asked
+        # The error-rate answer this pass reads: the same one as the previous pass's is not a new observation.
+        asked = signals.answered_at.get("errorRate")
+        if asked is not None and self._read_at.get(meta.uid or meta.name) == asked:
+            signals = signals.model_copy(update={"repeated": True})
+        report.errors_asked_at = asked
         report.signal_failures = dict(signals.failed)
         observed = Observed(pods=pods, signals=signals)
         plan = plan_pass(spec, meta.generation, observed, previous, now, snapshot.operation)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from sluice.api.v1alpha1 import InferencePoolStatus
@@ -25,3 +26,5 @@ class PassReport:
     result: PassResult = "ok"
     prometheus_seconds: float | None = None
     signal_failures: dict[str, str] = field(default_factory=dict)
+    errors_asked_at: datetime | None = None
+    """When the error-rate answer the pass read was asked."""
