@@ -86,6 +86,9 @@ class Reconciler:
         self.runs: list[tuple[float, bool]] = []
         self.forgotten: list[str] = []
 
+    def written_at(self, uid: str) -> datetime | None:
+        return None
+
     def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
         index = self.shards.shard(snapshot.meta.namespace, snapshot.meta.name)
         fenced = FencedCluster(MemoryCluster(), self.shards)

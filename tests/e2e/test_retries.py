@@ -57,6 +57,8 @@ def test_retries_turn_failed_requests_into_retried_ones_when_a_pod_is_oom_killed
     stack: Stack, traffic: Traffic, background: Background
 ) -> None:
     without = failed_after_oom(stack, traffic, background, "llama-a100-1")
+    if without[0] == 0:  # nothing was in flight on the pod when it died (~4 req/s each): that kill measured nothing
+        without = failed_after_oom(stack, traffic, background, "llama-a100-0")
     stack.patch_pool("llama", {"spec": {"routing": {"retries": {"attempts": 2}}}})
     wait_until(lambda: traffic.retries.attempts == 2, 30, "the route's retries reach the data plane")
     with_retries = failed_after_oom(stack, traffic, background, "llama-a100-2")

@@ -232,7 +232,7 @@ async def pool_loop(
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def pool_deleted(name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def pool_deleted(name: str, namespace: str | None, memo: Any, uid: str | None = None, **_: Any) -> None:
     """Give adopted objects back before the pool goes (the finalizer holds the pool until this returns)."""
     runtime = runtime_of(memo)
     cluster = runtime.cluster
@@ -250,8 +250,7 @@ async def pool_deleted(name: str, namespace: str | None, body: kopf.Body, memo: 
 
     for key, result in await asyncio.to_thread(give_back):
         log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)
-    uid = str((body.get("metadata") or {}).get("uid") or f"{ns}/{name}")
-    runtime.selectors.pop(uid, None)
+    runtime.selectors.pop(uid or f"{ns}/{name}", None)
 
 
 def _plain(value: Any) -> Any:
