@@ -10,6 +10,8 @@ Called by the reconciler, in a worker thread (the client is blocking).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import re
 import tempfile
@@ -242,6 +244,11 @@ class PromIO:
         self.queries_sent = 0
         """Queries sent to Prometheus so far (all pools)."""
         self._wake = threading.Condition(self._lock)
+        self._due: list[tuple[float, int, tuple[Any, ...]]] = []
+        """A heap of (when, tiebreak, query): when the refresher looks at a query next (entries may be stale:
+        checked when they come up)."""
+        self._tiebreak = itertools.count()
+        self._next_wake = math.inf
         self._closed = False
         self._refresher = threading.Thread(target=self._refresh_loop, name="sluice-prom-refresh", daemon=True)
         self._refresher.start()
@@ -308,7 +315,7 @@ class PromIO:
             readers[ttl] = at
             self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at)
             if wanted is None:
-                self._wake.notify_all()
+                self._schedule(key, self._due_at(key, at))
             answer = self._answers.get(key)
             backoff = self._backoff.get(key)
             if answer is not None and backoff is None and at - answer.monotonic < REFRESH_AFTER * ttl:
@@ -333,29 +340,48 @@ class PromIO:
             self._pool.submit(self._fetch, key, pending, wanted.fetch, wanted.label, wanted.ttl)
         return pending
 
+    def _due_at(self, key: tuple[Any, ...], at: float) -> float:
+        """When `key` is to be asked again: at its backoff's end, or `REFRESH_AFTER` of its interval after its
+        answer was asked (now, without one). The lock is held."""
+        backoff, answer, wanted = self._backoff.get(key), self._answers.get(key), self._wanted.get(key)
+        if backoff is not None:
+            return backoff.retry_at
+        if answer is None or wanted is None:
+            return at
+        return answer.monotonic + REFRESH_AFTER * wanted.ttl
+
+    def _schedule(self, key: tuple[Any, ...], due: float) -> None:
+        """Look at `key` again at `due`, waking the refresher only if that is before its next wake-up (the lock
+        is held)."""
+        heapq.heappush(self._due, (due, next(self._tiebreak), key))
+        if due < self._next_wake:
+            self._wake.notify_all()
+
     def _refresh_loop(self) -> None:
-        """Ask each query again once its answer is `REFRESH_AFTER` of its interval old, while passes read it."""
+        """Ask each query again once its answer is `REFRESH_AFTER` of its interval old, while passes read it.
+
+        The queries due come off a heap, so one wake-up costs a few queries' work, not a walk over every query
+        (8 per namespace): with a walk, a thousand namespaces' answers made the refresher hold the lock passes
+        need for milliseconds at each of thousands of wake-ups a second.
+        """
         with self._lock:
             while not self._closed:
                 at = time.monotonic()
-                wait = 1.0
-                for key, wanted in list(self._wanted.items()):
+                while self._due and self._due[0][0] <= at:
+                    _, _, key = heapq.heappop(self._due)
+                    wanted = self._wanted.get(key)
+                    if wanted is None or key in self._pending:
+                        continue  # not read any more, or being asked: its answer schedules it again
                     if at - wanted.read_at > WANTED_FOR * wanted.ttl:
                         del self._wanted[key]
                         continue
-                    if key in self._pending:
+                    due = self._due_at(key, at)
+                    if due > at:
+                        heapq.heappush(self._due, (due, next(self._tiebreak), key))  # a stale entry
                         continue
-                    answer, backoff = self._answers.get(key), self._backoff.get(key)
-                    if backoff is not None:
-                        due = backoff.retry_at
-                    else:
-                        due = answer.monotonic + REFRESH_AFTER * wanted.ttl if answer is not None else at
-                    if due <= at:
-                        asked = wanted.read_now + timedelta(seconds=at - wanted.read_at)
-                        self._ask(key, asked, at)
-                    else:
-                        wait = min(wait, due - at)
-                self._wake.wait(timeout=max(0.01, wait))
+                    self._ask(key, wanted.read_now + timedelta(seconds=at - wanted.read_at), at)
+                self._next_wake = min(self._due[0][0], at + 1.0) if self._due else at + 1.0
+                self._wake.wait(timeout=max(0.01, self._next_wake - at))
 
     def _fetch(
         self,
@@ -380,7 +406,8 @@ class PromIO:
                 failures = self._backoff[key].failures + 1 if key in self._backoff else 1
                 wait = min(ttl * 2 ** (failures - 1), max(ttl, MAX_BACKOFF_SECONDS))
                 self._backoff[key] = _Backoff(failures, time.monotonic() + wait)
-            self._wake.notify_all()
+            if key in self._wanted:
+                self._schedule(key, self._due_at(key, time.monotonic()))
 
     def _last_good(self, key: tuple[Any, ...], stale_after: float) -> _Answer | None:
         """The newest successful answer to `key` if it was asked within `stale_after` seconds."""
