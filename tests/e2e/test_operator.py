@@ -87,7 +87,8 @@ def test_an_unmanaged_destination_rule_is_left_untouched_and_reported(stack: Sta
     assert after is not None
     assert after["spec"] == before["spec"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    assert stack.events("ObjectNotManaged")
+    # The pass emits its Events after writing the status: the condition can be seen a moment before the Event.
+    wait_until(lambda: stack.events("ObjectNotManaged"), 15, "an ObjectNotManaged Event")
     # Once the user removes it, sluice creates its own.
     stack.kubectl("delete", "destinationrule", "sluice-llama", "-n", "llm")
     wait_until(lambda: condition(pool(stack), "IstioSynced")["status"] == "True", 30, "IstioSynced=True")
