@@ -14,11 +14,13 @@ import kopf
 import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
+from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot
-from sluice.runtime import handlers
+from sluice.runtime import handlers, snapshots
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.report import PassReport
+from sluice.runtime.snapshots import SnapshotReader
 
 BODY = {
     "apiVersion": "inference.sluice.dev/v1alpha1",
@@ -76,38 +78,43 @@ def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_s
     assert reconciler.forgotten == ["u1"]
 
 
-def test_the_selector_index_reads_the_parsed_spec_and_ignores_an_invalid_one():
-    memo = SimpleNamespace(runtime=handlers.Runtime(config=OperatorConfig()))
-    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(BODY), memo=memo) == {
-        "llm": ("llama", {"app": "llama"})
-    }
-    broken = {
-        **BODY,
-        "metadata": {**BODY["metadata"], "generation": 2},
-        "spec": {**BODY["spec"], "targetPort": "eighty"},
-    }
-    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(broken), memo=memo) == {
-        "llm": ("llama", {})
-    }
+def test_a_pod_event_wakes_the_pools_whose_daemon_selects_the_pod():
+    setter: FlagSetter[Any] = FlagSetter()
+    runtime = handlers.Runtime(config=OperatorConfig())
+    loops: list[asyncio.AbstractEventLoop] = []
+    seen: list[Any] = []
+    reconciler = FakeReconciler(lambda: loops[0].call_soon_threadsafe(setter.set))
+    real_run = reconciler.run
+    reconciler.run = lambda snapshot, now: (
+        seen.append({ns: dict(pools) for ns, pools in runtime.selectors.items()}) or real_run(snapshot, now)
+    )  # type: ignore[method-assign]
+    runtime.reconciler = reconciler  # type: ignore[assignment]
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    memo = SimpleNamespace(runtime=runtime)
 
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+        await handlers.pool_loop(
+            name="llama", namespace="llm", body=kopf.Body(BODY), memo=memo, stopped=AsyncFlagWaiter(setter)
+        )
 
-def test_the_selector_is_parsed_once_per_generation(monkeypatch):
-    memo = SimpleNamespace(runtime=handlers.Runtime(config=OperatorConfig()))
-    parsed: list[Any] = []
-    real = handlers._selector
-    monkeypatch.setattr(handlers, "_selector", lambda body: parsed.append(1) or real(body))
-    for _ in range(3):  # the pool's own status writes: same generation
-        handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(BODY), memo=memo)
-    assert len(parsed) == 1
-    changed = {
-        **BODY,
-        "metadata": {**BODY["metadata"], "generation": 2},
-        "spec": {**BODY["spec"], "selector": {"matchLabels": {"app": "other"}}},
-    }
-    assert handlers.pools_by_namespace(namespace="llm", name="llama", body=kopf.Body(changed), memo=memo) == {
-        "llm": ("llama", {"app": "other"})
-    }
-    assert len(parsed) == 2
+    asyncio.run(asyncio.wait_for(go(), timeout=10))
+    assert seen == [{"llm": {"llama": {"app": "llama"}}}]  # the pass's own parse of the spec
+    assert runtime.selectors == {"llm": {}}  # gone with the daemon
+
+    runtime.selectors = {"llm": {"llama": {"app": "llama"}, "other": {"app": "other"}, "invalid": {}}}
+
+    async def event(kind: str, ready: bool) -> None:
+        conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+        pod = {"metadata": {"name": "p", "labels": {"app": "llama"}}, "status": {"conditions": conditions}}
+        await handlers.pod_event(
+            event={"type": kind, "object": pod}, namespace="llm", labels={"app": "llama"}, memo=memo
+        )
+
+    asyncio.run(event("MODIFIED", ready=True))  # nothing that matters
+    assert not any(waker.is_set() for waker in runtime.wakers.values())
+    asyncio.run(event("MODIFIED", ready=False))
+    assert {key for key, waker in runtime.wakers.items() if waker.is_set()} == {("llm", "llama")}
 
 
 @pytest.mark.parametrize(
@@ -123,11 +130,39 @@ def test_the_selector_is_parsed_once_per_generation(monkeypatch):
 )
 def test_the_stored_status_is_parsed_unless_this_process_wrote_it_or_a_newer_one(stored, mine, parsed):
     body = {**BODY, "status": {"lastReconcileTime": stored, "routable": "2/2"}}
-    snapshot = handlers._snapshot(kopf.Body(body), datetime.fromisoformat(mine) if mine else None)
+    snapshot = SnapshotReader().read(kopf.Body(body), datetime.fromisoformat(mine) if mine else None)
     assert (snapshot.status is not None) == parsed
     if parsed:
         assert snapshot.status is not None
         assert snapshot.status.routable == "2/2"
+
+
+def test_a_pass_parses_the_spec_once_per_generation_and_annotations_but_sees_every_change(monkeypatch):
+    parsed: list[Any] = []
+    real = snapshots.parse_snapshot
+    monkeypatch.setattr(snapshots, "parse_snapshot", lambda body: parsed.append(1) or real(body))
+    reader, mine = SnapshotReader(), datetime.fromisoformat("2026-12-01T10:00:05+00:00")
+    own = {**BODY, "status": {"lastReconcileTime": "2026-12-01T10:00:05Z"}}
+    first = reader.read(kopf.Body(own), mine)
+    assert reader.read(kopf.Body(own), mine) is first  # the pass's own status write: nothing new to parse
+    assert len(parsed) == 1
+    assert first.spec is not None
+    assert first.spec.interval == 1.0
+    operation = '{"action": "pause"}'
+    annotated = {**own, "metadata": {**own["metadata"], "annotations": {OPERATION_ANNOTATION: operation}}}
+    assert reader.read(kopf.Body(annotated), mine).operation is not None  # no new generation, still seen
+    respec = {
+        **annotated,
+        "metadata": {**annotated["metadata"], "generation": 2},
+        "spec": {**BODY["spec"], "interval": "7s"},
+    }
+    changed = reader.read(kopf.Body(respec), mine)
+    assert changed.spec is not None
+    assert changed.spec.interval == 7.0
+    assert len(parsed) == 3
+    reader.forget("u1")
+    reader.read(kopf.Body(respec), mine)
+    assert len(parsed) == 4
 
 
 def test_settings_come_from_the_config_not_the_environment(monkeypatch):

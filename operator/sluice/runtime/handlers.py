@@ -3,11 +3,13 @@
 - startup/cleanup build and close the adapters from the `OperatorConfig` in kopf's memo (built by `sluice.cli`);
 - one daemon per InferencePool runs a pass every `spec.interval` (one interval from the start of the previous
   one), on a pool of `--workers` threads (the clients are blocking; nothing blocks the event loop); the body is
-  parsed once per pass into a `PoolSnapshot`;
+  parsed into a `PoolSnapshot` by `sluice.runtime.snapshots` (the spec once per generation, a stored status
+  only when somebody else wrote it);
 - every pod event feeds the pod cache the passes read (`sluice.runtime.podcache`);
 - a spec change, or a pod event that matters (restart, OOMKilled, readiness, deletion) for a pool selecting the
-  pod, wakes that pool's daemon at once; these handlers are `async`, so they set the daemon's asyncio.Event on
-  the event loop's own thread;
+  pod (as its daemon last parsed the selector: no kopf index, which re-ran on every status write), wakes that
+  pool's daemon at once; these handlers are `async`, so they set the daemon's asyncio.Event on the event loop's
+  own thread;
 - deleting a pool gives every adopted object its original back before kopf releases the finalizer (objects sluice
   created are deleted by Kubernetes' garbage collector through their ownerReference).
 Run with `python -m sluice operator` (see sluice.cli).
@@ -29,18 +31,20 @@ import kopf
 from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
 from sluice.api.operation import OPERATION_ANNOTATION
-from sluice.api.snapshot import PoolSnapshot, parse_snapshot
+from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
 from sluice.io.kube import KubeCluster, load_api_client
 from sluice.io.ports import Cluster, ObjectKey, WriteResult
 from sluice.io.prometheus import PromIO
 from sluice.runtime.config import OperatorConfig
+from sluice.runtime.diffbase import SpecDiffBase
 from sluice.runtime.heap import HeapKeeper
 from sluice.runtime.metrics import GcPauses, OperatorMetrics
 from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
 from sluice.runtime.sharding import FencedCluster, ShardLeases
+from sluice.runtime.snapshots import SnapshotReader
 
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
@@ -63,8 +67,9 @@ class Runtime:
     pods: PodCache = field(default_factory=PodCache)
     workers: ThreadPoolExecutor | None = None
     gc: GcPauses = field(default_factory=GcPauses)
-    selectors: dict[str, tuple[Any, dict[str, str]]] = field(default_factory=dict)
-    """Pool uid -> (generation, selector) for the namespace index (parsed once per generation)."""
+    snapshots: SnapshotReader = field(default_factory=SnapshotReader)
+    selectors: dict[str | None, dict[str, dict[str, str]]] = field(default_factory=dict)
+    """Namespace -> pool -> its pods' labels, as its daemon last parsed them: which pools a pod event wakes."""
     heap: HeapKeeper = field(default_factory=HeapKeeper)
 
 
@@ -79,7 +84,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     config = runtime.config
     settings.posting.level = logging.WARNING
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="sluice.dev")
+    settings.persistence.diffbase_storage = SpecDiffBase(prefix="sluice.dev")
     settings.watching.server_timeout = 300
     settings.peering.lifetime = config.peering_lifetime
     settings.peering.stealth = True
@@ -122,49 +127,8 @@ def cleanup(memo: Any, **_: Any) -> None:
             runtime.cluster.close()
 
 
-def _selector(body: kopf.Body) -> dict[str, str]:
-    spec = parse_snapshot(_plain({"metadata": body.get("metadata", {}), "spec": body.get("spec", {})})).spec
-    return dict(spec.selector.match_labels) if spec is not None else {}
-
-
-@kopf.index(GROUP, VERSION, PLURAL)
-def pools_by_namespace(
-    namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
-) -> dict[str | None, tuple[str, dict[str, str]]]:
-    # Every event of the pool re-indexes it, its own status writes (one per pass) included: the spec, and so the
-    # selector, changes only with the generation, so it is parsed once per generation.
-    runtime = runtime_of(memo)
-    meta = body.get("metadata", {})
-    key, generation = str(meta.get("uid") or f"{namespace}/{name}"), meta.get("generation")
-    known = runtime.selectors.get(key)
-    if known is None or known[0] != generation or generation is None:
-        known = (generation, _selector(body))
-        runtime.selectors[key] = known
-    return {namespace: (name, dict(known[1]))}
-
-
 def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
-
-
-def _stored_at(status: Any) -> datetime | None:
-    raw = status.get("lastReconcileTime") if hasattr(status, "get") else None
-    try:
-        stamp = datetime.fromisoformat(str(raw)) if raw else None
-    except ValueError:
-        return None
-    return stamp if stamp is not None and stamp.tzinfo is not None else None  # no zone: parse it, never compare
-
-
-def _snapshot(body: kopf.Body, mine_at: datetime | None = None) -> PoolSnapshot:
-    """The pool as the pass sees it. `mine_at`: when the status this process wrote last was stamped. A stored
-    status no newer than that is this process's own write (or older): the reconciler uses its own copy then, so
-    it is not parsed again (at 1000 pools, parsing every pass's stored status was ~8 % of the operator's CPU)."""
-    status: Any = body.status
-    stored_at = _stored_at(status)
-    if mine_at is not None and stored_at is not None and stored_at <= mine_at:
-        status = None
-    return parse_snapshot(_plain({"metadata": body.metadata, "spec": body.spec, "status": status}))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -196,8 +160,10 @@ async def pool_loop(
                 idle = False
             seen_term = term
             waker.clear()
-            snapshot = _snapshot(body, reconciler.written_at(str(body.metadata.get("uid") or "")))
+            snapshot = runtime.snapshots.read(body, reconciler.written_at(str(body.metadata.get("uid") or "")))
             uid = snapshot.meta.uid or ""
+            selector = dict(snapshot.spec.selector.match_labels) if snapshot.spec is not None else {}
+            runtime.selectors.setdefault(namespace, {})[name] = selector
             submitted = time.monotonic()
             interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
 
@@ -227,7 +193,9 @@ async def pool_loop(
                 await asyncio.wait_for(waker.wait(), timeout=max(0.0, due - time.monotonic()))
     finally:
         runtime.wakers.pop((namespace, name), None)
+        runtime.selectors.get(namespace, {}).pop(name, None)
         reconciler.forget(uid)
+        runtime.snapshots.forget(uid)
         metrics.forget(f"{namespace}/{name}")
 
 
@@ -250,16 +218,7 @@ async def pool_deleted(name: str, namespace: str | None, memo: Any, uid: str | N
 
     for key, result in await asyncio.to_thread(give_back):
         log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)
-    runtime.selectors.pop(uid or f"{ns}/{name}", None)
-
-
-def _plain(value: Any) -> Any:
-    """Deep-copy kopf's read-only views into plain dicts and lists."""
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    runtime.snapshots.forget(uid or "")
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -287,9 +246,8 @@ def pod_matters(event_type: str, pod: dict[str, Any]) -> bool:
 
 @kopf.on.event("", "v1", "pods")
 async def pod_event(
-    event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
+    event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
 ) -> None:
-    pools_by_namespace: kopf.Index[str | None, tuple[str, dict[str, str]]] = kwargs["pools_by_namespace"]
     runtime = runtime_of(memo)
     pod: dict[str, Any] = dict(event.get("object") or {})
     if event.get("type") == "DELETED":
@@ -299,6 +257,6 @@ async def pod_event(
         runtime.pods.put(namespace or "", pod, listing=event.get("type") is None)
     if not pod_matters(str(event.get("type")), pod):
         return
-    for name, selector in pools_by_namespace.get(namespace, []):
+    for name, selector in list(runtime.selectors.get(namespace, {}).items()):
         if selector and all(labels.get(k) == v for k, v in selector.items()):
             _waker(runtime, namespace, name).set()
