@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gc
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sluice.devstack import apitls
+from sluice.io import prometheus as prometheus_io
 from sluice.io.prometheus import PromAuth, PromIO, parse_value, pod_values, to_snapshot
 from tests.helpers import T0, FakePrometheus, spec, vector
 
@@ -251,3 +256,101 @@ def test_the_refresh_pace_follows_the_pools_that_still_read_a_query(prometheus: 
         assert {w.ttl for w in io._wanted.values()} == {4.0}
     finally:
         io.close()
+
+
+@pytest.fixture
+def https_prometheus(tmp_path: Path) -> Iterator[tuple[FakePrometheus, str]]:
+    """The fake over TLS with a throwaway certificate, and that certificate as the pool's CA bundle."""
+    cert, key = apitls.serving_certificate(tmp_path / "tls")
+    with FakePrometheus(_answer, tls=apitls.server_context(cert, key)) as server:
+        yield server, cert.read_text()
+
+
+@pytest.fixture
+def ca_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where PromIO writes its CA bundles during the test (the temporary directory)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def _until(check: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
+
+
+def test_a_rotated_token_keeps_one_connection_pool_and_one_ca_file_removed_on_close(
+    https_prometheus: tuple[FakePrometheus, str], ca_files: Path
+) -> None:
+    """A projected service-account token is re-read about hourly, a Secret can change: each new token is sent,
+    over the same keep-alive connections and CA file, not a new session and file per token kept forever."""
+    server, ca = https_prometheus
+    io = PromIO(max_workers=4)
+    pool = spec(metrics={"prometheusUrl": server.url}, interval="30s")  # no refresh during the test
+    try:
+        for n in range(20):
+            begin = len(server.seen)
+            auth = PromAuth(bearer_token=f"token-{n}", ca_pem=ca)
+            snapshot = io.read_signals(pool, "llm", ["a"], auth, T0 + timedelta(seconds=n))
+            assert snapshot.pods["a"].queue_length == 3.0  # TLS verified against the bundle, answered
+            assert len(server.seen) - begin == 8 + 1  # answers asked with another token are not shared
+            assert {asked.auth for asked in server.seen[begin:]} == {f"Bearer token-{n}"}
+        connections, files = server.connections, [path.read_text() for path in ca_files.iterdir()]
+    finally:
+        io.close()
+    assert connections <= 4, f"{connections} connections open after 20 tokens (4 queries at a time at most)"
+    assert files == [ca]
+    assert _until(lambda: server.connections == 0), "close() closes the connections"
+    assert list(ca_files.iterdir()) == [], "close() removes the CA file"
+
+
+def test_pools_with_other_tokens_on_one_prometheus_each_send_their_own(prometheus: FakePrometheus) -> None:
+    io = PromIO(max_workers=4)
+
+    def passes(namespace: str) -> None:
+        pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="30s")
+        for n in range(10):
+            io.read_signals(pool, namespace, ["a"], PromAuth(bearer_token=f"{namespace}-{n}"), T0)
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as both:
+            list(both.map(passes, ["one", "two"]))
+    finally:
+        io.close()
+    assert len(prometheus.seen) == 2 * 10 * (8 + 1)
+    for asked in prometheus.seen:
+        namespace = "one" if 'namespace="one"' in asked.query else "two"
+        assert asked.auth.startswith(f"Bearer {namespace}-"), (asked.auth, asked.query[:80])
+
+
+def test_a_session_no_pass_uses_any_more_is_closed_and_its_ca_file_removed(
+    https_prometheus: tuple[FakePrometheus, str], ca_files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CA bundle that changed (a rotated CA) leaves the old one's session idle: closed, its file removed."""
+    monkeypatch.setattr(prometheus_io, "IDLE_CLIENT_SECONDS", 1.0)
+    monkeypatch.setattr(prometheus_io, "SWEEP_EVERY", 0.0)
+    server, ca = https_prometheus
+    other, _ = apitls.serving_certificate(tmp_path / "other")
+    rotated = ca + other.read_text()  # the serving certificate's CA and a new one
+    io = PromIO(max_workers=4)
+    pool = spec(metrics={"prometheusUrl": server.url}, interval="30s")
+    try:
+        first = io.read_signals(pool, "llm", ["a"], PromAuth(bearer_token="t", ca_pem=ca), T0)
+        assert first.pods["a"].queue_length == 3.0
+        before = [path.read_text() for path in ca_files.iterdir()]
+        began = time.monotonic()
+        n = 0
+        while time.monotonic() - began < 2.0:  # the rotated bundle in use, the first one idle
+            n += 1
+            read = io.read_signals(pool, "llm", ["a"], PromAuth(bearer_token=f"t{n}", ca_pem=rotated), T0)
+            assert read.pods["a"].queue_length == 3.0
+            time.sleep(0.2)
+        left = [path.read_text() for path in ca_files.iterdir()]
+    finally:
+        io.close()
+    assert before == [ca]
+    assert left == [rotated], "the first bundle's file is removed once its session is idle"
+    assert list(ca_files.iterdir()) == []
