@@ -1,8 +1,17 @@
-"""Builders shared by the tests: specs, pods and signals with readable defaults."""
+"""Builders shared by the tests: specs, pods and signals with readable defaults; a loopback fake Prometheus."""
 
 from __future__ import annotations
 
+import json
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
 from typing import Any
 
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
@@ -102,3 +111,85 @@ def states(plan: Plan) -> dict[str, str]:
 def condition(plan: Plan, type_: str) -> tuple[str, str]:
     found = next(c for c in plan.status.conditions if c.type == type_)
     return found.status, found.reason
+
+
+def vector(result: list[dict[str, Any]]) -> dict[str, Any]:
+    """A successful instant-vector answer, as Prometheus' HTTP API writes it."""
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One request the fake Prometheus received."""
+
+    query: str
+    auth: str
+    """The Authorization header ("" without one)."""
+    at: float
+    """When it came (monotonic)."""
+
+
+class FakePrometheus:
+    """Prometheus' query API on 127.0.0.1 (HTTPS with `tls`, a serving context), answering each query with what
+    `answer(query)` returns: (HTTP status, a JSON body, or bytes as they are). It records every request (`seen`),
+    can be slowed down (`delay`), and keeps connections alive as Prometheus does, counting those open now
+    (`connections`); an idle connection is closed after 30 s, the server when the `with` block ends."""
+
+    def __init__(self, answer: Callable[[str], tuple[int, Any]], tls: ssl.SSLContext | None = None) -> None:
+        self.answer = answer
+        self.seen: list[Asked] = []
+        self.delay = 0.0
+        self.connections = 0
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = 30
+            disable_nagle_algorithm = True  # as Go's server: headers and body without a 40 ms delayed-ACK stall
+
+            def setup(self) -> None:
+                super().setup()
+                with fake._lock:
+                    fake.connections += 1
+
+            def finish(self) -> None:
+                with fake._lock:
+                    fake.connections -= 1
+                super().finish()
+
+            def do_GET(self) -> None:
+                time.sleep(fake.delay)
+                form = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                query = form.get("query", [""])[0]
+                fake.seen.append(Asked(query, self.headers.get("Authorization", ""), time.monotonic()))
+                status, body = fake.answer(query)
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> FakePrometheus:
+        return self
+
+    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def wait_for(self, count: int, seconds: float = 5.0) -> None:
+        """Until `count` requests have come, or `seconds` have passed."""
+        deadline = time.monotonic() + seconds
+        while len(self.seen) < count and time.monotonic() < deadline:
+            time.sleep(0.01)

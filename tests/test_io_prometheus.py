@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import gc
-import json
-import threading
+import tempfile
 import time
-import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sluice.devstack import apitls
+from sluice.io import prometheus as prometheus_io
 from sluice.io.prometheus import PromAuth, PromIO, parse_value, pod_values, to_snapshot
-from tests.helpers import T0, spec
+from tests.helpers import T0, FakePrometheus, spec, vector
 
 SAMPLE_TIME = T0.timestamp() - 42.5  # the pod's newest sample, as `timestamp()` reports it
 ANSWERS: dict[str, list[dict[str, Any]]] = {
@@ -29,51 +30,28 @@ ANSWERS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-class _Handler(BaseHTTPRequestHandler):
-    seen: ClassVar[list[dict[str, str]]] = []
-    delay: ClassVar[float] = 0.0
-
-    def do_GET(self) -> None:
-        time.sleep(_Handler.delay)
-        form = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-        query = form.get("query", [""])[0]
-        _Handler.seen.append({"query": query, "auth": self.headers.get("Authorization", "")})
-        if "request_success_total" in query and "error" not in query:
-            self.send_response(503)
-            self.end_headers()
-            self.wfile.write(b"overloaded")
-            return
-        result = next((series for key, series in ANSWERS.items() if key in query), [])
-        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
+def _answer(query: str) -> tuple[int, Any]:
+    if "request_success_total" in query and "error" not in query:
+        return 503, b"overloaded"
+    return 200, vector(next((series for key, series in ANSWERS.items() if key in query), []))
 
 
 @pytest.fixture
-def prometheus() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Handler.seen.clear()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def prometheus() -> Iterator[FakePrometheus]:
+    with FakePrometheus(_answer) as server:
+        yield server
 
 
-def test_queries_carry_the_bearer_token_and_answers_become_signals(prometheus: str) -> None:
+def test_queries_carry_the_bearer_token_and_answers_become_signals(prometheus: FakePrometheus) -> None:
     io = PromIO()
     try:
         snapshot = io.read_signals(
-            spec(metrics={"prometheusUrl": prometheus}), "llm", ["a", "b"], PromAuth(bearer_token="s3cret"), T0
+            spec(metrics={"prometheusUrl": prometheus.url}), "llm", ["a", "b"], PromAuth(bearer_token="s3cret"), T0
         )
     finally:
         io.close()
-    assert {seen["auth"] for seen in _Handler.seen} == {"Bearer s3cret"}
-    queries = {seen["query"] for seen in _Handler.seen}
+    assert {seen.auth for seen in prometheus.seen} == {"Bearer s3cret"}
+    queries = {seen.query for seen in prometheus.seen}
     assert len(queries) == 8  # one query per supported vLLM signal and one for sample times, for the whole pool
     a = snapshot.pods["a"]
     assert a.queue_length == 3.0
@@ -116,13 +94,15 @@ def test_to_snapshot_keeps_only_pool_pods_and_custom_pod_label() -> None:
     assert snapshot.pods["a"].queue_length == 2.0
 
 
-def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_its_own_pods(prometheus: str) -> None:
+def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_its_own_pods(
+    prometheus: FakePrometheus,
+) -> None:
     io = PromIO()
     pools = {"p1": ["a"], "p2": ["stranger"], "p3": ["b"]}  # b has no samples at all
     try:
         snapshots = {
             name: io.read_signals(
-                spec(metrics={"prometheusUrl": prometheus}, selector={"matchLabels": {"app": name}}),
+                spec(metrics={"prometheusUrl": prometheus.url}, selector={"matchLabels": {"app": name}}),
                 "llm",
                 pods,
                 PromAuth(),
@@ -130,14 +110,14 @@ def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_it
             )
             for name, pods in pools.items()
         }
-        sent = len(_Handler.seen)
-        later = io.read_signals(spec(metrics={"prometheusUrl": prometheus}), "other", ["a"], PromAuth(), T0)
+        sent = len(prometheus.seen)
+        later = io.read_signals(spec(metrics={"prometheusUrl": prometheus.url}), "other", ["a"], PromAuth(), T0)
     finally:
         io.close()
     assert sent == 8 + 1  # 7 signals + sample times (+ the 503's one retry), once for the three pools
-    assert len(_Handler.seen) == 18  # another namespace renders other queries
-    assert all('namespace="llm"' in seen["query"] and "pod=~" not in seen["query"] for seen in _Handler.seen[:9])
-    assert 'namespace="other"' in _Handler.seen[9]["query"]
+    assert len(prometheus.seen) == 18  # another namespace renders other queries
+    assert all('namespace="llm"' in seen.query and "pod=~" not in seen.query for seen in prometheus.seen[:9])
+    assert 'namespace="other"' in prometheus.seen[9].query
     assert snapshots["p1"].pods["a"].queue_length == 3.0
     assert set(snapshots["p1"].pods) == {"a"}  # the namespace's other pods are not the pool's
     assert snapshots["p2"].pods["stranger"].queue_length == 9.0
@@ -147,24 +127,18 @@ def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_it
     assert later.pods["a"].queue_length == 3.0
 
 
-def _wait_for(count: int, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while len(_Handler.seen) < count and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(prometheus: str) -> None:
+def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(prometheus: FakePrometheus) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus}, interval="2s")
+    pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="2s")
     try:
         first = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         reused = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))
-        assert len(_Handler.seen) == 8 + 1  # shared, the 503 included (its one retry is the +1)
+        assert len(prometheus.seen) == 8 + 1  # shared, the 503 included (its one retry is the +1)
         assert reused.collected_at == first.collected_at == T0  # the time the shared answer was asked
         # Half an interval after it was asked, the refresher asks again without any pass (the failing query
         # waits out its backoff: one interval).
-        _wait_for(8 + 1 + 7, seconds=3)
-        assert len(_Handler.seen) == 8 + 1 + 7
+        prometheus.wait_for(8 + 1 + 7, seconds=3)
+        assert len(prometheus.seen) == 8 + 1 + 7
         time.sleep(0.1)
         later = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.4))
         assert T0 + timedelta(seconds=0.9) <= later.collected_at <= T0 + timedelta(seconds=1.4)
@@ -173,12 +147,14 @@ def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(pro
         io.close()
 
 
-def test_no_pass_waits_behind_a_refresh_while_the_previous_answer_is_within_stale_after(prometheus: str) -> None:
+def test_no_pass_waits_behind_a_refresh_while_the_previous_answer_is_within_stale_after(
+    prometheus: FakePrometheus,
+) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
-        _Handler.delay = 1.5  # Prometheus slows down: every refresh now takes longer than an interval
+        prometheus.delay = 1.5  # Prometheus slows down: every refresh now takes longer than an interval
         time.sleep(1.2)
         began = time.monotonic()
         read = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
@@ -187,27 +163,27 @@ def test_no_pass_waits_behind_a_refresh_while_the_previous_answer_is_within_stal
         assert read.collected_at == T0  # the previous answer, with the time it was asked
         assert read.pods["a"].queue_length == 3.0
     finally:
-        _Handler.delay = 0.0
+        prometheus.delay = 0.0
         io.close()
 
 
-def test_a_query_no_pass_reads_any_more_is_not_refreshed(prometheus: str) -> None:
+def test_a_query_no_pass_reads_any_more_is_not_refreshed(prometheus: FakePrometheus) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         time.sleep(2.6)  # past two intervals without a read: the refresher lets it go
-        settled = len(_Handler.seen)
+        settled = len(prometheus.seen)
         time.sleep(1.0)
-        assert len(_Handler.seen) == settled
+        assert len(prometheus.seen) == settled
     finally:
         io.close()
 
 
-def test_a_pools_next_pass_never_gets_the_answer_its_own_previous_pass_asked_for(prometheus: str) -> None:
+def test_a_pools_next_pass_never_gets_the_answer_its_own_previous_pass_asked_for(prometheus: FakePrometheus) -> None:
     """Passes one interval apart: each reads an answer asked since the previous pass."""
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
+    pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
     try:
         previous = None
         for n in range(3):
@@ -245,14 +221,14 @@ def _tracked_reachable(root: object) -> int:
     return len(seen) - 1
 
 
-def test_a_shared_answer_is_kept_without_an_object_per_series(prometheus: str) -> None:
+def test_a_shared_answer_is_kept_without_an_object_per_series(prometheus: FakePrometheus) -> None:
     """A kept answer over N pods is a few containers, not Prometheus' JSON (a dict, a dict and a list per series):
     at 1000 pools x 16 pods those were most of the objects every full garbage collection walked."""
     many = [{"metric": {"pod": f"p{i}"}, "value": [0, str(i)]} for i in range(2000)]
     ANSWERS["vllm:num_requests_running"] = many
     io = PromIO()
     try:
-        snapshot = io.read_signals(spec(metrics={"prometheusUrl": prometheus}), "llm", ["p7"], PromAuth(), T0)
+        snapshot = io.read_signals(spec(metrics={"prometheusUrl": prometheus.url}), "llm", ["p7"], PromAuth(), T0)
         kept = [answer for key, answer in io._answers.items() if "vllm:num_requests_running" in key[-1]]
         assert snapshot.pods["p7"].running_requests == 7.0
         assert kept
@@ -267,10 +243,10 @@ def test_a_scalar_answer_is_a_query_failure_not_a_number() -> None:
         pod_values([1796119200.0, "3"], "pod")  # type: ignore[list-item]
 
 
-def test_the_refresh_pace_follows_the_pools_that_still_read_a_query(prometheus: str) -> None:
+def test_the_refresh_pace_follows_the_pools_that_still_read_a_query(prometheus: FakePrometheus) -> None:
     io = PromIO()
-    fast = spec(metrics={"prometheusUrl": prometheus}, interval="1s")
-    slow = spec(metrics={"prometheusUrl": prometheus}, interval="4s")
+    fast = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
+    slow = spec(metrics={"prometheusUrl": prometheus.url}, interval="4s")
     try:
         io.read_signals(fast, "llm", ["a"], PromAuth(), T0)
         io.read_signals(slow, "llm", ["a"], PromAuth(), T0)
@@ -280,3 +256,101 @@ def test_the_refresh_pace_follows_the_pools_that_still_read_a_query(prometheus: 
         assert {w.ttl for w in io._wanted.values()} == {4.0}
     finally:
         io.close()
+
+
+@pytest.fixture
+def https_prometheus(tmp_path: Path) -> Iterator[tuple[FakePrometheus, str]]:
+    """The fake over TLS with a throwaway certificate, and that certificate as the pool's CA bundle."""
+    cert, key = apitls.serving_certificate(tmp_path / "tls")
+    with FakePrometheus(_answer, tls=apitls.server_context(cert, key)) as server:
+        yield server, cert.read_text()
+
+
+@pytest.fixture
+def ca_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where PromIO writes its CA bundles during the test (the temporary directory)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def _until(check: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
+
+
+def test_a_rotated_token_keeps_one_connection_pool_and_one_ca_file_removed_on_close(
+    https_prometheus: tuple[FakePrometheus, str], ca_files: Path
+) -> None:
+    """A projected service-account token is re-read about hourly, a Secret can change: each new token is sent,
+    over the same keep-alive connections and CA file, not a new session and file per token kept forever."""
+    server, ca = https_prometheus
+    io = PromIO(max_workers=4)
+    pool = spec(metrics={"prometheusUrl": server.url}, interval="30s")  # no refresh during the test
+    try:
+        for n in range(20):
+            begin = len(server.seen)
+            auth = PromAuth(bearer_token=f"token-{n}", ca_pem=ca)
+            snapshot = io.read_signals(pool, "llm", ["a"], auth, T0 + timedelta(seconds=n))
+            assert snapshot.pods["a"].queue_length == 3.0  # TLS verified against the bundle, answered
+            assert len(server.seen) - begin == 8 + 1  # answers asked with another token are not shared
+            assert {asked.auth for asked in server.seen[begin:]} == {f"Bearer token-{n}"}
+        connections, files = server.connections, [path.read_text() for path in ca_files.iterdir()]
+    finally:
+        io.close()
+    assert connections <= 4, f"{connections} connections open after 20 tokens (4 queries at a time at most)"
+    assert files == [ca]
+    assert _until(lambda: server.connections == 0), "close() closes the connections"
+    assert list(ca_files.iterdir()) == [], "close() removes the CA file"
+
+
+def test_pools_with_other_tokens_on_one_prometheus_each_send_their_own(prometheus: FakePrometheus) -> None:
+    io = PromIO(max_workers=4)
+
+    def passes(namespace: str) -> None:
+        pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="30s")
+        for n in range(10):
+            io.read_signals(pool, namespace, ["a"], PromAuth(bearer_token=f"{namespace}-{n}"), T0)
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as both:
+            list(both.map(passes, ["one", "two"]))
+    finally:
+        io.close()
+    assert len(prometheus.seen) == 2 * 10 * (8 + 1)
+    for asked in prometheus.seen:
+        namespace = "one" if 'namespace="one"' in asked.query else "two"
+        assert asked.auth.startswith(f"Bearer {namespace}-"), (asked.auth, asked.query[:80])
+
+
+def test_a_session_no_pass_uses_any_more_is_closed_and_its_ca_file_removed(
+    https_prometheus: tuple[FakePrometheus, str], ca_files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CA bundle that changed (a rotated CA) leaves the old one's session idle: closed, its file removed."""
+    monkeypatch.setattr(prometheus_io, "IDLE_CLIENT_SECONDS", 1.0)
+    monkeypatch.setattr(prometheus_io, "SWEEP_EVERY", 0.0)
+    server, ca = https_prometheus
+    other, _ = apitls.serving_certificate(tmp_path / "other")
+    rotated = ca + other.read_text()  # the serving certificate's CA and a new one
+    io = PromIO(max_workers=4)
+    pool = spec(metrics={"prometheusUrl": server.url}, interval="30s")
+    try:
+        first = io.read_signals(pool, "llm", ["a"], PromAuth(bearer_token="t", ca_pem=ca), T0)
+        assert first.pods["a"].queue_length == 3.0
+        before = [path.read_text() for path in ca_files.iterdir()]
+        began = time.monotonic()
+        n = 0
+        while time.monotonic() - began < 2.0:  # the rotated bundle in use, the first one idle
+            n += 1
+            read = io.read_signals(pool, "llm", ["a"], PromAuth(bearer_token=f"t{n}", ca_pem=rotated), T0)
+            assert read.pods["a"].queue_length == 3.0
+            time.sleep(0.2)
+        left = [path.read_text() for path in ca_files.iterdir()]
+    finally:
+        io.close()
+    assert before == [ca]
+    assert left == [rotated], "the first bundle's file is removed once its session is idle"
+    assert list(ca_files.iterdir()) == []

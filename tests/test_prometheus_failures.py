@@ -7,81 +7,56 @@ keeps the time it was asked, so the core's staleness rules judge it as what it i
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from sluice.core.evidence import judge_metrics
 from sluice.io.prometheus import PromAuth, PromIO
-from tests.helpers import T0, spec
+from tests.helpers import T0, FakePrometheus, spec, vector
 
 
-class _Prometheus(BaseHTTPRequestHandler):
-    failing: ClassVar[bool] = False
-    asked: ClassVar[list[float]] = []
-    sample_time: ClassVar[float] = 0.0
+class _Prometheus(FakePrometheus):
+    """Answers every query with pod `a`'s value, or (while `failing`) an error, as Prometheus does."""
 
-    def do_GET(self) -> None:
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
-        _Prometheus.asked.append(time.monotonic())
-        if _Prometheus.failing:
-            body = json.dumps({"status": "error", "errorType": "internal", "error": "query failed"}).encode()
-            self.send_response(500)
-        else:
-            value = str(_Prometheus.sample_time) if "(timestamp(" in query else "3"
-            result = [{"metric": {"pod": "a"}, "value": [0, value]}]
-            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-            self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body)
+    def __init__(self) -> None:
+        self.failing = False
+        self.sample_time = T0.timestamp() - 1
+        super().__init__(self._respond)
 
-    def log_message(self, *_: Any) -> None:
-        pass
+    def _respond(self, query: str) -> tuple[int, Any]:
+        if self.failing:
+            return 500, {"status": "error", "errorType": "internal", "error": "query failed"}
+        value = str(self.sample_time) if "(timestamp(" in query else "3"
+        return 200, vector([{"metric": {"pod": "a"}, "value": [0, value]}])
 
 
 @pytest.fixture
-def prometheus() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Prometheus.failing = False
-    _Prometheus.asked.clear()
-    _Prometheus.sample_time = T0.timestamp() - 1
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def prometheus() -> Iterator[_Prometheus]:
+    with _Prometheus() as server:
+        yield server
 
 
 QUERIES = 8  # seven vLLM signals and the sample times
 
 
-def wait_for(count: int, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while len(_Prometheus.asked) < count and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while_within_stale_after(
-    prometheus: str,
+    prometheus: _Prometheus,
 ) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "4s"}, interval="1s")
+    pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "4s"}, interval="1s")
     try:
         good = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         assert not good.failed
-        _Prometheus.failing = True
+        prometheus.failing = True
         time.sleep(2.1)  # past two intervals: the next pass asks again, and the query fails
         now = T0 + timedelta(seconds=2.1)
         first = io.read_signals(pool, "llm", ["a"], PromAuth(), now)
-        wait_for(2 * QUERIES)
+        prometheus.wait_for(2 * QUERIES)
         time.sleep(0.1)
         after = io.read_signals(pool, "llm", ["a"], PromAuth(), now + timedelta(seconds=0.2))
     finally:
@@ -95,12 +70,12 @@ def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while
     assert verdict.usable
 
 
-def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_reported(prometheus: str) -> None:
+def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_reported(prometheus: _Prometheus) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "1s"}, interval="1s")
+    pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
-        _Prometheus.failing = True
+        prometheus.failing = True
         time.sleep(2.1)  # past two intervals and past staleAfter: the next pass asks again, and it fails
         late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.1))
     finally:
@@ -110,13 +85,13 @@ def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_re
     assert not judge_metrics(pool, late, T0 + timedelta(seconds=2.1)).usable
 
 
-def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_backoff(prometheus: str) -> None:
+def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_backoff(prometheus: _Prometheus) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "1s"}, interval="1s")
-    _Prometheus.failing = True
+    pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
+    prometheus.failing = True
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
-        assert len(_Prometheus.asked) == QUERIES
+        assert len(prometheus.seen) == QUERIES
         time.sleep(1.1)  # one interval later: the backoff after one failure is one interval, so one more try
 
         def one_pass(_: int) -> float:
@@ -127,41 +102,41 @@ def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_ba
 
         with ThreadPoolExecutor(max_workers=16) as passes:
             waited = list(passes.map(one_pass, range(32)))
-        wait_for(2 * QUERIES)
+        prometheus.wait_for(2 * QUERIES)
         time.sleep(0.2)
-        assert len(_Prometheus.asked) == 2 * QUERIES  # 32 passes at once: asked once
+        assert len(prometheus.seen) == 2 * QUERIES  # 32 passes at once: asked once
         time.sleep(1.2)  # past one interval, but the backoff doubled after the second failure
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.5))
         time.sleep(0.2)
-        assert len(_Prometheus.asked) == 2 * QUERIES
+        assert len(prometheus.seen) == 2 * QUERIES
         time.sleep(1.0)  # two intervals after the second failure: asked once more
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.7))
-        wait_for(3 * QUERIES)
-        assert len(_Prometheus.asked) == 3 * QUERIES
+        prometheus.wait_for(3 * QUERIES)
+        assert len(prometheus.seen) == 3 * QUERIES
     finally:
         io.close()
     assert max(waited) < 1.0  # a pass that has a failure to report does not wait for the retry
 
 
-def test_a_success_after_failures_ends_the_backoff(prometheus: str) -> None:
+def test_a_success_after_failures_ends_the_backoff(prometheus: _Prometheus) -> None:
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus, "staleAfter": "1s"}, interval="1s")
-    _Prometheus.failing = True
+    pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
+    prometheus.failing = True
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
-        _Prometheus.failing = False
+        prometheus.failing = False
         time.sleep(0.5)
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))  # still failing: in backoff
-        assert len(_Prometheus.asked) == QUERIES
-        wait_for(2 * QUERIES)  # asked again when the backoff (one interval) ends
+        assert len(prometheus.seen) == QUERIES
+        prometheus.wait_for(2 * QUERIES)  # asked again when the backoff (one interval) ends
         time.sleep(0.1)
         healed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
         assert not healed.failed
         assert T0 + timedelta(seconds=0.95) <= healed.collected_at <= T0 + timedelta(seconds=1.2)
         # No backoff left: refreshed every half interval again while passes read it.
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.5))
-        wait_for(3 * QUERIES, seconds=2)
-        assert len(_Prometheus.asked) >= 3 * QUERIES
+        prometheus.wait_for(3 * QUERIES, seconds=2)
+        assert len(prometheus.seen) >= 3 * QUERIES
     finally:
         io.close()
 
@@ -173,12 +148,12 @@ def _depth(failure: BaseException | None) -> int:
     return depth
 
 
-def test_passes_reading_a_failed_shared_answer_do_not_grow_its_traceback(prometheus: str) -> None:
+def test_passes_reading_a_failed_shared_answer_do_not_grow_its_traceback(prometheus: _Prometheus) -> None:
     """Re-raising one stored exception prepends each reader's frames to its traceback: every pass that read a
     failed shared answer stayed alive (its status, spec and report) for as long as the answer was kept."""
     io = PromIO()
-    pool = spec(metrics={"prometheusUrl": prometheus}, interval="30s")
-    _Prometheus.failing = True
+    pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="30s")
+    prometheus.failing = True
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         failures = [a.done.exception() for a in io._answers.values()]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -90,6 +93,26 @@ def start_stack(workdir: Path, background: Background, **kwargs: Any) -> Stack:
     return stack
 
 
+def module_stack(
+    workdir: Path,
+    background: Background,
+    pods: list[PodSpec],
+    setup: Callable[[Stack], None] | None = None,
+    **stack_options: Any,
+) -> Iterator[Stack]:
+    """A module's stack: the pods, then `setup` (start an operator, apply a pool...); stops itself."""
+    stack = start_stack(workdir, background, **stack_options)
+    try:
+        for pod in pods:
+            stack.add_pod(pod)
+        if setup is not None:
+            setup(stack)
+        yield stack
+    finally:
+        background.call(stack._kubelet_stop.set)
+        stack.close()
+
+
 def operator_stack(
     workdir: Path,
     background: Background,
@@ -98,17 +121,32 @@ def operator_stack(
     setup: Callable[[Stack], None] | None = None,
 ) -> Iterator[Stack]:
     """A module's stack: the pods, a running operator, then `setup` (apply a pool...); stops itself."""
-    stack = start_stack(workdir, background)
-    try:
-        for pod in pods:
-            stack.add_pod(pod)
+
+    def start(stack: Stack) -> None:
         stack.start_operator(operator_args or [])
         if setup is not None:
             setup(stack)
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+
+    yield from module_stack(workdir, background, pods, start)
+
+
+def replica(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    """One more operator process on the stack's namespace with `args`, its log in operator-<name>.log."""
+    command = [sys.executable, "-m", "sluice", "operator", "-n", stack.namespace, "--kubeconfig", str(stack.kubeconfig)]
+    return stack._spawn([*command, *args], f"operator-{name}.log")
+
+
+def audit_trail(stack: Stack) -> list[dict[str, str]]:
+    """The API emulator's audit log so far, one entry per request (and again once answered)."""
+    return [json.loads(line) for line in (stack.workdir / "audit.jsonl").read_text().splitlines()]
+
+
+def operator_pid(entry: dict[str, str]) -> int | None:
+    """The pid of the operator process that made an audited request (its User-Agent ends in it), else None."""
+    agent = entry["userAgent"]
+    if not agent.startswith("sluice-operator/"):
+        return None
+    return int(agent.split()[0].rsplit("-", 1)[1])
 
 
 def running_traffic(stack: Stack, background: Background, rate: float) -> Iterator[Traffic]:

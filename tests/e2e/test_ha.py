@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,59 +12,46 @@ from pathlib import Path
 import pytest
 
 from sluice.devstack.stack import ROOT, Stack
-from tests.e2e.conftest import BASE_PODS, Background, condition, pool_manifest, start_stack, wait_until
+from tests.e2e.conftest import (
+    BASE_PODS,
+    Background,
+    audit_trail,
+    condition,
+    module_stack,
+    operator_pid,
+    pool_manifest,
+    replica,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 PEERING = "apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata: {name: sluice, namespace: llm}\n"
 
 
+def apply_peering(stack: Stack) -> None:
+    stack.kubectl("apply", "-f", str(ROOT / "crds" / "kopf.dev_peerings.yaml"))
+    wait_until(lambda: "kopfpeerings" in stack.kubectl("api-resources").stdout, 10, "the peering CRD is served")
+    stack.kubectl("apply", "-f", "-", stdin=PEERING)
+
+
 @pytest.fixture(scope="module")
 def ha_stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
-    stack = start_stack(Path(tmp_path_factory.mktemp("ha")), background)
-    try:
-        stack.kubectl("apply", "-f", str(ROOT / "crds" / "kopf.dev_peerings.yaml"))
-        wait_until(lambda: "kopfpeerings" in stack.kubectl("api-resources").stdout, 10, "the peering CRD is served")
-        stack.kubectl("apply", "-f", "-", stdin=PEERING)
-        for pod in BASE_PODS[:2]:
-            stack.add_pod(pod)
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+    yield from module_stack(Path(tmp_path_factory.mktemp("ha")), background, BASE_PODS[:2], setup=apply_peering)
 
 
-def replica(stack: Stack, priority: int, name: str) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "sluice",
-        "operator",
-        "-n",
-        "llm",
-        "--kubeconfig",
-        str(stack.kubeconfig),
-        "--peering",
-        "sluice",
-        "--priority",
-        str(priority),
-    ]
-    return stack._spawn(command, f"operator-{name}.log")
+def peer(stack: Stack, priority: int, name: str) -> subprocess.Popen[bytes]:
+    return replica(stack, name, ["--peering", "sluice", "--priority", str(priority)])
 
 
 def calls_by(stack: Stack, pid: int) -> list[dict[str, str]]:
     """The API requests made by one operator process's own client (its User-Agent carries its pid)."""
-    calls = []
-    for line in (stack.workdir / "audit.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if entry["userAgent"].startswith("sluice-operator/") and entry["userAgent"].split()[0].endswith(f"-{pid}"):
-            calls.append(entry)
-    return calls
+    return [entry for entry in audit_trail(stack) if operator_pid(entry) == pid]
 
 
 def test_one_replica_acts_and_the_other_takes_over_when_it_dies(ha_stack: Stack) -> None:
     stack = ha_stack
-    active = replica(stack, 200, "a")
-    standby = replica(stack, 100, "b")
+    active = peer(stack, 200, "a")
+    standby = peer(stack, 100, "b")
     stack.kubectl("apply", "-f", "-", stdin=pool_manifest(stack))
     first = wait_until(
         lambda: condition(stack.pool("llama"), "IstioSynced")["status"] == "True" and stack.pool("llama"),

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
-from tests.e2e.conftest import BASE_PODS, Background, condition, pool_manifest, start_stack, wait_until
+from tests.e2e.conftest import BASE_PODS, Background, condition, module_stack, pool_manifest, wait_until
 
 helm = pytest.importorskip("helm_python")
 pytestmark = pytest.mark.slow
@@ -32,12 +32,7 @@ METRICS_PORT = free_port()
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
-    stack = start_stack(Path(tmp_path_factory.mktemp("helm")), background, sluice_crd=None)
-    try:
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+    yield from module_stack(Path(tmp_path_factory.mktemp("helm")), background, [], sluice_crd=None)
 
 
 @pytest.fixture(scope="module")

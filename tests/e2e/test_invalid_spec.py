@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sluice.devstack.stack import SLUICE_CRD, Stack
-from tests.e2e.conftest import BASE_PODS, Background, condition, pool_manifest, start_stack, wait_until
+from tests.e2e.conftest import BASE_PODS, Background, condition, module_stack, pool_manifest, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +32,7 @@ def loose_stack(tmp_path_factory: pytest.TempPathFactory, background: Background
     }
     loose = workdir / "loose-crd.yaml"
     loose.write_text(yaml.safe_dump(crd))
-    stack = start_stack(workdir, background, sluice_crd=loose)
-    try:
-        for pod in BASE_PODS[:2]:
-            stack.add_pod(pod)
-        stack.start_operator()
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+    yield from module_stack(workdir, background, BASE_PODS[:2], lambda stack: stack.start_operator(), sluice_crd=loose)
 
 
 def versions(stack: Stack) -> dict[str, str]:

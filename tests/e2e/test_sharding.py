@@ -8,11 +8,9 @@ the last successful write to the pool's shard Lease before it was made by the sa
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,7 +23,16 @@ from sluice.core.shards import LeaseView, shard_lease_name, shard_of
 from sluice.devstack.stack import Stack
 from sluice.io.kube import load_api_client
 from sluice.runtime.sharding import ShardLeases
-from tests.e2e.conftest import BASE_PODS, Background, pool_manifest, start_stack, wait_until
+from tests.e2e.conftest import (
+    BASE_PODS,
+    Background,
+    audit_trail,
+    module_stack,
+    operator_pid,
+    pool_manifest,
+    replica,
+    wait_until,
+)
 from tests.test_chart import render, rules_of
 
 pytestmark = pytest.mark.slow
@@ -35,14 +42,7 @@ POOLS = [f"pool-{c}" for c in "abcdef"]
 
 @pytest.fixture(scope="module")
 def shard_stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> Iterator[Stack]:
-    stack = start_stack(Path(tmp_path_factory.mktemp("shards")), background)
-    try:
-        for pod in BASE_PODS[:2]:
-            stack.add_pod(pod)
-        yield stack
-    finally:
-        background.call(stack._kubelet_stop.set)
-        stack.close()
+    yield from module_stack(Path(tmp_path_factory.mktemp("shards")), background, BASE_PODS[:2])
 
 
 class FakeClock:
@@ -140,21 +140,9 @@ def test_two_replicas_racing_for_one_lease_get_one_success(shard_stack: Stack) -
 # ------------------------------------------------------------------------------------ three operator processes
 
 
-def replica(stack: Stack, name: str) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "sluice", "operator", "-n", "llm", "--kubeconfig", str(stack.kubeconfig)]
-    command += ["--shards", str(SHARDS), "--lease-namespace", "llm", "--identity", f"replica-{name}"]
-    return stack._spawn(command, f"operator-{name}.log")
-
-
-def trace(stack: Stack) -> list[dict[str, str]]:
-    return [json.loads(line) for line in (stack.workdir / "audit.jsonl").read_text().splitlines()]
-
-
-def pid_of(entry: dict[str, str]) -> int | None:
-    agent = entry["userAgent"]
-    if not agent.startswith("sluice-operator/"):
-        return None
-    return int(agent.split()[0].rsplit("-", 1)[1])
+def sharded(stack: Stack, name: str) -> subprocess.Popen[bytes]:
+    flags = ["--shards", str(SHARDS), "--lease-namespace", "llm", "--identity", f"replica-{name}"]
+    return replica(stack, name, flags)
 
 
 def pool_written(entry: dict[str, str]) -> str | None:
@@ -180,7 +168,7 @@ def overlaps(entries: list[dict[str, str]]) -> tuple[list[str], dict[str, set[in
     for entry in entries:
         if entry.get("stage") != "ResponseComplete" or not entry["code"].startswith("2"):
             continue
-        pid = pid_of(entry)
+        pid = operator_pid(entry)
         if pid is None:
             continue
         if entry["resource"] == "leases":
@@ -209,7 +197,7 @@ def shard_holders(stack: Stack) -> dict[str, str | None]:
 
 def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(shard_stack: Stack) -> None:
     stack = shard_stack
-    processes = {name: replica(stack, name) for name in "abc"}
+    processes = {name: sharded(stack, name) for name in "abc"}
     manifest = pool_manifest(stack)
     for pool in POOLS:
         stack.kubectl("apply", "-f", "-", stdin=manifest.replace("name: llama", f"name: {pool}", 1))
@@ -231,17 +219,17 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     }
     victim_id = max(pools_of, key=lambda h: len(pools_of[h]))
     victim = processes[str(victim_id).removeprefix("replica-")]
-    seen = len(trace(stack))
+    seen = len(audit_trail(stack))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        fresh = trace(stack)[seen:]
-        if any(e["resource"] == "pods" and e["verb"] == "list" and pid_of(e) == victim.pid for e in fresh):
+        fresh = audit_trail(stack)[seen:]
+        if any(e["resource"] == "pods" and e["verb"] == "list" and operator_pid(e) == victim.pid for e in fresh):
             break
         time.sleep(0.01)
     os.killpg(victim.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     time.sleep(0.5)  # the audit file catches up with what was answered before the kill
-    kill_index = len(trace(stack))
+    kill_index = len(audit_trail(stack))
     orphaned = [lease for lease, h in holders.items() if h == victim_id]
     wait_until(
         lambda: all(shard_holders(stack)[lease] not in (None, victim_id) for lease in orphaned),
@@ -260,9 +248,9 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
             process.wait(timeout=20)
     assert all(h is None for h in shard_holders(stack).values())
 
-    entries = trace(stack)
+    entries = audit_trail(stack)
     problems, writers = overlaps(entries)
-    checked = sum(1 for e in entries if e.get("stage") == "ResponseComplete" and pool_written(e) and pid_of(e))
+    checked = sum(1 for e in entries if e.get("stage") == "ResponseComplete" and pool_written(e) and operator_pid(e))
     assert set(writers) == set(POOLS), "every pool's writes are in the trace"
     # Every replica holding a shard with pools wrote (a shard may hold none of the six pools).
     holding = {processes[str(h).removeprefix("replica-")].pid for h, pools in pools_of.items() if pools}
@@ -272,14 +260,14 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     after_kill = entries[kill_index:]
     for pool in pools_of[victim_id]:
         assert victim.pid in writers[pool], "the killed replica had written its pools"
-        successors = {pid_of(e) for e in after_kill if pool_written(e) == pool} - {None, victim.pid}
+        successors = {operator_pid(e) for e in after_kill if pool_written(e) == pool} - {None, victim.pid}
         assert successors, f"no other replica passed {pool} after the kill"
     assert problems == [], problems[:10]
     # Only lease verbs the chart grants, and every one it grants is used.
     used = {
         (e["group"], e["resource"], e["verb"])
-        for e in trace(stack)
-        if e["resource"] == "leases" and pid_of(e) is not None and e.get("stage") != "ResponseComplete"
+        for e in audit_trail(stack)
+        if e["resource"] == "leases" and operator_pid(e) is not None and e.get("stage") != "ResponseComplete"
     }
     granted = {r for r in rules_of(render({"shards": SHARDS, "replicas": 3})) if r[1] == "leases"}
     assert used == granted

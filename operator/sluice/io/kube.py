@@ -276,13 +276,29 @@ class KubeCluster:
 
     def _patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
         k = ISTIO_KINDS[kind]
+        self._server_side_apply(
+            self.custom.patch_namespaced_custom_object, k.group, k.version, k.plural, namespace, name, body
+        )
+
+    def _server_side_apply(
+        self,
+        patch: Callable[..., Any],
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+    ) -> None:
+        """`patch` (an object's or its status subresource's) as a forced server-side apply by `sluice`, within
+        the write fence, its answer read and dropped undecoded (`_discard`)."""
         with _fenced() as seconds:
             answer = _call(
-                lambda: self.custom.patch_namespaced_custom_object(
-                    k.group,
-                    k.version,
+                lambda: patch(
+                    group,
+                    version,
                     namespace,
-                    k.plural,
+                    plural,
                     name,
                     body,
                     field_manager=FIELD_MANAGER,
@@ -329,23 +345,9 @@ class KubeCluster:
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        with _fenced() as seconds:
-            answer = _call(
-                lambda: self.custom.patch_namespaced_custom_object_status(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    name,
-                    body,
-                    field_manager=FIELD_MANAGER,
-                    force=True,
-                    _content_type=APPLY,
-                    _request_timeout=seconds,
-                    _preload_content=False,
-                )
-            )
-            _discard(answer)
+        self._server_side_apply(
+            self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, PLURAL, namespace, name, body
+        )
 
     def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
         now = datetime.now(UTC)

@@ -10,6 +10,8 @@ Called by the reconciler, in a worker thread (the client is blocking).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import heapq
 import itertools
 import math
@@ -21,11 +23,13 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from sluice.api.v1alpha1 import InferencePoolSpec
@@ -43,6 +47,12 @@ what asking at each pass would cost — and, while a query takes less than half 
 (one interval on) reads an answer asked since its previous pass."""
 WANTED_FOR = 2.0
 """Intervals a query keeps being refreshed after the last pass that read it (a deleted pool's queries stop)."""
+
+SWEEP_EVERY = 60.0
+"""Seconds between sweeps of old answers and idle sessions (done by the pass that comes next)."""
+IDLE_CLIENT_SECONDS = 600.0
+"""A session (its keep-alive connections, its CA file) no query has used for this long is closed: what a rotated
+CA bundle or a changed timeout leaves behind."""
 
 FRESHNESS_KEY = "sampleTime"
 """Name under which the freshness query's failure is reported (it is not a signal)."""
@@ -203,8 +213,43 @@ class _Wanted:
     read_at: float
 
 
+def _close_session(session: requests.Session) -> None:
+    """Close a session's pooled connections now. `Session.close` alone only drops urllib3's pools (urllib3 2
+    closes a pool's connections when the pool is garbage-collected), and a failed answer's traceback keeps its
+    pool alive for as long as the answer is kept."""
+    for adapter in session.adapters.values():
+        if isinstance(adapter, HTTPAdapter):
+            pools = adapter.poolmanager.pools
+            for key in list(pools.keys()):
+                with contextlib.suppress(KeyError):
+                    pools[key].close()
+    session.close()
+
+
+@dataclass
+class _Transport:
+    """One keep-alive session to a Prometheus, for every token: per (URL, CA bundle, TLS verification, timeout)."""
+
+    client: PrometheusConnect
+    ca_pem: str | None
+    used_at: float
+    """When a query last began or ended on it (monotonic)."""
+    busy: int = 0
+    """Queries on it now (it is not closed under them)."""
+
+
+TransportKey = tuple[str, str | None, bool, float]
+
+
 class PromIO:
-    """Prometheus clients per (URL, credentials), reused across passes, and answers shared across pools.
+    """Prometheus sessions per (URL, CA bundle, TLS verification, timeout), whatever the bearer token, reused
+    across passes, and answers shared across pools.
+
+    The token is sent with each query, not kept in the session: a projected service-account token re-read
+    every hour, or a Secret that changed, goes out over the same keep-alive connections, and pools with other
+    tokens for one Prometheus share them without sending each other's. Each distinct CA bundle is written once
+    to a temporary file, removed when no session uses it any more (`close`, or a session idle for
+    `IDLE_CLIENT_SECONDS`). Answers stay per token: a pool never reads what another pool's credentials fetched.
 
     Pools of one namespace with the same metrics settings render the same namespace-wide queries
     (`build_queries(..., namespace_wide=True)`). The first pass to need a query runs it (and waits for it); the
@@ -226,8 +271,9 @@ class PromIO:
     """
 
     def __init__(self, max_workers: int = 4) -> None:
-        self._clients: dict[tuple[Any, ...], PrometheusConnect] = {}
+        self._transports: dict[TransportKey, _Transport] = {}
         self._ca_files: dict[str, str] = {}
+        """CA bundle -> the temporary file it was written to (one per bundle, whatever uses it)."""
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sluice-prom")
         self._answers: dict[tuple[Any, ...], _Answer] = {}
@@ -254,32 +300,58 @@ class PromIO:
         self._refresher.start()
 
     def close(self) -> None:
+        """Stop the refresher and the queries, close every session and remove the CA files."""
         with self._lock:
             self._closed = True
             self._wake.notify_all()
+            transports, self._transports = list(self._transports.values()), {}
+            files, self._ca_files = list(self._ca_files.values()), {}
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for client in self._clients.values():
-            client._session.close()
+        for transport in transports:
+            _close_session(transport.client._session)
+        for path in files:
+            Path(path).unlink(missing_ok=True)
 
-    def _client(self, url: str, auth: PromAuth, timeout: float) -> PrometheusConnect:
-        key = (url, auth, timeout)
+    def _acquire(self, key: TransportKey) -> _Transport:
+        """The session for `key`, made on first use, marked busy until `_release`."""
+        url, ca_pem, insecure, timeout = key
         with self._lock:
-            client = self._clients.get(key)
-            if client is None:
-                headers = {"Authorization": f"Bearer {auth.bearer_token}"} if auth.bearer_token else None
+            if self._closed:
+                raise OSError("the Prometheus client is closed")
+            transport = self._transports.get(key)
+            if transport is None:
                 session = requests.Session()
-                if auth.insecure_skip_verify:
+                if insecure:
                     session.verify = False
-                elif auth.ca_pem:
-                    session.verify = self._ca_file(auth.ca_pem)
+                elif ca_pem:
+                    session.verify = self._ca_file(ca_pem)
                 retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504), allowed_methods=None)
-                client = PrometheusConnect(
-                    url=url, headers=headers, session=session, timeout=max(1, math.ceil(timeout)), retry=retry
-                )
-                self._clients[key] = client
-            return client
+                client = PrometheusConnect(url=url, session=session, timeout=max(1, math.ceil(timeout)), retry=retry)
+                transport = self._transports[key] = _Transport(client, ca_pem, 0.0)
+            transport.busy += 1
+            transport.used_at = time.monotonic()
+            return transport
+
+    def _release(self, transport: _Transport) -> None:
+        with self._lock:
+            transport.busy -= 1
+            transport.used_at = time.monotonic()
+
+    def _query(self, key: TransportKey, token: str | None, query: str) -> list[dict[str, Any]]:
+        """One query over the session for `key`, with `token` as its bearer token."""
+        transport = self._acquire(key)
+        try:
+            # The library sends `headers` with each request: a shallow copy per query carries this query's token
+            # over the shared session (and its mounted retrying adapter), so no token is kept in the session.
+            client = copy.copy(transport.client)
+            client.headers = {"Authorization": f"Bearer {token}"} if token else None
+            result = client.custom_query(query, params={"timeout": f"{key[3]:g}s"})
+        finally:
+            self._release(transport)
+        return list(result) if isinstance(result, list) else []
 
     def _ca_file(self, pem: str) -> str:
+        """The temporary file holding `pem`, written once per bundle (the lock is held)."""
         path = self._ca_files.get(pem)
         if path is None:
             with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as handle:
@@ -287,6 +359,16 @@ class PromIO:
                 path = handle.name
             self._ca_files[pem] = path
         return path
+
+    def _close_idle(self, at: float) -> None:
+        """Close the sessions no query used for `IDLE_CLIENT_SECONDS`, and remove the CA files no session uses
+        any more (the lock is held)."""
+        idle = [k for k, t in self._transports.items() if t.busy == 0 and at - t.used_at > IDLE_CLIENT_SECONDS]
+        for key in idle:
+            _close_session(self._transports.pop(key).client._session)
+        used = {t.ca_pem for t in self._transports.values()}
+        for pem in [pem for pem in self._ca_files if pem not in used]:
+            Path(self._ca_files.pop(pem)).unlink(missing_ok=True)
 
     def _shared(
         self,
@@ -308,7 +390,7 @@ class PromIO:
         """
         at = time.monotonic()
         with self._lock:
-            if at - self._swept > 60:
+            if at - self._swept > SWEEP_EVERY:
                 self._sweep(at)
             wanted = self._wanted.get(key)
             readers = {t: seen for t, seen in (wanted.readers if wanted else {}).items() if at - seen <= WANTED_FOR * t}
@@ -422,21 +504,18 @@ class PromIO:
             self._backoff.pop(key, None)
         for key in [k for k, a in self._good.items() if at - a.monotonic > 600]:
             del self._good[key]
+        self._close_idle(at)
 
     def read_signals(
         self, spec: InferencePoolSpec, namespace: str, pod_names: list[str], auth: PromAuth, now: datetime
     ) -> SignalSnapshot:
         plan = build_queries(spec, namespace, pod_names, namespace_wide=True)
         metrics = spec.metrics
-        client = self._client(metrics.prometheus_url, auth, metrics.timeout)
-        params = {"timeout": f"{metrics.timeout:g}s"}
+        ca_pem = None if auth.insecure_skip_verify else auth.ca_pem
+        transport: TransportKey = (metrics.prometheus_url, ca_pem, auth.insecure_skip_verify, metrics.timeout)
 
         def runner(query: str) -> Callable[[], list[dict[str, Any]]]:
-            def run() -> list[dict[str, Any]]:
-                result = client.custom_query(query, params=params)
-                return list(result) if isinstance(result, list) else []
-
-            return run
+            return lambda: self._query(transport, auth.bearer_token, query)
 
         queries: dict[str, str] = {str(name): query for name, query in plan.queries.items()}
         if plan.freshness is not None:
