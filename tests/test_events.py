@@ -227,3 +227,25 @@ def test_a_pod_of_an_unknown_class_held_in_pod_memory_is_not_announced_again() -
     assert [e.reason for e in derive_events(previous, next_)] == []
     fresh = status(endpoints=[row("p-8", hardwareClass="H200", classKnown=False)])
     assert [e.reason for e in derive_events(previous, fresh)] == ["UnknownHardwareClass"]
+
+
+def test_pods_with_the_same_reason_share_one_event_naming_the_first_twenty():
+    pods = [f"p{i:02d}" for i in range(40)]
+    previous = status(endpoints=[row(p) for p in pods])
+    held = status(endpoints=[row(p, floorHeld=True, reason="kept: no signals yet") for p in pods])
+    (event,) = derive_events(previous, held)
+    assert event.reason == "FloorHeld"
+    assert event.message == ", ".join(pods[:20]) + " and 20 more: kept: no signals yet"
+
+
+def test_one_reason_gives_at_most_ten_events_a_pass_the_other_pods_sharing_the_last():
+    pods = [f"p{i:02d}" for i in range(15)]
+    previous = status(endpoints=[row(p) for p in pods])
+    zeroed = [
+        row(p, state="Zeroed", weight=0, **{**INCIDENT, "incidentMessage": f"error rate {i}0%"})
+        for i, p in enumerate(pods)
+    ]
+    events = derive_events(previous, status(endpoints=zeroed))
+    assert [e.reason for e in events] == ["PodZeroed"] * 10
+    assert [e.message for e in events[:9]] == [f"p{i:02d}: error rate {i}0%" for i in range(9)]
+    assert events[9].message == "p09, p10, p11, p12, p13, p14: 6 more pods, each with its own reason in the status"

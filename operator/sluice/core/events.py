@@ -79,23 +79,52 @@ def _class_events(previous: InferencePoolStatus | None, next_: InferencePoolStat
         )
 
 
+MAX_NAMED = 20
+"""Pods named in one Event; the rest are counted ("and N more")."""
+MAX_POD_EVENTS = 10
+"""Events of one reason about pods per pass; the pods of the rest share one more Event."""
+
+
+def _named(pods: list[str]) -> str:
+    more = len(pods) - MAX_NAMED
+    return ", ".join(pods[:MAX_NAMED]) + (f" and {more} more" if more > 0 else "")
+
+
 def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
+    """Pods that changed state. Pods with the same reason and message share one Event, and one reason gives at
+    most `MAX_POD_EVENTS` per pass: when a whole large pool changes at once (no signals yet at start-up, an
+    outage), a pod per Event was thousands of Events in one pass."""
     before: dict[str, EndpointStatus] = remembered(previous)
+    said: dict[tuple[Literal["Normal", "Warning"], str, str], list[str]] = {}
+
+    def say(type_: Literal["Normal", "Warning"], reason: str, pod: str, message: str) -> None:
+        said.setdefault((type_, reason, message), []).append(pod)
+
     for row in next_.endpoints:
         prev = before.get(row.pod)
         incident_is_new = row.last_incident_at is not None and row.last_incident_at != (
             prev.last_incident_at if prev else None
         )
         if incident_is_new and row.weight == 0:
-            yield Event("Warning", "PodZeroed", f"{row.pod}: {row.incident_message or row.incident}")
+            say("Warning", "PodZeroed", row.pod, str(row.incident_message or row.incident))
         if row.floor_held and not (prev is not None and prev.floor_held):
-            yield Event("Warning", "FloorHeld", f"{row.pod}: {row.reason}")
+            say("Warning", "FloorHeld", row.pod, row.reason)
         if prev is None:
             continue
         if prev.state == "Zeroed" and row.state == "Recovering":
-            yield Event("Normal", "PodRecovering", f"{row.pod}: {row.reason}")
+            say("Normal", "PodRecovering", row.pod, row.reason)
         elif prev.state == "Recovering" and row.state == "Routable" and row.verdict == "scored":
-            yield Event("Normal", "PodRecovered", f"{row.pod}: back to normal scoring (weight {row.weight})")
+            say("Normal", "PodRecovered", row.pod, f"back to normal scoring (weight {row.weight})")
+    by_reason: dict[tuple[Literal["Normal", "Warning"], str], list[tuple[str, list[str]]]] = {}
+    for (type_, reason, message), pods in said.items():
+        by_reason.setdefault((type_, reason), []).append((message, pods))
+    for (type_, reason), groups in by_reason.items():
+        shown = groups if len(groups) <= MAX_POD_EVENTS else groups[: MAX_POD_EVENTS - 1]
+        for message, pods in shown:
+            yield Event(type_, reason, f"{_named(pods)}: {message}")
+        rest = [pod for _, pods in groups[len(shown) :] for pod in pods]
+        if rest:
+            yield Event(type_, reason, f"{_named(rest)}: {len(rest)} more pods, each with its own reason in the status")
 
 
 def _canary_events(previous: CanaryStatus | None, next_: CanaryStatus | None) -> Iterator[Event]:
