@@ -56,6 +56,32 @@ def test_the_essence_is_kopfs_own(extra: Any) -> None:
     assert "status" not in ours or extra == [("status", "endpoints")]
 
 
+def owned_replicaset() -> dict[str, Any]:
+    """A body whose kopf key is named after its owner (`...-ofDRS`): kopf reads ownerReferences to name it."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": "rs",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u"}],
+            "annotations": {"sluice.dev/last-handled-configuration-ofDRS": "{}", "team": "serving"},
+        },
+        "spec": {"replicas": 2},
+        "status": {"replicas": 2},
+    }
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [owned_replicaset(), {"kind": "X", "spec": {"a": 1}}, {"metadata": {}, "spec": {}}, {"spec": {"a": 1}}],
+)
+@pytest.mark.parametrize("extra", [None, "spec.a", ["metadata", "labels"], {("metadata", "generation")}])
+def test_the_essence_is_kopfs_own_for_other_bodies(raw: dict[str, Any], extra: Any) -> None:
+    ours = SpecDiffBase(prefix="sluice.dev").build(body=kopf.Body(copy.deepcopy(raw)), extra_fields=extra)
+    theirs = kopf.AnnotationsDiffBaseStorage(prefix="sluice.dev").build(body=kopf.Body(raw), extra_fields=extra)
+    assert ours == theirs
+
+
 def test_the_status_and_managed_fields_are_not_copied() -> None:
     raw = body(status={"endpoints": [NoCopy()]})
     raw["metadata"]["managedFields"] = [NoCopy()]

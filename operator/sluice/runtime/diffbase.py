@@ -4,8 +4,8 @@ On every watch event of a pool — one per pass, for the pass's own status write
 "essence" (what its change detection compares: everything but `status` and most of `metadata`) with
 `copy.deepcopy(dict(body))`, then deletes `status` and `metadata` from the copy. A pool's status is most of its
 object (per-pod rows, conditions, memory) and its metadata carries `managedFields`, so each event deep-copied
-both only to throw them away. `SpecDiffBase` hands kopf's own `build` the body without them — the same essence,
-computed by kopf's code — unless a handler asks for an extra field elsewhere (none of sluice's do; the whole body
+both only to throw them away. `SpecDiffBase` hands kopf's own `build` the body without them (keeping labels, annotations and
+`ownerReferences`, which kopf reads to name its own annotation keys) — the same essence, computed by kopf's code — unless a handler asks for an extra field elsewhere (none of sluice's do; the whole body
 is passed then, as before).
 """
 
@@ -17,6 +17,7 @@ from typing import Any, cast
 import kopf
 
 KEPT_METADATA = ("labels", "annotations")  # the only metadata kopf's essence keeps
+READ_METADATA = (*KEPT_METADATA, "ownerReferences")  # and what kopf's key naming reads (`mark_key`)
 
 
 def _light(field: Any) -> bool:
@@ -34,5 +35,5 @@ class SpecDiffBase(kopf.AnnotationsDiffBaseStorage):
             return super().build(body=body, extra_fields=fields)
         meta = body.get("metadata") or {}
         light: dict[str, Any] = {k: v for k, v in body.items() if k not in ("status", "metadata")}
-        light["metadata"] = {k: meta[k] for k in KEPT_METADATA if k in meta}
+        light["metadata"] = {k: meta[k] for k in READ_METADATA if k in meta}
         return super().build(body=kopf.Body(cast(kopf.RawBody, light)), extra_fields=fields)
