@@ -235,7 +235,19 @@ def test_pods_with_the_same_reason_share_one_event_naming_the_first_twenty():
     held = status(endpoints=[row(p, floorHeld=True, reason="kept: no signals yet") for p in pods])
     (event,) = derive_events(previous, held)
     assert event.reason == "FloorHeld"
-    assert event.message == ", ".join(pods[:20]) + " and 20 more: kept: no signals yet"
+    assert event.message == "40 pods: kept: no signals yet: " + ", ".join(pods[:20]) + " and 20 more"
+
+
+def test_a_shared_event_keeps_its_reason_and_count_within_the_message_limit():
+    pods = [f"llama-3-70b-instruct-a100-deployment-7d9f8c6b5-{i:05d}-with-a-long-tail" for i in range(40)]
+    previous = status(endpoints=[row(p) for p in pods])
+    held = status(endpoints=[row(p, floorHeld=True, reason="kept: no signals yet") for p in pods])
+    (event,) = derive_events(previous, held)
+    assert len(event.message) <= 1024
+    assert event.message.startswith("40 pods: kept: no signals yet: llama-3-70b")
+    named = event.message.removeprefix("40 pods: kept: no signals yet: ").split(" and ")[0].split(", ")
+    assert set(named) <= set(pods)
+    assert event.message.endswith(f" and {40 - len(named)} more")
 
 
 def test_one_reason_gives_at_most_ten_events_a_pass_the_other_pods_sharing_the_last():
@@ -248,4 +260,4 @@ def test_one_reason_gives_at_most_ten_events_a_pass_the_other_pods_sharing_the_l
     events = derive_events(previous, status(endpoints=zeroed))
     assert [e.reason for e in events] == ["PodZeroed"] * 10
     assert [e.message for e in events[:9]] == [f"p{i:02d}: error rate {i}0%" for i in range(9)]
-    assert events[9].message == "p09, p10, p11, p12, p13, p14: 6 more pods, each with its own reason in the status"
+    assert events[9].message == "6 pods: more, for their own reasons (see the status): p09, p10, p11, p12, p13, p14"

@@ -83,11 +83,24 @@ MAX_NAMED = 20
 """Pods named in one Event; the rest are counted ("and N more")."""
 MAX_POD_EVENTS = 10
 """Events of one reason about pods per pass; the pods of the rest share one more Event."""
+MESSAGE_LIMIT = 1024
+"""What an Event's message may hold (the runtime cuts there): the reason comes first, the names fill the rest."""
 
 
-def _named(pods: list[str]) -> str:
-    more = len(pods) - MAX_NAMED
-    return ", ".join(pods[:MAX_NAMED]) + (f" and {more} more" if more > 0 else "")
+def _about(pods: list[str], message: str) -> str:
+    """`pod: message` for one pod; `N pods: message: a, b, ... and K more` for several, within the limit."""
+    if len(pods) == 1:
+        return f"{pods[0]}: {message}"
+    head = f"{len(pods)} pods: {message}: "
+    names: list[str] = []
+    for pod in pods[:MAX_NAMED]:
+        more = len(pods) - len(names) - 1
+        tail = f" and {more} more" if more > 0 else ""
+        if len(head) + len(", ".join([*names, pod])) + len(tail) > MESSAGE_LIMIT:
+            break
+        names.append(pod)
+    more = len(pods) - len(names)
+    return head + ", ".join(names) + (f" and {more} more" if more > 0 else "")
 
 
 def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
@@ -121,10 +134,10 @@ def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolS
     for (type_, reason), groups in by_reason.items():
         shown = groups if len(groups) <= MAX_POD_EVENTS else groups[: MAX_POD_EVENTS - 1]
         for message, pods in shown:
-            yield Event(type_, reason, f"{_named(pods)}: {message}")
+            yield Event(type_, reason, _about(pods, message))
         rest = [pod for _, pods in groups[len(shown) :] for pod in pods]
         if rest:
-            yield Event(type_, reason, f"{_named(rest)}: {len(rest)} more pods, each with its own reason in the status")
+            yield Event(type_, reason, _about(rest, "more, for their own reasons (see the status)"))
 
 
 def _canary_events(previous: CanaryStatus | None, next_: CanaryStatus | None) -> Iterator[Event]:

@@ -4,8 +4,9 @@ On every watch event of a pool — one per pass, for the pass's own status write
 "essence" (what its change detection compares: everything but `status` and most of `metadata`) with
 `copy.deepcopy(dict(body))`, then deletes `status` and `metadata` from the copy. A pool's status is most of its
 object (per-pod rows, conditions, memory) and its metadata carries `managedFields`, so each event deep-copied
-both only to throw them away. `SpecDiffBase` hands kopf's own `build` the body without them (keeping labels, annotations and
-`ownerReferences`, which kopf reads to name its own annotation keys) — the same essence, computed by kopf's code — unless a handler asks for an extra field elsewhere (none of sluice's do; the whole body
+both only to throw them away. `SpecDiffBase` hands kopf's own `build` the body without them (keeping labels,
+annotations and `ownerReferences`, which kopf reads to name its own annotation keys) — the same essence,
+computed by kopf's code — unless a handler asks for an extra field elsewhere (none of sluice's do; the whole body
 is passed then, as before).
 """
 
