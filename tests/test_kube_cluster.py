@@ -106,6 +106,53 @@ def test_an_object_is_read_again_after_the_resync_interval(cluster):
     assert fake.gets == 2
 
 
+def test_a_watch_event_of_someone_elses_edit_makes_the_next_pass_read_and_correct_it(cluster):
+    adapter, fake = cluster
+    adapter.apply(DESIRED, None, adopt=False)
+    adapter.observed(json.loads(json.dumps(DESIRED)))  # the event of sluice's own write
+    assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+    assert fake.gets == 1
+    edited = json.loads(json.dumps(DESIRED))
+    edited["spec"]["endpoints"][0]["weight"] = 1000  # kubectl edit, within the resync interval
+    fake.live = edited
+    adapter.observed(edited)
+    assert adapter.apply(DESIRED, None, adopt=False).action == "updated"
+    assert (fake.gets, fake.patches) == (2, 2)
+    assert fake.live == DESIRED
+
+
+def test_a_field_someone_else_added_is_not_drift_that_could_be_corrected(cluster):
+    adapter, fake = cluster
+    adapter.apply(DESIRED, None, adopt=False)
+    added = json.loads(json.dumps(DESIRED))
+    added["spec"]["exportTo"] = ["."]  # another manager's field: sluice's apply would leave it, so no re-read
+    adapter.observed(added)
+    assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+    assert fake.gets == 1
+
+
+def test_a_watch_event_of_a_deletion_or_of_another_object_is_handled(cluster):
+    adapter, fake = cluster
+    adapter.apply(DESIRED, None, adopt=False)
+    other = {**DESIRED, "metadata": {**DESIRED["metadata"], "name": "someone-elses"}, "spec": {}}
+    adapter.observed(other)  # not an object sluice verified: nothing to do
+    adapter.observed({"kind": "ServiceEntry"})  # no metadata at all
+    assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+    fake.live = None
+    adapter.observed(json.loads(json.dumps(DESIRED)), deleted=True)
+    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+    assert fake.gets == 2
+
+
+def test_an_adopted_objects_own_write_event_keeps_it_verified(cluster):
+    adapter, fake = cluster
+    fake.live = {**DESIRED, "metadata": {"name": "sluice-llama", "namespace": "llm", "labels": {"team": "x"}}}
+    adapter.apply(DESIRED, None, adopt=True)
+    adapter.observed(json.loads(json.dumps(fake.live)))  # what the write left: the original in an annotation
+    assert adapter.apply(DESIRED, None, adopt=True).action == "unchanged"
+    assert fake.gets == 1
+
+
 def test_a_failed_write_is_not_remembered_as_done(cluster):
     adapter, fake = cluster
     fake.fail_patch = True

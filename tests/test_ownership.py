@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sluice.istio.ownership import ORIGINAL_ANNOTATION, decide, ownership, release
+from sluice.istio.ownership import ORIGINAL_ANNOTATION, decide, drifted, ownership, release
 
 UID = "pool-uid"
 DESIRED = {
@@ -90,3 +90,32 @@ def test_an_adopted_object_without_labels_comes_back_without_labels():
     assert back is not None
     assert "labels" not in back["metadata"]
     assert "annotations" not in back["metadata"]
+
+
+def test_drift_is_a_field_sluice_wrote_changed_or_gone_not_one_somebody_added() -> None:
+    written = {
+        "metadata": {"name": "x", "labels": {"app.kubernetes.io/managed-by": "sluice"}},
+        "spec": {
+            "host": "h",
+            "trafficPolicy": {"loadBalancer": {"simple": "LEAST_REQUEST"}},
+            "subsets": [{"name": "a"}],
+        },
+    }
+    same = json.loads(json.dumps(written))
+    assert not drifted(same, written)
+    added = json.loads(json.dumps(written))
+    added["spec"]["trafficPolicy"]["tls"] = {"mode": "ISTIO_MUTUAL"}  # another manager's field: apply keeps it
+    added["metadata"]["labels"]["team"] = "x"
+    assert not drifted(added, written)
+    changed = json.loads(json.dumps(written))
+    changed["spec"]["trafficPolicy"]["loadBalancer"]["simple"] = "RANDOM"
+    assert drifted(changed, written)
+    gone = json.loads(json.dumps(written))
+    del gone["spec"]["trafficPolicy"]
+    assert drifted(gone, written)
+    listed = json.loads(json.dumps(written))
+    listed["spec"]["subsets"].append({"name": "b"})  # lists are atomic: a longer one is not what was written
+    assert drifted(listed, written)
+    unlabelled = json.loads(json.dumps(written))
+    unlabelled["metadata"]["labels"] = {}
+    assert drifted(unlabelled, written)

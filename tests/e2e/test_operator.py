@@ -147,6 +147,24 @@ def test_service_entry_endpoints_carry_each_pods_identity_for_mtls(stack: Stack)
     assert {e["serviceAccount"] for e in entry["spec"]["endpoints"]} == {"llama-server"}
 
 
+def test_someone_elses_edit_of_an_istio_object_is_corrected_at_the_next_pass(stack: Stack) -> None:
+    # Objects sluice verified are trusted for 10 minutes without a GET; the watch of the Istio kinds is what
+    # makes the next pass read an edited one again and put it back.
+    original = stack.istio("destinationrules", "sluice-llama")
+    assert original is not None
+    edit = {"spec": {"trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}}
+    stack.kubectl("patch", "destinationrule", "sluice-llama", "-n", "llm", "--type", "merge", "-p", json.dumps(edit))
+    edited = stack.istio("destinationrules", "sluice-llama")
+    assert edited is not None
+    assert edited["spec"] != original["spec"]
+    wait_until(
+        lambda: (stack.istio("destinationrules", "sluice-llama") or {}).get("spec") == original["spec"],
+        20,
+        "the DestinationRule put back",
+        show=lambda: (stack.istio("destinationrules", "sluice-llama") or {}).get("spec"),
+    )
+
+
 def test_toggling_routing_options_prunes_what_is_no_longer_rendered(stack: Stack) -> None:
     def present() -> set[str]:
         kinds = {"ServiceEntry": ("serviceentries", "sluice-llama", "v1")}

@@ -34,8 +34,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [networking.istio.io]
   resources: [destinationrules, virtualservices, serviceentries, envoyfilters]
   # get/patch: publish by server-side apply (an apply that creates is also authorized as a create);
-  # list/delete: prune what a pass no longer renders; update: give an adopted object back exactly
-  verbs: [get, create, list, patch, update, delete]
+  # list/delete: prune what a pass no longer renders; update: give an adopted object back exactly;
+  # watch: see someone else's edit of an object sluice wrote at once (and list it when the watch starts)
+  verbs: [get, create, list, watch, patch, update, delete]
 {{- if .Values.ha.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

@@ -7,7 +7,9 @@ Local-stack tool. Per run (one pool count):
 - one metrics exporter in this process serving every pod's vLLM series (`pod` and `namespace` labels, as a
   Kubernetes scrape config adds them), each gauge and rate drawn again within ±10 % of its level at every
   scrape, and real Prometheus scraping it every 5 s (`honor_labels`, split into targets of 100 pools);
-- `--replicas` operator processes (`python -m sluice operator`, `--shards` passed on when given).
+- `--replicas` operator processes (`python -m sluice operator`, `--shards` passed on when given);
+- `--namespaces N` spreads the pools round-robin over N namespaces (`bench-000`, ...; the operators then watch
+  every namespace): PromQL answers are shared per namespace, so this is the case where they are shared least.
 After a warm-up (every pool has a status) it measures for `--seconds`: operator CPU (% of one core, from
 /proc) and RSS, API requests/s by verb and resource (the emulator's audit log, this harness's own reads left
 out), PromQL queries/s (Prometheus' own `prometheus_http_requests_total`), pass lag (`sluice_pass_lag_seconds`
@@ -44,6 +46,8 @@ import yaml
 from sluice.devstack.stack import Stack, free_port
 
 NAMESPACE = "bench"
+NAMESPACES = 1
+"""How many namespaces the pools are spread over (`--namespaces`): one, `bench`, or `bench-000`, `bench-001`, ..."""
 BENCH_AGENT = "sluice-bench"
 POOLS_PER_TARGET = 100
 
@@ -77,6 +81,7 @@ class Result:
     load_average: tuple[float, float, float]
     notes: list[str] = field(default_factory=list)
     gc_percent: float | None = None
+    namespaces: int = 1
     """Time the operators' garbage collector held them (`sluice_gc_pause_seconds_total`), % of one core."""
     full_gc_per_second: float | None = None
 
@@ -84,13 +89,19 @@ class Result:
 # ---------------------------------------------------------------------------------------------- exporter
 
 
+def namespace_of(pool: int, namespaces: int = 1) -> str:
+    """Pool `pool`'s namespace when the pools are spread round-robin over `namespaces`."""
+    return NAMESPACE if namespaces <= 1 else f"{NAMESPACE}-{pool % namespaces:03d}"
+
+
 class Exporter:
     """Every simulated pod's vLLM series, `POOLS_PER_TARGET` pools per scrape target (`?part=i`)."""
 
-    def __init__(self, pools: int, pods: int, seed: int = 1) -> None:
+    def __init__(self, pools: int, pods: int, seed: int = 1, namespaces: int = 1) -> None:
         self.rng = random.Random(seed)
         self.parts: list[list[str]] = []
         names = [pod_name(p, i) for p in range(pools) for i in range(pods)]
+        self.namespace = {pod_name(p, i): namespace_of(p, namespaces) for p in range(pools) for i in range(pods)}
         per_part = POOLS_PER_TARGET * pods
         self.parts = [names[i : i + per_part] for i in range(0, len(names), per_part)]
         self.counters: dict[str, list[float]] = {name: [0.0, 0.0, 0.0, 0.0, 0.0] for name in names}
@@ -106,7 +117,7 @@ class Exporter:
             lines: list[str] = []
             for name in self.parts[part]:
                 jitter = self.rng.uniform
-                labels = f'pod="{name}",namespace="{NAMESPACE}"'
+                labels = f'pod="{name}",namespace="{self.namespace[name]}"'
                 c = self.counters[name]
                 requests = 4.0 * jitter(0.9, 1.1) * elapsed
                 ttft = 0.3 * jitter(0.9, 1.1)
@@ -199,12 +210,14 @@ def start_prometheus(stack: Stack, exporter_port: int, parts: int) -> str:
     return url
 
 
-def pool_manifest(index: int, pods: int, prometheus_url: str, interval: float) -> dict[str, Any]:
+def pool_manifest(
+    index: int, pods: int, prometheus_url: str, interval: float, namespace: str = NAMESPACE
+) -> dict[str, Any]:
     del pods
     return {
         "apiVersion": "inference.sluice.dev/v1alpha1",
         "kind": "InferencePool",
-        "metadata": {"name": pool_name(index), "namespace": NAMESPACE},
+        "metadata": {"name": pool_name(index), "namespace": namespace},
         "spec": {
             "selector": {"matchLabels": {"app": pool_name(index)}},
             "targetPort": 8000,
@@ -248,7 +261,7 @@ def pod_manifest(pool: int, index: int, octet: int) -> dict[str, Any]:
     }
 
 
-def populate(stack: Stack, pools: int, pods: int, prometheus_url: str, interval: float) -> None:
+def populate(stack: Stack, pools: int, pods: int, prometheus_url: str, interval: float, namespaces: int = 1) -> None:
     assert stack.core is not None
     assert stack.custom is not None
     core, custom = stack.core, stack.custom
@@ -256,17 +269,22 @@ def populate(stack: Stack, pools: int, pods: int, prometheus_url: str, interval:
     octet = stack.address_octet
 
     def pool(p: int) -> None:
+        namespace = namespace_of(p, namespaces)
         for i in range(pods):
             manifest: Any = pod_manifest(p, i, octet)
-            core.create_namespaced_pod(NAMESPACE, manifest)
+            core.create_namespaced_pod(namespace, manifest)
         custom.create_namespaced_custom_object(
             "inference.sluice.dev",
             "v1alpha1",
-            NAMESPACE,
+            namespace,
             "inferencepools",
-            pool_manifest(p, pods, prometheus_url, interval),
+            pool_manifest(p, pods, prometheus_url, interval, namespace),
         )
 
+    if namespaces > 1:
+        for name in sorted({namespace_of(p, namespaces) for p in range(pools)}):
+            namespace: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            core.create_namespace(namespace)
     with ThreadPoolExecutor(max_workers=6) as workers:
         list(workers.map(pool, range(pools)))
 
@@ -350,8 +368,8 @@ def gc_totals(text: str) -> tuple[float, float] | None:
 
 def status_ages(stack: Stack) -> list[float]:
     assert stack.custom is not None
-    answer = stack.custom.list_namespaced_custom_object(
-        "inference.sluice.dev", "v1alpha1", NAMESPACE, "inferencepools", _preload_content=False
+    answer = stack.custom.list_cluster_custom_object(
+        "inference.sluice.dev", "v1alpha1", "inferencepools", _preload_content=False
     )
     items = json.loads(cast(Any, answer).data)["items"]
     now = datetime.now(UTC)
@@ -396,13 +414,13 @@ def run(args: argparse.Namespace, pools: int) -> Result:
             item.unlink() if item.is_file() else item.rmdir()
     stack = Stack(workdir, namespace=NAMESPACE, deadline_seconds=args.warmup + args.seconds + 900)
     stack.apiserver_args = ["--watch-history", "100000"]
-    exporter = Exporter(pools, args.pods)
+    exporter = Exporter(pools, args.pods, namespaces=args.namespaces)
     notes: list[str] = []
     try:
         stack.start_apiserver()
         prometheus_url = start_prometheus(stack, exporter.start(), len(exporter.parts))
         began = time.monotonic()
-        populate(stack, pools, args.pods, prometheus_url, args.interval)
+        populate(stack, pools, args.pods, prometheus_url, args.interval, args.namespaces)
         notes.append(f"created {pools} pools and {pools * args.pods} pods in {time.monotonic() - began:.0f}s")
         metrics_ports = [free_port() for _ in range(args.replicas)]
         operators = []
@@ -412,8 +430,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
                 "-m",
                 "sluice",
                 "operator",
-                "-n",
-                NAMESPACE,
+                *(["-n", NAMESPACE] if args.namespaces <= 1 else []),  # spread: every namespace (cluster-wide)
                 "--kubeconfig",
                 str(stack.kubeconfig),
             ]
@@ -501,6 +518,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
             load_average=(round(load[0], 2), round(load[1], 2), round(load[2], 2)),
             notes=notes,
             gc_percent=round(100 * sum(g[0] for g in gc_spent) / elapsed, 1) if gc_spent else None,
+            namespaces=args.namespaces,
             full_gc_per_second=round(sum(g[1] for g in gc_spent) / elapsed, 2) if gc_spent else None,
         )
     finally:
@@ -527,8 +545,9 @@ def _s(value: float | None, unit: str = "") -> str:
 
 def row(r: Result) -> str:
     replicas = f"{r.replicas}" + (f" (--shards {r.shards})" if r.shards else "")
+    pools = f"{r.pools}" + (f" in {r.namespaces} namespaces" if r.namespaces > 1 else "")
     return (
-        f"| {r.pools} | {replicas} | {r.operator_cpu_percent:g} % | {r.operator_rss_mib:g} | "
+        f"| {pools} | {replicas} | {r.operator_cpu_percent:g} % | {r.operator_rss_mib:g} | "
         f"{r.passes_per_second:g} / {r.wanted_per_second:g} | ≈{_s(r.lag_p50, ' s')} / {_s(r.lag_max, ' s')} | "
         f"{_s(r.age_p50, ' s')} / {_s(r.age_max, ' s')} | {_s(r.pass_age_p50, ' s')} / {_s(r.pass_age_max, ' s')} | "
         f"{r.api_requests_per_second:g} | {r.promql_per_second:g} | "
@@ -570,6 +589,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="sluice.bench.scale", description=__doc__.splitlines()[0])
     parser.add_argument("--pools", default="100,300,1000", help="comma-separated pool counts, one run each")
     parser.add_argument("--pods", type=int, default=16, help="pods per pool")
+    parser.add_argument("--namespaces", type=int, default=1, help="spread the pools round-robin over this many")
     parser.add_argument("--interval", type=float, default=5.0, help="the pools' interval, seconds")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window per run")
     parser.add_argument("--warmup", type=float, default=120.0, help="longest wait for every pool's first status")

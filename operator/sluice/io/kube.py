@@ -39,6 +39,7 @@ from sluice.istio.ownership import (
     POOL_LABEL,
     as_adopted,
     decide,
+    drifted,
     original_of,
     ownership,
     release,
@@ -176,6 +177,20 @@ class KubeCluster:
     def resync(self) -> None:
         """Forget which objects were seen in the wanted state: the next pass reads them again."""
         self._verified.clear()
+
+    def observed(self, obj: dict[str, Any], deleted: bool = False) -> None:
+        """A watch event of an Istio object. One this process verified is read again by the next pass that wants
+        it when the event shows it deleted or no longer holding what was written (`drifted`) — someone else's edit;
+        sluice's own writes match, and an event of an older write of its own costs one GET. With the watch, an edit is
+        corrected at the next pass instead of at the next resync."""
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(obj.get("kind") or ""), str(meta.get("name") or ""))
+        seen = self._verified.get(key)
+        if seen is None:
+            return
+        written = seen.desired if seen.original is None else as_adopted(seen.desired, seen.original)
+        if deleted or drifted(obj, written):
+            self._verified.pop(key, None)
 
     # ---- reads
 

@@ -83,6 +83,23 @@ def differs(live: dict[str, Any], desired: dict[str, Any]) -> bool:
     return not wanted_owners <= live_owners
 
 
+def _holds(live: Any, want: Any) -> bool:
+    """`live` has every field `want` sets, with its value (maps compared field by field; lists, atomic in
+    Istio's schemas, as a whole)."""
+    if isinstance(want, dict):
+        return isinstance(live, dict) and all(k in live and _holds(live[k], v) for k, v in want.items())
+    return bool(live == want)
+
+
+def drifted(live: dict[str, Any], written: dict[str, Any]) -> bool:
+    """True when the live object no longer holds what sluice wrote: a field it sets changed or went, or one of
+    its labels, annotations or owners. Fields somebody else added are not drift: sluice's server-side apply
+    would not remove them, so reading the object again could not make it match."""
+    if not _holds(live.get("spec"), written.get("spec")):
+        return True
+    return differs({**live, "spec": written.get("spec")}, written)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do with one desired object, given what is live: the adapters only carry it out."""
