@@ -13,15 +13,18 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_short_run_measures_every_pool_and_steady_passes_read_nothing(tmp_path: Path) -> None:
-    main(["--pools", "5", "--pods", "4", "--seconds", "12", "--warmup", "60", "--out", str(tmp_path)])
+    args = ["--pools", "5", "--pods", "4", "--namespaces", "2", "--seconds", "12", "--warmup", "60"]
+    main([*args, "--out", str(tmp_path)])
     (result,) = json.loads((tmp_path / "results.json").read_text())
     assert result["pools_with_status"] == 5
     assert result["passes_per_second"] > 0
     verbs = result["api_by_verb"]
     assert not [call for call in verbs if call.startswith(("get ", "list "))], verbs  # no GET, no list per pass
-    # Per signal (7 for vLLM) and the sample times, for the whole namespace, not per pool: asked again half an
-    # interval after it was asked, so two per interval.
-    assert result["promql_per_second"] * result["seconds"] <= 8 * (2 * result["seconds"] / 5 + 2)
+    # Per signal (7 for vLLM) and the sample times, for each of the 2 namespaces, not per pool: asked again half
+    # an interval after it was asked, so two per interval.
+    assert result["promql_per_second"] * result["seconds"] <= 2 * 8 * (2 * result["seconds"] / 5 + 2)
+    assert result["unavailable"] == {}  # every pool's signals fresh at the end
+    assert "MetricsUnavailable" not in result["events_by_reason"]
     assert result["pass_age_max"] is not None
     assert result["pass_age_max"] < 2 * 5
-    assert (tmp_path / "report.md").read_text().count("| 5 |") == 1
+    assert (tmp_path / "report.md").read_text().count("| 5 in 2 namespaces |") == 1

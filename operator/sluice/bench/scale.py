@@ -14,7 +14,8 @@ After a warm-up (every pool has a status) it measures for `--seconds`: operator 
 /proc) and RSS, API requests/s by verb and resource (the emulator's audit log, this harness's own reads left
 out), PromQL queries/s (Prometheus' own `prometheus_http_requests_total`), pass lag (`sluice_pass_lag_seconds`
 from the operator's /metrics, over the window only), the age of every pool's `status.lastReconcileTime`
-(sampled every 5 s), the size of the operator's /metrics page, and the emulator's and Prometheus' CPU.
+(sampled every 5 s), the Events created (by reason), the size of the operator's /metrics page, and the
+emulator's and Prometheus' CPU.
 Prints one row per pool count and writes `report.md` and `results.json` under `--out`.
 
 `--code DIR` runs the emulator and the operator from another checkout's `operator/` directory (a baseline).
@@ -82,6 +83,10 @@ class Result:
     notes: list[str] = field(default_factory=list)
     gc_percent: float | None = None
     namespaces: int = 1
+    events_by_reason: dict[str, int] = field(default_factory=dict)
+    """Events the operators created during the window, by reason."""
+    unavailable: dict[str, int] = field(default_factory=dict)
+    """Pools whose `MetricsAvailable` was False at the end of the window, by its reason (weights frozen)."""
     """Time the operators' garbage collector held them (`sluice_gc_pause_seconds_total`), % of one core."""
     full_gc_per_second: float | None = None
 
@@ -366,6 +371,32 @@ def gc_totals(text: str) -> tuple[float, float] | None:
     return (sum(seconds), sum(full)) if seconds else None
 
 
+def window_events(stack: Stack, since: datetime) -> dict[str, int]:
+    """Events first seen at or after `since`, by reason (every namespace)."""
+    assert stack.core is not None
+    answer = stack.core.list_event_for_all_namespaces(_preload_content=False)
+    reasons: Counter[str] = Counter()
+    for item in json.loads(cast(Any, answer).data)["items"]:
+        stamp = item.get("firstTimestamp") or item.get("eventTime")
+        if stamp and datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) >= since:
+            reasons[str(item.get("reason"))] += 1
+    return dict(sorted(reasons.items()))
+
+
+def metrics_unavailable(stack: Stack) -> dict[str, int]:
+    """Pools whose signals are not fresh (MetricsAvailable False: weights frozen), by the condition's reason."""
+    assert stack.custom is not None
+    answer = stack.custom.list_cluster_custom_object(
+        "inference.sluice.dev", "v1alpha1", "inferencepools", _preload_content=False
+    )
+    reasons: Counter[str] = Counter()
+    for item in json.loads(cast(Any, answer).data)["items"]:
+        for condition in (item.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "MetricsAvailable" and condition.get("status") == "False":
+                reasons[str(condition.get("reason"))] += 1
+    return dict(sorted(reasons.items()))
+
+
 def status_ages(stack: Stack) -> list[float]:
     assert stack.custom is not None
     answer = stack.custom.list_cluster_custom_object(
@@ -450,7 +481,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
         apiserver = stack.processes[0]
         prometheus = stack.processes[1]
         audit = workdir / "audit.jsonl"
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), datetime.now(UTC)
         cpu0 = [process_usage(p.pid)[0] for p in operators]
         api_cpu0, prom_cpu0 = process_usage(apiserver.pid)[0], process_usage(prometheus.pid)[0]
         offset = audit.stat().st_size
@@ -477,6 +508,8 @@ def run(args: argparse.Namespace, pools: int) -> Result:
         gc_spent = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(gc0, gc1, strict=True) if a and b]
         time.sleep(1.0)  # the audit log is written from its own thread
         counts = audit_counts(audit, offset)
+        events = window_events(stack, wall0)
+        unavailable = metrics_unavailable(stack)
         lag: dict[float, float] = {}
         for before, text in zip(lag0, texts1, strict=True):
             for bound, count in lag_buckets(text).items():
@@ -519,6 +552,8 @@ def run(args: argparse.Namespace, pools: int) -> Result:
             notes=notes,
             gc_percent=round(100 * sum(g[0] for g in gc_spent) / elapsed, 1) if gc_spent else None,
             namespaces=args.namespaces,
+            events_by_reason=events,
+            unavailable=unavailable,
             full_gc_per_second=round(sum(g[1] for g in gc_spent) / elapsed, 2) if gc_spent else None,
         )
     finally:
@@ -579,6 +614,10 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     for r in results:
         lines.append(f"## {r.pools} pools: API requests/s by verb and resource")
         lines += [f"- `{k}`: {v:g}" for k, v in r.api_by_verb.items()]
+        events = ", ".join(f"{reason} {count}" for reason, count in r.events_by_reason.items()) or "none"
+        lines.append(f"- Events created in the window, by reason: {events}")
+        frozen = ", ".join(f"{reason} {count}" for reason, count in r.unavailable.items()) or "none"
+        lines.append(f"- pools with MetricsAvailable=False (weights frozen) at the end, by reason: {frozen}")
         lines.append(f"- load average at the end: {r.load_average}")
         lines += [f"- {note}" for note in r.notes]
         lines.append("")
