@@ -216,7 +216,7 @@ def start_prometheus(stack: Stack, exporter_port: int, parts: int) -> str:
 
 
 def pool_manifest(
-    index: int, pods: int, prometheus_url: str, interval: float, namespace: str = NAMESPACE
+    index: int, pods: int, prometheus_url: str, interval: float, namespace: str = NAMESPACE, timeout: float = 4.0
 ) -> dict[str, Any]:
     del pods
     return {
@@ -229,7 +229,12 @@ def pool_manifest(
             "service": pool_name(index),
             "engine": "vllm",
             "interval": f"{interval:g}s",
-            "metrics": {"prometheusUrl": prometheus_url, "window": "30s", "staleAfter": "30s", "timeout": "4s"},
+            "metrics": {
+                "prometheusUrl": prometheus_url,
+                "window": "30s",
+                "staleAfter": "30s",
+                "timeout": f"{timeout:g}s",
+            },
             "capacity": {"classes": {"a100": 10}},
         },
     }
@@ -266,7 +271,9 @@ def pod_manifest(pool: int, index: int, octet: int) -> dict[str, Any]:
     }
 
 
-def populate(stack: Stack, pools: int, pods: int, prometheus_url: str, interval: float, namespaces: int = 1) -> None:
+def populate(
+    stack: Stack, pools: int, pods: int, prometheus_url: str, interval: float, namespaces: int = 1, timeout: float = 4.0
+) -> None:
     assert stack.core is not None
     assert stack.custom is not None
     core, custom = stack.core, stack.custom
@@ -283,7 +290,7 @@ def populate(stack: Stack, pools: int, pods: int, prometheus_url: str, interval:
             "v1alpha1",
             namespace,
             "inferencepools",
-            pool_manifest(p, pods, prometheus_url, interval, namespace),
+            pool_manifest(p, pods, prometheus_url, interval, namespace, timeout),
         )
 
     if namespaces > 1:
@@ -451,7 +458,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
         stack.start_apiserver()
         prometheus_url = start_prometheus(stack, exporter.start(), len(exporter.parts))
         began = time.monotonic()
-        populate(stack, pools, args.pods, prometheus_url, args.interval, args.namespaces)
+        populate(stack, pools, args.pods, prometheus_url, args.interval, args.namespaces, args.query_timeout)
         notes.append(f"created {pools} pools and {pools * args.pods} pods in {time.monotonic() - began:.0f}s")
         metrics_ports = [free_port() for _ in range(args.replicas)]
         operators = []
@@ -629,6 +636,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pools", default="100,300,1000", help="comma-separated pool counts, one run each")
     parser.add_argument("--pods", type=int, default=16, help="pods per pool")
     parser.add_argument("--namespaces", type=int, default=1, help="spread the pools round-robin over this many")
+    parser.add_argument(
+        "--query-timeout",
+        type=float,
+        default=10.0,
+        help="the pools' metrics.timeout, seconds: it bounds the namespace-wide queries (at 4 s, 16,000 pods in one "
+        "namespace timed out here and every pool froze its weights)",
+    )
     parser.add_argument("--interval", type=float, default=5.0, help="the pools' interval, seconds")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window per run")
     parser.add_argument("--warmup", type=float, default=120.0, help="longest wait for every pool's first status")
