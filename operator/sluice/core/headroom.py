@@ -40,8 +40,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 # Provenance of the constants: "swept" ones were compared in ad-hoc 2- and 5-seed runs of the simulated benchmark on
-# the seed-000 and mixed-fleet scenarios only (not in the repository; README, "Headroom vs the cube"); the others
-# were set by hand and never swept. None is validated on data outside the simulation.
+# the seed-000 and mixed-fleet scenarios only (not in the repository; README, "Headroom vs the cube"), KV_ROOM and
+# PROBE_ROOM also on underdeclared (docs/design.md, "The KV-cache bound"); the others were set by hand and never
+# swept. None is validated on data outside the simulation.
 
 INFORMATIVE = 0.3
 """Utilisation from which a pod's reading is a measurement of its capacity (below, TTFT inflation is mostly noise).
@@ -218,7 +219,9 @@ def estimate(
 
     An observation rate / ρ counts in proportion to ρ (up to `CONFIDENT`): the busier the pod, the more its
     inflation says about its capacity; a lightly loaded pod's reading hardly moves what was learned. A pod's first
-    measurement moves its prior the same way (when it has one).
+    measurement moves its prior the same way (when it has one). A KV-cache reading u >= INFORMATIVE bounds the
+    capacity at rate / u: a belief above it falls towards it (at the gain of a reading of ρ = u), a rise never
+    passes it, and a bound alone is no capacity to start from (`KV_ROOM`).
     """
     learned: dict[str, float] = {}
     unmeasured: list[str] = []
