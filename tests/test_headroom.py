@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from sluice.api.v1alpha1 import ScoringSpec
-from sluice.core.headroom import PodLoad, estimate, learn_idle, plan, utilisation, water_fill
+from sluice.core.headroom import PROBE_ROOM, PodLoad, estimate, learn_idle, plan, utilisation, water_fill
 from sluice.core.observed import PodSignals
 from tests.helpers import pod, run, spec, weights
 
@@ -470,3 +470,96 @@ def test_one_pod_takes_the_whole_demand():
     assert out["only"].share == pytest.approx(3.0)
     assert out["only"].demand == pytest.approx(3.0)
     assert out["only"].weight > 0
+
+
+# --- the KV cache: room lets an unmeasured pod probe from its prior; a full cache stops any lift -----------------
+
+
+def _flat_pool(kv: float | None) -> list[PodLoad]:
+    """A slow pod learned at 1.0/s (held this pass, so what it taught is exact) next to a fast unmeasured one whose
+    TTFT stays flat (no inflation read): the fast pod carries 90 % of its prior (K 4 x 1.0/s per K)."""
+    slow = PodLoad("slow", 1.0, 1.0, 0.5, 4.0, 8.0, previous_capacity=1.0, previous_idle=0.25, kv=0.95, fresh=False)
+    fast = PodLoad("fast", 4.0, 3.6, 0.1, 0.0, 12.0, previous_idle=0.1, kv=kv)
+    return [slow, fast]
+
+
+def test_an_unmeasured_pod_with_room_in_its_kv_cache_probes_from_its_prior_and_remembers_it():
+    out = plan(_flat_pool(0.2), 0.3, 60, 0.8, 8, 1)
+    assert out["fast"].source == "probing"
+    assert out["fast"].learned == pytest.approx(4.0 * (1 + PROBE_ROOM))  # its prior, raised one step
+    assert "probing" in out["fast"].explain()
+
+
+def test_an_unmeasured_pod_without_a_kv_reading_or_with_a_full_cache_keeps_its_prior():
+    for kv in (None, 0.6, math.nan, 1.5):
+        out = plan(_flat_pool(kv), 0.3, 60, 0.8, 8, 1)
+        assert out["fast"].source == "prior", kv
+        assert out["fast"].learned is None, kv
+        assert out["fast"].estimate == pytest.approx(4.0), kv
+
+
+def test_an_unmeasured_pod_carrying_little_of_its_prior_does_not_probe():
+    slow, fast = _flat_pool(0.1)
+    out = plan([slow, replace(fast, rate=1.5)], 0.3, 60, 0.8, 8, 1)
+    assert out["fast"].source == "prior"
+
+
+def test_a_kv_cache_past_kv_room_stops_a_learned_pods_probing():
+    pod_ = PodLoad("a", 1.0, 9.0, 0.22, 0.0, 3.0, previous_capacity=10.0, previous_idle=0.2, kv=0.7)
+    out = plan([pod_], 0.3, 60, 0.8, 8, 1)
+    assert out["a"].source != "probing"
+    assert out["a"].learned == pytest.approx(10.0)
+
+
+def test_the_kv_cache_usage_reaches_the_estimator_and_the_reason_through_the_pass():
+    pods = [pod("a100-0", "a100"), pod("h100-0", "h100")]
+    s = spec(**HEADROOM, capacity={"classes": {"a100": 1, "h100": 4}})
+
+    def signals(kv: float | None) -> dict[str, PodSignals]:
+        saturated = PodSignals(
+            ttft_p95_seconds=0.5, queue_length=4.0, running_requests=8.0, request_rate=1.0, kv_cache_usage=0.95
+        )
+        flat = PodSignals(
+            ttft_p95_seconds=0.1, queue_length=0.0, running_requests=12.0, request_rate=3.6, kv_cache_usage=kv
+        )
+        return {"a100-0": saturated, "h100-0": flat}
+
+    room = run(s, pods, signals(0.2), 0)
+    room = run(s, pods, signals(0.2), 5, room.status)
+    unread = run(s, pods, signals(None), 0)
+    unread = run(s, pods, signals(None), 5, unread.status)
+    assert "probing" in _row(room, "h100-0").reason
+    assert "kv 20%" in _row(room, "h100-0").reason
+    assert _row(room, "h100-0").learned_capacity is not None
+    assert "prior" in _row(unread, "h100-0").reason
+    assert _row(unread, "h100-0").learned_capacity is None
+
+
+def test_a_kv_cache_reading_bounds_the_capacity_at_rate_over_usage():
+    # 6 req/s with the cache 75 % full: the batch grows at least with the rate, so at most 6 / 0.75 = 8 req/s.
+    # A belief of 20 (say, from a flat TTFT curve) falls towards 8 at the gain of a reading of 75 %.
+    full = PodLoad("a", 1.0, 6.0, 0.22, 0.0, 30.0, previous_capacity=20.0, previous_idle=0.2, kv=0.75)
+    out = plan([full], 0.3, 60, 0.8, 8, 1)
+    assert out["a"].source == "measured"
+    assert out["a"].learned == pytest.approx(20.0 + 0.7 * (8.0 - 20.0))
+    # A TTFT reading that says more (6 / 0.35 = 17) raises a belief of 7.9 only up to the bound, never past it.
+    rising = replace(full, ttft=0.2 / (1 - 0.35), previous_capacity=7.9)
+    assert 7.9 < plan([rising], 0.3, 60, 0.8, 8, 1)["a"].learned <= 8.0
+    # Without the cache reading the same TTFT reading rises towards 17 (at RISE of the gain).
+    unread = replace(rising, kv=None)
+    assert plan([unread], 0.3, 60, 0.8, 8, 1)["a"].learned > 8.0
+
+
+def test_a_learned_pod_probes_faster_with_room_in_its_cache_than_without_a_reading():
+    base = PodLoad("a", 1.0, 9.0, 0.22, 0.0, 3.0, previous_capacity=10.0, previous_idle=0.2)
+    unread = plan([base], 0.3, 60, 0.8, 8, 1)["a"].learned
+    room = plan([replace(base, kv=0.2)], 0.3, 60, 0.8, 8, 1)["a"].learned
+    assert unread == pytest.approx(10.2)
+    assert room == pytest.approx(10.0 * (1 + PROBE_ROOM))
+    assert room > unread
+
+
+def test_a_kv_bound_alone_is_no_capacity_before_anything_is_learned():
+    # Nothing learned anywhere: the bound 2 / 0.4 = 5 req/s is an upper bound, not a measurement to start from.
+    out = plan([PodLoad("a", 1.0, 2.0, 0.2, 0.0, 3.0, kv=0.4)], 0.3, 60, 0.8, 8, 1)
+    assert out["a"].learned is None

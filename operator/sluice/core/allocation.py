@@ -112,6 +112,7 @@ def _load(verdict: PodVerdict) -> PodLoad:
         ttft=finite(signals.ttft_p95_seconds),
         queue=finite(signals.queue_length),
         running=finite(signals.running_requests),
+        kv=finite(signals.kv_cache_usage),
         health=verdict.score.band_factor,
         previous_capacity=finite(previous.learned_capacity) if previous is not None else None,
         previous_idle=finite(previous.idle_ttft_seconds) if previous is not None else None,

@@ -13,7 +13,10 @@ about how much each can take, so on servers that saturate it overfills the faste
    class K scaled by the pool's learned capacity per unit of K (`capacity.classes`); while nothing in the pool is
    learned yet, the pods carrying traffic without showing load are taken to be at most `SPARE` loaded. With
    no rate anywhere yet, the shares follow K itself (unitless, "relative", never stored as requests/s). A
-   mislabelled or throttled pod finds its own capacity as soon as it carries load;
+   mislabelled or throttled pod finds its own capacity as soon as it carries load. The KV-cache usage u is a
+   lower bound on ρ (`KV_ROOM`): rate / u bounds the capacity from above (a belief past it falls towards it, a
+   rise never passes it), and a cache with room lets a pod that shows no load probe upwards, one never measured
+   from its prior — a pod whose TTFT stays flat until its cliff is otherwise stuck at K x what the others taught;
 2. water-fills the pool's observed request rate over the pods with fresh evidence: with T_i(x) = s_i / (1 − x/μ_i)
    every loaded pod is given the same latency level L, the lowest that carries the demand: x_i = μ_i (1 − s_i/L),
    fast pods first, spilling over to slower ones as they fill (this minimises the highest TTFT, not the mean);
@@ -37,8 +40,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 # Provenance of the constants: "swept" ones were compared in ad-hoc 2- and 5-seed runs of the simulated benchmark on
-# the seed-000 and mixed-fleet scenarios only (not in the repository; README, "Headroom vs the cube"); the others
-# were set by hand and never swept. None is validated on data outside the simulation.
+# the seed-000 and mixed-fleet scenarios only (not in the repository; README, "Headroom vs the cube"), KV_ROOM and
+# PROBE_ROOM also on underdeclared (docs/design.md, "The KV-cache bound"); the others were set by hand and never
+# swept. None is validated on data outside the simulation.
 
 INFORMATIVE = 0.3
 """Utilisation from which a pod's reading is a measurement of its capacity (below, TTFT inflation is mostly noise).
@@ -61,10 +65,26 @@ PROBE = 0.02
 """Per pass, the rise of a pod's learned capacity while it carries much and reads below INFORMATIVE.
 Provenance: swept 0 / 1 / 2 / 3 % (seed-000, mixed-fleet); 3 % again with the changes of acfca5c (5 seeds, P99
 medians: better on the mixed fleet at 90 %, worse on seed-000 at 90 %; docs/design.md); 2 % kept."""
+KV_ROOM = 0.5
+"""KV-cache usage below which a pod's cache shows room for probing. vLLM's KV cache holds the running batch's
+context (prompt and generated tokens of every running request), and the batch is rate x time in system (Little's
+law) with a time in system that does not fall as the load rises (decode steps lengthen with the batch): usage
+grows at least in proportion to the rate and reaches at most 1 at saturation, so a usage u is at most the pod's
+utilisation. Hence u >= KV_ROOM proves the pod at least that loaded, and no probing goes on past it; and
+rate / u is an upper bound on the capacity (`estimate`). The converse does not hold: a compute-bound pod (long
+prompts) saturates with its cache far from full, so low usage is never read as capacity, only as leave to probe.
+Provenance: swept 0.3 / 0.5 with PROBE_ROOM 2 % on seed-000, mixed-fleet and underdeclared (5 seeds, P99
+medians in docs/design.md, "The KV-cache bound"): 0.3 no better at 20-70 %, worse at 90 %; 0.5 kept."""
+PROBE_ROOM = 0.1
+"""Per pass, the rise of a probing pod's capacity when its KV cache is read and shows room (below KV_ROOM),
+instead of PROBE; it is also the first step of an unmeasured pod probing from its prior. Provenance: swept 2 / 5 /
+10 % on seed-000, mixed-fleet and underdeclared (5 seeds, P99 medians in docs/design.md, "The KV-cache bound");
+underdeclared at 20 / 50 / 70 %: 296 / 381 / 554 ms at 2 %, 214 / 307 / 379 at 5 %, 188 / 271 / 348 at 10 %;
+seed-000 and mixed-fleet within the seed noise of each other; 10 % kept."""
 PROBE_FROM = 0.5
 """A pod carrying at least this share of its learned capacity while an actual reading shows ρ < INFORMATIVE has it
-raised by PROBE per pass (a reading past INFORMATIVE takes it down again at once); a missing reading is no
-evidence and never probes. Provenance: hand-set, never swept."""
+raised by PROBE (PROBE_ROOM with room in its KV cache) per pass (a reading past INFORMATIVE takes it down again at
+once); a missing reading is no evidence and never probes. Provenance: hand-set, never swept."""
 SPARE = 0.5
 """While nothing in the pool is learned yet, the pods carrying traffic without a measurement are taken to be at
 most this loaded: the pool's capacity per unit of K is the median of rate / SPARE / K. It is no floor under any
@@ -121,6 +141,8 @@ class PodLoad:
     previous_idle: float | None = None
     fresh: bool = True
     """False: no fresh evidence (frozen): the previous capacity is held."""
+    kv: float | None = None
+    """KV-cache usage, 0 to 1 (one scrape sample): a lower bound on the pod's utilisation (`KV_ROOM`)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +166,8 @@ class PodHeadroom:
     """The pool's (subset's) observed request rate the shares add up to."""
     weight: float
     """Relative Envoy weight (before scaling to integers)."""
+    kv: float | None = None
+    """The KV-cache usage read this pass, if any (a lower bound on the utilisation: `KV_ROOM`)."""
 
     def explain(self) -> str:
         if self.source == "relative":
@@ -152,6 +176,8 @@ class PodHeadroom:
             parts = [f"capacity {self.estimate:.2f}/s ({self.source}"]
         if self.utilisation is not None:
             parts[0] += f", load {self.utilisation:.0%}"
+        if self.kv is not None:
+            parts[0] += f", kv {self.kv:.0%}"
         parts[0] += ")"
         if self.estimate > 0 and self.capacity < self.estimate * 0.995:
             parts.append(f"x{self.capacity / self.estimate:.2f} for errors")
@@ -193,11 +219,15 @@ def estimate(
 
     An observation rate / ρ counts in proportion to ρ (up to `CONFIDENT`): the busier the pod, the more its
     inflation says about its capacity; a lightly loaded pod's reading hardly moves what was learned. A pod's first
-    measurement moves its prior the same way (when it has one).
+    measurement moves its prior the same way (when it has one). A KV-cache reading u >= INFORMATIVE bounds the
+    capacity at rate / u: a belief above it falls towards it (at the gain of a reading of ρ = u), a rise never
+    passes it, and a bound alone is no capacity to start from (`KV_ROOM`).
     """
     learned: dict[str, float] = {}
-    first: dict[str, tuple[float, float, float]] = {}
-    """Pods measured for the first time: (observation, gain, rate)."""
+    unmeasured: list[str] = []
+    """Pods with nothing learned, carrying traffic without showing load, their KV cache showing room."""
+    first: dict[str, tuple[float, float, float, bool]] = {}
+    """Pods measured for the first time: (observation, gain, rate, whether it may raise the prior)."""
     notes: dict[str, tuple[float | None, float | None, str]] = {}
     for p in pods:
         if not p.fresh:
@@ -212,30 +242,69 @@ def estimate(
         observed = rate / rho if rate > 0 and rho is not None and rho >= INFORMATIVE else None
         gain = (1.0 - smoothing) * min(1.0, (rho or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
         source = "learned"
+        bound = rate / p.kv if rate > 0 and p.kv is not None and p.kv >= INFORMATIVE else None
+        bound_gain = (1.0 - smoothing) * min(1.0, (p.kv or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
         if p.previous_capacity:
             value = p.previous_capacity
-            if observed is not None:
-                value += gain * (observed - value) * (1.0 if observed < value else RISE)
+            if bound is not None and bound < value and (observed is None or bound < observed):
+                # The KV cache proves the pod at least p.kv loaded: its capacity is at most rate / kv.
+                value += bound_gain * (bound - value)
                 source = "measured"
-            elif rate >= PROBE_FROM * value and rho is not None and rho < INFORMATIVE:
+            elif observed is not None:
+                if observed < value:
+                    value += gain * (observed - value)
+                elif bound is not None:
+                    value += gain * RISE * max(0.0, min(observed, bound) - value)
+                else:
+                    value += gain * RISE * (observed - value)
+                source = "measured"
+            elif rate >= PROBE_FROM * value and rho is not None and rho < INFORMATIVE and _cache_room(p.kv, True):
                 # Carrying most of what it is believed to take, and a reading shows no load: the belief is too low.
-                value *= 1.0 + PROBE
+                value *= 1.0 + (PROBE if p.kv is None else PROBE_ROOM)
                 source = "probing"
             learned[p.name] = max(value, rate)
-        elif observed is not None:
-            first[p.name] = (observed, gain, rate)
+        elif bound is not None and (observed is None or bound < observed):
+            # Only a bound (or a bound under the TTFT reading): it may lower the prior; it raises it only as far
+            # as a TTFT or queue reading says.
+            first[p.name] = (bound, bound_gain, rate, observed is not None)
             source = "measured"
+        elif observed is not None:
+            first[p.name] = (observed, gain, rate, True)
+            source = "measured"
+        elif rate > 0 and rho is not None and rho < INFORMATIVE and _cache_room(p.kv, False):
+            unmeasured.append(p.name)
         notes[p.name] = (idle, rho, source)
     prior_of = {p.name: p.prior for p in pods if p.prior > 0}
     # A first measurement starts from the pod's prior (the capacity per unit of K of what was learned before it)
     # and moves like any later one: a low reading of a flat TTFT curve is not taken as the capacity at once.
     start_per_k = _per_k(pods, learned, prior_of)
-    for name, (observed, gain, rate) in first.items():
+    taught = any(n in prior_of for n in learned)
+    for name, (observed, gain, rate, rises) in first.items():
         if start_per_k is None or name not in prior_of:
-            learned[name] = observed
-            continue
+            if rises:
+                learned[name] = observed
+            continue  # a bound alone is no capacity to start from
         start = prior_of[name] * start_per_k
-        learned[name] = max(rate, start + gain * (observed - start) * (1.0 if observed < start else RISE))
+        if observed < start:
+            learned[name] = max(rate, start + gain * (observed - start))
+        elif rises:
+            learned[name] = max(rate, start + gain * (observed - start) * RISE)
+        # else: a KV bound above the prior says nothing the prior does not
+    # An unmeasured pod carrying most of its prior with no load shown and room in its KV cache probes from its
+    # prior: a pod whose TTFT stays flat until its cliff is otherwise never measured below it, and stays at K x
+    # what the other pods taught, however wrong K is. The cache stops the lift (`KV_ROOM`), a reading past
+    # INFORMATIVE or a queue then measures it. Only from a prior that rests on what the pool learned: the
+    # optimistic bound used before anything is (`SPARE`) is not persisted.
+    by_name = {p.name: p for p in pods}
+    for name in unmeasured:
+        if start_per_k is None or not taught or name not in prior_of:
+            continue
+        p = by_name[name]
+        rate = p.rate or 0.0
+        start = prior_of[name] * start_per_k
+        if rate >= PROBE_FROM * start:
+            learned[name] = max(rate, start * (1.0 + PROBE_ROOM))
+            notes[name] = (notes[name][0], notes[name][1], "probing")
     per_k = _per_k(pods, learned, prior_of)
     out: dict[str, tuple[float, float | None, float | None, str]] = {}
     for p in pods:
@@ -247,6 +316,14 @@ def estimate(
         else:
             out[p.name] = (p.prior, idle, rho, "relative")
     return out
+
+
+def _cache_room(kv: float | None, missing_is_room: bool) -> bool:
+    """Whether the KV cache shows room for a lift (`KV_ROOM`). A missing reading is room only for a pod that
+    already has a measurement (the probing it had before the cache was read); an unmeasured pod needs the cache."""
+    if kv is None:
+        return missing_is_room
+    return kv < KV_ROOM
 
 
 def _per_k(pods: Sequence[PodLoad], learned: dict[str, float], prior_of: dict[str, float]) -> float | None:
@@ -306,6 +383,11 @@ def _model_divisor(
     return float((1.0 + in_flight / clients) ** bias)
 
 
+def _fraction(value: float | None) -> float | None:
+    """A KV-cache usage as evidence: within 0 to 1, or missing."""
+    return value if value is not None and 0.0 <= value <= 1.0 else None
+
+
 def _sanitised(p: PodLoad) -> PodLoad:
     return replace(
         p,
@@ -313,6 +395,7 @@ def _sanitised(p: PodLoad) -> PodLoad:
         ttft=finite(p.ttft),
         queue=finite(p.queue),
         running=finite(p.running),
+        kv=_fraction(finite(p.kv)),
         previous_capacity=finite(p.previous_capacity),
         previous_idle=finite(p.previous_idle),
     )
@@ -367,5 +450,6 @@ def plan(
             share=share,
             demand=demand,
             weight=share * divisor,
+            kv=p.kv if p.fresh else None,
         )
     return out
