@@ -543,6 +543,9 @@ class Sample:
     ttft: float | None
     ok: bool
     attempts: int = 1
+    condition: str | None = None
+    """How the last attempt failed before any response byte (an Envoy `retryOn` name); None: it did not, or it
+    failed after the answer had started (never retried)."""
 
 
 @dataclass(frozen=True)
@@ -719,12 +722,13 @@ class Traffic:
             pod, ip, revision = retry
             tried.add(pod)
             attempts += 1
-        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok, attempts))
+        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok, attempts, condition))
 
-    def failures(self, since: float, until: float | None = None) -> tuple[int, int]:
-        """(failed, all) requests finished in the window."""
+    def failures(self, since: float, until: float | None = None, retriable: bool = False) -> tuple[int, int]:
+        """(failed, all) requests finished in the window; `retriable`: only the failures before any response
+        byte (those a retry policy can turn into a retry)."""
         recent = [s for s in self.samples if s.at >= since and (until is None or s.at <= until)]
-        return sum(1 for s in recent if not s.ok), len(recent)
+        return sum(1 for s in recent if not s.ok and (not retriable or s.condition is not None)), len(recent)
 
     def share(self, since: float, key: str = "pod") -> dict[str, float]:
         recent = [s for s in self.samples if s.at >= since]
