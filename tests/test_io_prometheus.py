@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -193,6 +194,28 @@ def test_a_pools_next_pass_never_gets_the_answer_its_own_previous_pass_asked_for
                 assert read.collected_at > previous, f"pass {n} got an answer asked at {read.collected_at}"
             previous = now
             time.sleep(1.0)
+    finally:
+        io.close()
+
+
+def test_a_query_one_pool_alone_reads_is_asked_once_per_interval_just_before_its_pass(
+    prometheus: FakePrometheus,
+) -> None:
+    """One pool in its namespace: one query per signal per interval (two before), each pass reading an answer
+    asked a fifth of an interval earlier."""
+    io = PromIO()
+    pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
+    try:
+        ages = []
+        for n in range(6):
+            read = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=n))
+            ages.append((T0 + timedelta(seconds=n) - read.collected_at).total_seconds())
+            time.sleep(1.0)
+        waiting = [asked.at for asked in prometheus.seen if "num_requests_waiting" in asked.query]
+        # the first pass asks, the refresher half an interval later (one read: nothing says it is alone yet),
+        # then once before each pass: 7 or 8 over six intervals, against 12 at two per interval
+        assert len(waiting) <= 8, [round(b - a, 2) for a, b in itertools.pairwise(waiting)]
+        assert all(0.0 < age <= 0.35 for age in ages[2:]), ages
     finally:
         io.close()
 

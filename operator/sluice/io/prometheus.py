@@ -42,9 +42,16 @@ MAX_BACKOFF_SECONDS = 60.0
 
 REFRESH_AFTER = 0.5
 """Share of the asking pool's interval after which a shared answer is asked again, ahead of the passes that will
-read it: about two queries per (namespace, URL, signal) per interval — for a namespace with one pool too, twice
-what asking at each pass would cost — and, while a query takes less than half an interval, a pool's next pass
-(one interval on) reads an answer asked since its previous pass."""
+read it: about two queries per (namespace, URL, signal) per interval and, while a query takes less than half an
+interval, a pool's next pass (one interval on) reads an answer asked since its previous pass. A query with a
+single reader is asked once per interval instead, just before that reader's next pass (`LEAD`)."""
+LEAD = 0.2
+"""A query read by one pool alone, once per interval, is asked again this share of the interval (or twice its
+last answer's time, if longer) before that pool's next pass is due: one query per signal per interval, and the
+pass reads an answer a fifth of an interval old instead of up to half of one."""
+LONE_GAP = 0.9
+"""A query has a single reader when one pool interval reads it, its last two reads at least this share of the
+interval apart (a pool's passes are one interval apart; a second pool, or a wake-up, reads in between)."""
 WANTED_FOR = 2.0
 """Intervals a query keeps being refreshed after the last pass that read it (a deleted pool's queries stop)."""
 
@@ -187,6 +194,8 @@ class _Answer:
     monotonic: float
     done: Future[dict[str, float]]
     """Pod -> value (`pod_values`)."""
+    took: float = 0.0
+    """Seconds from asking to the answer (set when it is done)."""
 
 
 @dataclass
@@ -211,6 +220,16 @@ class _Wanted:
     read_now: datetime
     """The `now` of the last pass that read it; with `read_at`, what the refresher's asking time maps to."""
     read_at: float
+    read_before: float | None = None
+    """The read before the last one (monotonic): with `readers`, whether one pool alone reads it (`LONE_GAP`)."""
+
+    @property
+    def lone(self) -> bool:
+        return (
+            len(self.readers) == 1
+            and self.read_before is not None
+            and self.read_at - self.read_before >= LONE_GAP * self.ttl
+        )
 
 
 def _close_session(session: requests.Session) -> None:
@@ -257,7 +276,8 @@ class PromIO:
     label). A refresher thread asks each query again once its answer is `REFRESH_AFTER` of the reading pool's
     `interval` old, while passes still read it (`WANTED_FOR`), so Prometheus sees about two queries per
     (namespace, URL, signal) per interval, not one per pool, and (while a query takes less than half an interval)
-    a pool's next pass reads an answer asked since its previous one. No pass waits behind a refresh: while the
+    a pool's next pass reads an answer asked since its previous one; a query one pool alone reads is asked once
+    per interval, `LEAD` before that pool's next pass. No pass waits behind a refresh: while the
     next answer is being asked, passes read the previous one if it succeeded within `staleAfter` (at 1000 pools,
     eight worker threads waiting for a slow Prometheus were the operator's whole throughput). A pass waits only
     when there is no such answer: the first, or after nobody read the query for `WANTED_FOR` intervals.
@@ -395,7 +415,8 @@ class PromIO:
             wanted = self._wanted.get(key)
             readers = {t: seen for t, seen in (wanted.readers if wanted else {}).items() if at - seen <= WANTED_FOR * t}
             readers[ttl] = at
-            self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at)
+            before = wanted.read_at if wanted is not None else None
+            self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at, before)
             if wanted is None:
                 self._schedule(key, self._due_at(key, at))
             answer = self._answers.get(key)
@@ -424,13 +445,18 @@ class PromIO:
 
     def _due_at(self, key: tuple[Any, ...], at: float) -> float:
         """When `key` is to be asked again: at its backoff's end, or `REFRESH_AFTER` of its interval after its
-        answer was asked (now, without one). The lock is held."""
+        answer was asked (now, without one) — for a query one pool alone reads, not before `LEAD` ahead of that
+        pool's next pass. The lock is held."""
         backoff, answer, wanted = self._backoff.get(key), self._answers.get(key), self._wanted.get(key)
         if backoff is not None:
             return backoff.retry_at
         if answer is None or wanted is None:
             return at
-        return answer.monotonic + REFRESH_AFTER * wanted.ttl
+        due = answer.monotonic + REFRESH_AFTER * wanted.ttl
+        if wanted.lone:
+            lead = max(LEAD * wanted.ttl, 2.0 * answer.took)
+            due = max(due, wanted.read_at + wanted.ttl - lead)
+        return due
 
     def _schedule(self, key: tuple[Any, ...], due: float) -> None:
         """Look at `key` again at `due`, waking the refresher only if that is before its next wake-up (the lock
@@ -474,8 +500,11 @@ class PromIO:
         ttl: float,
     ) -> None:
         try:
-            answer.done.set_result(pod_values(fetch(), label))
+            values = pod_values(fetch(), label)
+            answer.took = time.monotonic() - answer.monotonic
+            answer.done.set_result(values)
         except BaseException as failure:  # handed to every pass that waits for it
+            answer.took = time.monotonic() - answer.monotonic
             answer.done.set_exception(failure)
         with self._lock:
             self._answers[key] = answer
