@@ -55,11 +55,15 @@ class FakeReconciler:
         return None
 
 
-def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_stops():
+def one_pass(during: Any = None) -> tuple[handlers.Runtime, FakeReconciler, SimpleNamespace]:
+    """Run a pool's daemon for one pass (the fake reconciler stops it), calling `during(runtime)` inside it."""
     setter: FlagSetter[Any] = FlagSetter()
     runtime = handlers.Runtime(config=OperatorConfig())
     loops: list[asyncio.AbstractEventLoop] = []
     reconciler = FakeReconciler(lambda: loops[0].call_soon_threadsafe(setter.set))
+    if during is not None:
+        real_run = reconciler.run
+        reconciler.run = lambda snapshot, now: during(runtime) or real_run(snapshot, now)  # type: ignore[method-assign]
     runtime.reconciler = reconciler  # type: ignore[assignment]
     runtime.metrics = OperatorMetrics(runtime.registry)
     memo = SimpleNamespace(runtime=runtime)
@@ -71,6 +75,11 @@ def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_s
         )
 
     asyncio.run(asyncio.wait_for(go(), timeout=10))
+    return runtime, reconciler, memo
+
+
+def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_stops():
+    runtime, reconciler, _ = one_pass()
     (snapshot,) = reconciler.snapshots
     assert snapshot.spec is not None
     assert snapshot.spec.interval == 1.0
@@ -79,29 +88,8 @@ def test_the_daemon_parses_the_body_once_into_a_snapshot_and_cleans_up_when_it_s
 
 
 def test_a_pod_event_wakes_the_pools_whose_daemon_selects_the_pod():
-    setter: FlagSetter[Any] = FlagSetter()
-    runtime = handlers.Runtime(config=OperatorConfig())
-    loops: list[asyncio.AbstractEventLoop] = []
     seen: list[Any] = []
-    reconciler = FakeReconciler(lambda: loops[0].call_soon_threadsafe(setter.set))
-    real_run = reconciler.run
-    reconciler.run = lambda snapshot, now: (
-        seen.append({ns: dict(pools) for ns, pools in runtime.selectors.items()}) or real_run(snapshot, now)
-    )  # type: ignore[method-assign]
-    runtime.reconciler = reconciler  # type: ignore[assignment]
-    runtime.metrics = OperatorMetrics(runtime.registry)
-    memo = SimpleNamespace(runtime=runtime)
-
-    async def go() -> None:
-        loops.append(asyncio.get_running_loop())
-        await handlers.pool_loop(
-            name="llama", namespace="llm", body=kopf.Body(BODY), memo=memo, stopped=AsyncFlagWaiter(setter)
-        )
-
-    asyncio.run(asyncio.wait_for(go(), timeout=10))
-    assert seen == [{"llm": {"llama": {"app": "llama"}}}]  # the pass's own parse of the spec
-    assert runtime.selectors == {"llm": {}}  # gone with the daemon
-
+    runtime, _, memo = one_pass(lambda rt: seen.append({ns: dict(pools) for ns, pools in rt.selectors.items()}))
     runtime.selectors = {"llm": {"llama": {"app": "llama"}, "other": {"app": "other"}, "invalid": {}}}
 
     async def event(kind: str, ready: bool) -> None:

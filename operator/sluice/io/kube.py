@@ -103,6 +103,11 @@ class Verified:
     read_at: float
     """When the object was last read (monotonic); writes without a read do not extend it."""
 
+    def body(self, desired: dict[str, Any]) -> dict[str, Any]:
+        """What this process writes for `desired`: as it is for sluice's own object, with the original kept for an
+        adopted one."""
+        return desired if self.original is None else as_adopted(desired, self.original)
+
 
 class PodSource(Protocol):
     """Pods kept current by a watch (`sluice.runtime.podcache`), seeded by one list per namespace."""
@@ -188,8 +193,7 @@ class KubeCluster:
         seen = self._verified.get(key)
         if seen is None:
             return
-        written = seen.desired if seen.original is None else as_adopted(seen.desired, seen.original)
-        if deleted or drifted(obj, written):
+        if deleted or drifted(obj, seen.body(seen.desired)):
             self._verified.pop(key, None)
 
     # ---- reads
@@ -265,8 +269,7 @@ class KubeCluster:
             if seen.desired == desired:
                 self._verified[key] = seen
                 return WriteResult(kind, name, "unchanged")  # what this process verified recently: no GET
-            body = desired if seen.original is None else as_adopted(desired, seen.original)
-            self._patch(kind, namespace, name, body)  # read recently: ours (or adopted), so no GET
+            self._patch(kind, namespace, name, seen.body(desired))  # read recently: ours (or adopted), so no GET
             self._verified[key] = Verified(copy.deepcopy(desired), adopt, seen.original, seen.read_at)
             return WriteResult(kind, name, "updated")
         live = self._get(kind, namespace, name)
