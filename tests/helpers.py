@@ -127,6 +127,7 @@ class Asked:
     """The Authorization header ("" without one)."""
     at: float
     """When it came (monotonic)."""
+    method: str = "GET"
 
 
 class FakePrometheus:
@@ -159,10 +160,16 @@ class FakePrometheus:
                 super().finish()
 
             def do_GET(self) -> None:
+                self._serve(urllib.parse.urlsplit(self.path).query)
+
+            def do_POST(self) -> None:  # Prometheus takes the same parameters as a form
+                self._serve(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode())
+
+            def _serve(self, encoded: str) -> None:
                 time.sleep(fake.delay)
-                form = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-                query = form.get("query", [""])[0]
-                fake.seen.append(Asked(query, self.headers.get("Authorization", ""), time.monotonic()))
+                query = urllib.parse.parse_qs(encoded).get("query", [""])[0]
+                auth = self.headers.get("Authorization", "")
+                fake.seen.append(Asked(query, auth, time.monotonic(), self.command))
                 status, body = fake.answer(query)
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)

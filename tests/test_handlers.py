@@ -201,3 +201,15 @@ def test_passes_start_one_interval_apart_however_long_each_takes():
     gaps = [b - a for a, b in itertools.pairwise(reconciler.started)]
     assert len(gaps) == 2
     assert all(1.9 <= gap < 2.3 for gap in gaps), gaps
+
+
+def test_a_sharded_replica_asks_prometheus_for_the_pods_of_the_pools_it_runs():
+    runtime = handlers.Runtime(config=OperatorConfig())
+
+    def pod(name: str, app: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "llm", "labels": {"app": app}}, "status": {}}
+
+    runtime.pods.finish_seed("llm", [pod("a-0", "a"), pod("a-1", "a"), pod("b-0", "b"), pod("c-0", "c")])
+    runtime.selectors = {"llm": {"pool-a": {"app": "a"}, "pool-b": {"app": "b"}}}  # pool-c: another replica's
+    assert handlers.owned_pods(runtime, "llm") == {"a-0", "a-1", "b-0"}
+    assert handlers.owned_pods(runtime, "other") == frozenset()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -377,3 +378,113 @@ def test_a_session_no_pass_uses_any_more_is_closed_and_its_ca_file_removed(
     assert before == [ca]
     assert left == [rotated], "the first bundle's file is removed once its session is idle"
     assert list(ca_files.iterdir()) == []
+
+
+NAMESPACE_PODS = ("a1", "a2", "b1", "c1", "stranger")
+
+
+def _by_name(query: str) -> tuple[int, Any]:
+    """Every pod of the namespace the query's pod matcher selects (all of them without one), value 1."""
+    asked = re.search(r'pod=~"([^"]*)"', query)
+    names = set(asked.group(1).split("|")) if asked else set(NAMESPACE_PODS)
+    return 200, vector([{"metric": {"pod": pod}, "value": [0, "1"]} for pod in NAMESPACE_PODS if pod in names])
+
+
+def _pod_matchers(server: FakePrometheus) -> list[set[str] | None]:
+    out: list[set[str] | None] = []
+    for seen in server.seen:
+        asked = re.search(r'pod=~"([^"]*)"', seen.query)
+        out.append(set(asked.group(1).split("|")) if asked else None)
+    return out
+
+
+def test_by_default_the_namespace_is_asked_once_for_every_pool() -> None:
+    with FakePrometheus(_by_name) as server:
+        io = PromIO()
+        pool = spec(metrics={"prometheusUrl": server.url})
+        try:
+            first = io.read_signals(pool, "llm", ["a1", "a2"], PromAuth(), T0)
+            second = io.read_signals(pool, "llm", ["b1"], PromAuth(), T0)
+        finally:
+            io.close()
+    assert _pod_matchers(server) == [None] * 8  # namespace-wide: one query per signal serves both pools
+    assert set(first.pods) == {"a1", "a2"}
+    assert set(second.pods) == {"b1"}
+
+
+def test_a_scoped_reader_asks_for_the_pods_of_its_pools_only() -> None:
+    """A replica that owns some of a namespace's pools (`PromIO(scoped=True)`) asks Prometheus for their pods by
+    name: the pods of pools other replicas own ("c1", "stranger") are never asked for."""
+    with FakePrometheus(_by_name) as server:
+        io = PromIO(scoped=True)
+        pool = spec(metrics={"prometheusUrl": server.url})
+        try:
+            first = io.read_signals(pool, "llm", ["a1", "a2"], PromAuth(), T0)
+            assert _pod_matchers(server) == [{"a1", "a2"}] * 8
+            # Another pool of this replica: the answer was not asked for its pod, so it is asked again, for both.
+            second = io.read_signals(pool, "llm", ["b1"], PromAuth(), T0)
+            assert _pod_matchers(server)[8:] == [{"a1", "a2", "b1"}] * 8
+            # The first pool again: served by that answer, nothing asked.
+            again = io.read_signals(pool, "llm", ["a1", "a2"], PromAuth(), T0)
+            assert len(server.seen) == 16
+        finally:
+            io.close()
+    assert set(first.pods) == {"a1", "a2"}
+    assert set(second.pods) == {"b1"}
+    assert set(again.pods) == {"a1", "a2"}
+    assert first.failed == second.failed == {}
+    assert {seen.method for seen in server.seen} == {"GET"}  # short queries stay GETs
+
+
+def test_a_long_scoped_query_is_sent_as_a_post_form() -> None:
+    """Thousands of pods by name make a query tens of kilobytes long: a form body, not a URL."""
+    many = ["a1", *(f"gone-{i:04d}" for i in range(300))]
+    with FakePrometheus(_by_name) as server:
+        io = PromIO(scoped=True)
+        try:
+            snapshot = io.read_signals(spec(metrics={"prometheusUrl": server.url}), "llm", many, PromAuth(), T0)
+        finally:
+            io.close()
+    assert {seen.method for seen in server.seen} == {"POST"}
+    assert {len(seen.query) > prometheus_io.POST_OVER for seen in server.seen} == {True}
+    assert snapshot.failed == {}
+    assert set(snapshot.pods) == {"a1"}
+    assert snapshot.pods["a1"].queue_length == 1.0
+
+
+def test_pools_that_come_while_a_scoped_query_is_asked_wait_for_one_more_query_not_one_each() -> None:
+    """A replica starting (or taking over a shard) reads many pools at once: those whose pods the query in
+    flight was not asked for share the next one, asked `EXTEND_GAP` after it."""
+    with FakePrometheus(_by_name) as server:
+        server.delay = 0.3
+        io = PromIO(scoped=True, max_workers=16)
+        pool = spec(metrics={"prometheusUrl": server.url})
+        try:
+            with ThreadPoolExecutor(max_workers=4) as passes:
+                first = passes.submit(io.read_signals, pool, "llm", ["a1"], PromAuth(), T0)
+                time.sleep(0.1)  # the first pool's queries are in flight
+                later = [
+                    passes.submit(io.read_signals, pool, "llm", [pod], PromAuth(), T0) for pod in ("a2", "b1", "c1")
+                ]
+                snapshots = [first.result(timeout=10), *(done.result(timeout=10) for done in later)]
+        finally:
+            io.close()
+    assert [set(snapshot.pods) for snapshot in snapshots] == [{"a1"}, {"a2"}, {"b1"}, {"c1"}]
+    assert all(snapshot.failed == {} for snapshot in snapshots)
+    assert _pod_matchers(server) == [{"a1"}] * 8 + [{"a1", "a2", "b1", "c1"}] * 8  # two rounds, not four
+
+
+def test_a_replica_asks_at_once_for_the_pods_of_every_pool_it_runs() -> None:
+    """With the pods of the replica's pools (`owned`), the first pass's query takes in the pools that have not
+    passed yet: their first passes are served by it, and nothing else is asked."""
+    with FakePrometheus(_by_name) as server:
+        io = PromIO(owned=lambda namespace: {"a1", "a2", "b1"} if namespace == "llm" else set())
+        pool = spec(metrics={"prometheusUrl": server.url})
+        try:
+            first = io.read_signals(pool, "llm", ["a1", "a2"], PromAuth(), T0)
+            second = io.read_signals(pool, "llm", ["b1"], PromAuth(), T0)
+        finally:
+            io.close()
+    assert _pod_matchers(server) == [{"a1", "a2", "b1"}] * 8
+    assert set(first.pods) == {"a1", "a2"}
+    assert set(second.pods) == {"b1"}

@@ -281,3 +281,23 @@ def test_an_override_is_run_as_written(prometheus: str) -> None:
         prometheus, "vllm", queries={"queueLength": "max by ($podLabel) (vllm:num_requests_waiting{$selector}) * 10"}
     )
     assert snapshot.pods["bad"].queue_length == pytest.approx(70)
+
+
+def test_a_scoped_read_asks_real_prometheus_for_its_pods_by_name(prometheus: str) -> None:
+    """A replica's pods by name (`PromIO(scoped=True)`), hundreds of them, sent as a POST form: real Prometheus
+    answers for those pods only, with the same values as the namespace-wide query."""
+    asked = ["ok", "bad", *(f"gone-{i:04d}" for i in range(400))]
+    io = PromIO(scoped=True)
+    try:
+        pool = spec(
+            engine="vllm", metrics={"prometheusUrl": prometheus, "window": "1m", "extraLabels": {"engine": "vllm"}}
+        )
+        snapshot = io.read_signals(pool, NAMESPACE, asked, PromAuth(), datetime.now(UTC))
+        answered = {pod for answer in io._answers.values() for pod in answer.done.result()}
+    finally:
+        io.close()
+    assert snapshot.failed == {}
+    assert answered == {"ok", "bad"}  # "idle" has series in the namespace, but was not asked for
+    for pod in ("ok", "bad"):
+        for field, value in EXPECTED["vllm"][pod].items():
+            assert getattr(snapshot.pods[pod], field) == pytest.approx(value, rel=0.02, abs=1e-6), (pod, field)

@@ -185,18 +185,26 @@ class QueryPlan:
 
 
 def build_queries(
-    spec: InferencePoolSpec, namespace: str, pod_names: list[str], namespace_wide: bool = False
+    spec: InferencePoolSpec,
+    namespace: str,
+    pod_names: list[str],
+    namespace_wide: bool = False,
+    by_pod: bool | None = None,
 ) -> QueryPlan:
     """One PromQL query per supported signal for the whole pool, overrides first, names escaped.
 
     `namespace_wide`: select by namespace (and extra labels) only, whatever the pool's size, so every pool of a
     namespace with the same metrics settings renders the same query and one answer serves them all (the caller
     keeps each pool's pods). A user template that uses `$pods` stays the pool's own.
+    `by_pod`: select the given pods by name whatever their number (True), or by namespace only (False); by
+    default by name up to `POD_REGEX_LIMIT` pods unless `namespace_wide`. A replica that owns some of a
+    namespace's pools asks for the pods of its own pools (`PromIO(scoped=True)`).
     """
     metrics = spec.metrics
     pods_regex = "|".join(escape_regex(name) for name in sorted(pod_names)) or "$^"
     matchers = [f'{metrics.namespace_label}="{escape_string(namespace)}"']
-    by_pod = len(pod_names) <= POD_REGEX_LIMIT and not namespace_wide
+    if by_pod is None:
+        by_pod = len(pod_names) <= POD_REGEX_LIMIT and not namespace_wide
     if by_pod:
         matchers.append(f'{metrics.pod_label}=~"{escape_string(pods_regex)}"')
     matchers += [f'{key}="{escape_string(value)}"' for key, value in sorted(metrics.extra_labels.items())]

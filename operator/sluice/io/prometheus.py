@@ -19,7 +19,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -54,6 +54,15 @@ LONE_GAP = 0.9
 interval apart (a pool's passes are one interval apart; a second pool, or a wake-up, reads in between)."""
 WANTED_FOR = 2.0
 """Intervals a query keeps being refreshed after the last pass that read it (a deleted pool's queries stop)."""
+SCOPE_KEEP = 600.0
+"""Seconds a scoped query keeps asking for a pod set no pass has read it for since (a deleted pool's pods, or the
+set a pool had before a pod came or went). Long, so that a pool whose passes fall behind never drops out of the
+query and has to wait for one asked again for it."""
+EXTEND_GAP = 0.5
+"""Seconds at least between two queries asked to take in pods a scoped answer was not asked for: the pools a
+replica starts or takes over within that time wait for one query, not one each."""
+_EXTEND = object()
+"""Marks a heap entry as the start of a scoped query's extension (`PromIO._extend`)."""
 
 SWEEP_EVERY = 60.0
 """Seconds between sweeps of old answers and idle sessions (done by the pass that comes next)."""
@@ -196,6 +205,12 @@ class _Answer:
     """Pod -> value (`pod_values`)."""
     took: float = 0.0
     """Seconds from asking to the answer (set when it is done)."""
+    covers: frozenset[str] | None = None
+    """The pods it was asked for (scoped queries); None: every pod of the namespace."""
+
+    def serves(self, pods: frozenset[str] | None) -> bool:
+        """Whether it was asked for every pod in `pods` (None: a namespace-wide reader, served by anything)."""
+        return pods is None or self.covers is None or pods <= self.covers
 
 
 @dataclass
@@ -206,11 +221,15 @@ class _Backoff:
     retry_at: float
 
 
+Fetch = Callable[[frozenset[str] | None], list[dict[str, Any]]]
+"""Asks one query: for the given pods (scoped), or namespace-wide (None)."""
+
+
 @dataclass
 class _Wanted:
     """A query some pass read: how to ask it again, and when it was last read."""
 
-    fetch: Callable[[], list[dict[str, Any]]]
+    fetch: Fetch
     label: str
     ttl: float
     """The shortest interval among the pools that read it recently (`readers`)."""
@@ -222,6 +241,14 @@ class _Wanted:
     read_at: float
     read_before: float | None = None
     """The read before the last one (monotonic): with `readers`, whether one pool alone reads it (`LONE_GAP`)."""
+    scope: dict[frozenset[str], float] | None = None
+    """Scoped queries: each pod set a pass read it for -> when (monotonic); the query asks for their union, a set
+    kept for `SCOPE_KEEP` after its last read. None: namespace-wide."""
+    namespace: str = ""
+
+    def pods(self) -> frozenset[str] | None:
+        """The pods to ask for now (None: namespace-wide)."""
+        return None if self.scope is None else frozenset().union(*self.scope)
 
     @property
     def lone(self) -> bool:
@@ -230,6 +257,27 @@ class _Wanted:
             and self.read_before is not None
             and self.read_at - self.read_before >= LONE_GAP * self.ttl
         )
+
+
+POST_OVER = 2048
+"""Queries longer than this (characters) go as a POST form: a replica's pods by name make a query of tens of
+kilobytes, past what proxies in front of Prometheus take in a URL."""
+
+
+def _post_query(client: PrometheusConnect, query: str, timeout: str, headers: dict[str, str] | None) -> list[Any]:
+    """`custom_query` as a POST form, over the client's session (its retrying adapter, TLS settings, timeout)."""
+    session = client._session
+    response = session.post(
+        f"{client.url}/api/v1/query",
+        data={"query": query, "timeout": timeout},
+        headers=headers,
+        timeout=client._timeout,
+        verify=session.verify,
+    )
+    if response.status_code != 200:
+        raise PrometheusApiClientException(f"HTTP Status Code {response.status_code} ({response.content!r})")
+    result = response.json()["data"]["result"]
+    return list(result) if isinstance(result, list) else []
 
 
 def _close_session(session: requests.Session) -> None:
@@ -290,7 +338,22 @@ class PromIO:
     look new.
     """
 
-    def __init__(self, max_workers: int = 4) -> None:
+    def __init__(
+        self,
+        max_workers: int = 4,
+        scoped: bool = False,
+        owned: Callable[[str], Collection[str]] | None = None,
+    ) -> None:
+        self.scoped = scoped or owned is not None
+        """Ask for the pods of the pools that read a query, not for the whole namespace: what a replica owning a
+        shard of the pools does, so N replicas do not each ask Prometheus for every pod (`read_signals`)."""
+        self._owned = owned
+        """Namespace -> the pods of the pools this process runs there (those that have not passed yet included):
+        asked for as well, so that a replica starting with hundreds of pools asks once for all of them, not once
+        for each handful whose passes came first (called from the query threads: it must be thread-safe)."""
+        self._plans: dict[tuple[int, str, frozenset[str]], tuple[InferencePoolSpec, dict[str, str | None]]] = {}
+        """Scoped queries as last rendered, per (spec, namespace, pods): the eight queries of a namespace are
+        asked together for the same pods, and rendering a few thousand pod names costs milliseconds."""
         self._transports: dict[TransportKey, _Transport] = {}
         self._ca_files: dict[str, str] = {}
         """CA bundle -> the temporary file it was written to (one per bundle, whatever uses it)."""
@@ -306,6 +369,10 @@ class PromIO:
         """Queries whose last answer failed: not asked again before `retry_at`."""
         self._wanted: dict[tuple[Any, ...], _Wanted] = {}
         """Queries passes read, for the refresher."""
+        self._next: dict[tuple[Any, ...], _Answer] = {}
+        """Scoped queries to be asked again for pods their answers were not asked for, not sent yet (`_extend`)."""
+        self._sent_at: dict[tuple[Any, ...], float] = {}
+        """When each query was last sent (monotonic)."""
         self._swept = time.monotonic()
         self.queries_sent = 0
         """Queries sent to Prometheus so far (all pools)."""
@@ -358,13 +425,17 @@ class PromIO:
             transport.used_at = time.monotonic()
 
     def _query(self, key: TransportKey, token: str | None, query: str) -> list[dict[str, Any]]:
-        """One query over the session for `key`, with `token` as its bearer token."""
+        """One query over the session for `key`, with `token` as its bearer token; a long one (the pods of a
+        replica's pools by name) as a POST form, which Prometheus' query API takes as it takes a GET."""
         transport = self._acquire(key)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
+            if len(query) > POST_OVER:
+                return _post_query(transport.client, query, f"{key[3]:g}s", headers)
             # The library sends `headers` with each request: a shallow copy per query carries this query's token
             # over the shared session (and its mounted retrying adapter), so no token is kept in the session.
             client = copy.copy(transport.client)
-            client.headers = {"Authorization": f"Bearer {token}"} if token else None
+            client.headers = headers
             result = client.custom_query(query, params={"timeout": f"{key[3]:g}s"})
         finally:
             self._release(transport)
@@ -396,10 +467,15 @@ class PromIO:
         ttl: float,
         stale_after: float,
         now: datetime,
-        fetch: Callable[[], list[dict[str, Any]]],
+        fetch: Fetch,
         label: str,
+        pods: frozenset[str] | None = None,
+        namespace: str = "",
     ) -> _Answer:
         """The answer to `key` to use now.
+
+        `pods`: a scoped read (`scoped`), for these pods: only an answer asked for all of them serves it; without
+        one the query is asked now for every pod set read within `WANTED_FOR`, and the pass waits for it.
 
         `ttl` is the asking pool's interval. The newest answer serves while it is younger than `REFRESH_AFTER`
         of it; an older one is asked again now if the refresher has not yet (once; after a failure, not before
@@ -416,32 +492,75 @@ class PromIO:
             readers = {t: seen for t, seen in (wanted.readers if wanted else {}).items() if at - seen <= WANTED_FOR * t}
             readers[ttl] = at
             before = wanted.read_at if wanted is not None else None
-            self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at, before)
+            scope = None
+            if pods is not None:
+                known = wanted.scope or {} if wanted is not None else {}
+                scope = {p: seen for p, seen in known.items() if at - seen <= SCOPE_KEEP}
+                scope[pods] = at
+            self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at, before, scope, namespace)
             if wanted is None:
                 self._schedule(key, self._due_at(key, at))
             answer = self._answers.get(key)
             backoff = self._backoff.get(key)
+            if answer is not None and backoff is None and not answer.serves(pods):
+                # asked for other pods: wait for a query asked for these too
+                pending = self._pending.get(key)
+                return pending if pending is not None and pending.serves(pods) else self._extend(key, now, at)
             if answer is not None and backoff is None and at - answer.monotonic < REFRESH_AFTER * ttl:
                 return answer
-            pending = self._ask(key, now, at) if backoff is None or at >= backoff.retry_at else self._pending.get(key)
+            if backoff is None or at >= backoff.retry_at:
+                pending = self._ask(key, now, at, pods)
+            else:
+                pending = self._pending.get(key)
             if backoff is not None and answer is not None:  # the last answer failed
                 good = self._good.get(key)
-                return good if good is not None and at - good.monotonic <= stale_after else answer
+                usable = good is not None and good.serves(pods) and at - good.monotonic <= stale_after
+                return good if usable and good is not None else answer
             if answer is not None and at - answer.monotonic <= stale_after:
                 return answer
             assert pending is not None  # no answer to use: one is being asked
             return pending
 
-    def _ask(self, key: tuple[Any, ...], now: datetime, at: float) -> _Answer:
-        """The query being asked for `key`, starting it if none is (the lock is held)."""
+    def _ask(self, key: tuple[Any, ...], now: datetime, at: float, pods: frozenset[str] | None = None) -> _Answer:
+        """The query being asked for `key`, starting it if none is (the lock is held). A scoped query asks for the
+        union of the pod sets passes read it for; if the one being asked does not include `pods`, the pass waits
+        for the next (`_extend`)."""
         pending = self._pending.get(key)
+        if pending is not None and not pending.serves(pods):
+            return self._extend(key, now, at)
         if pending is None:
-            wanted = self._wanted[key]
             pending = _Answer(now, at, Future())
-            self._pending[key] = pending
-            self.queries_sent += 1
-            self._pool.submit(self._fetch, key, pending, wanted.fetch, wanted.label, wanted.ttl)
+            self._send(key, pending, at)
         return pending
+
+    def _send(self, key: tuple[Any, ...], answer: _Answer, at: float) -> None:
+        """Ask `key` now for `answer`, for the pods wanted now (the lock is held)."""
+        wanted = self._wanted[key]
+        covers = wanted.pods()
+        if covers is not None and self._owned is not None:
+            covers = covers | frozenset(self._owned(wanted.namespace))
+        answer.monotonic, answer.covers = at, covers
+        self._pending[key] = answer
+        self._sent_at[key] = at
+        self.queries_sent += 1
+        self._pool.submit(self._fetch, key, answer, wanted.fetch, answer.covers, wanted.label, wanted.ttl)
+
+    def _extend(self, key: tuple[Any, ...], now: datetime, at: float) -> _Answer:
+        """The next scoped query for `key`, asked for every pod set read so far, at least `EXTEND_GAP` after the
+        last one was sent: passes that come meanwhile for pods not asked for yet wait for it too (the lock is
+        held)."""
+        extension = self._next.get(key)
+        if extension is None:
+            extension = self._next[key] = _Answer(now, at, Future())
+            start = self._sent_at.get(key, -math.inf) + EXTEND_GAP
+            if start <= at:
+                del self._next[key]
+                self._send(key, extension, at)
+            else:
+                heapq.heappush(self._due, (start, next(self._tiebreak), (_EXTEND, key)))
+                if start < self._next_wake:
+                    self._wake.notify_all()
+        return extension
 
     def _due_at(self, key: tuple[Any, ...], at: float) -> float:
         """When `key` is to be asked again: at its backoff's end, or `REFRESH_AFTER` of its interval after its
@@ -477,6 +596,13 @@ class PromIO:
                 at = time.monotonic()
                 while self._due and self._due[0][0] <= at:
                     _, _, key = heapq.heappop(self._due)
+                    if key[0] is _EXTEND:
+                        extension = self._next.pop(key[1], None)
+                        if extension is not None and key[1] in self._wanted:
+                            self._send(key[1], extension, at)
+                        elif extension is not None:  # never the case: a pass asked for it just now
+                            extension.done.set_exception(OSError("the query is no longer read"))
+                        continue
                     wanted = self._wanted.get(key)
                     if wanted is None or key in self._pending:
                         continue  # not read any more, or being asked: its answer schedules it again
@@ -495,18 +621,25 @@ class PromIO:
         self,
         key: tuple[Any, ...],
         answer: _Answer,
-        fetch: Callable[[], list[dict[str, Any]]],
+        fetch: Fetch,
+        pods: frozenset[str] | None,
         label: str,
         ttl: float,
     ) -> None:
         try:
-            values = pod_values(fetch(), label)
+            values = pod_values(fetch(pods), label)
             answer.took = time.monotonic() - answer.monotonic
             answer.done.set_result(values)
         except BaseException as failure:  # handed to every pass that waits for it
             answer.took = time.monotonic() - answer.monotonic
             answer.done.set_exception(failure)
         with self._lock:
+            newest = self._answers.get(key)
+            if newest is not None and newest.monotonic > answer.monotonic:
+                # A scoped query asked again for more pods finished first: this older answer is not kept.
+                if self._pending.get(key) is answer:
+                    del self._pending[key]
+                return
             self._answers[key] = answer
             if self._pending.get(key) is answer:
                 del self._pending[key]
@@ -520,11 +653,13 @@ class PromIO:
             if key in self._wanted:
                 self._schedule(key, self._due_at(key, time.monotonic()))
 
-    def _last_good(self, key: tuple[Any, ...], stale_after: float) -> _Answer | None:
-        """The newest successful answer to `key` if it was asked within `stale_after` seconds."""
+    def _last_good(self, key: tuple[Any, ...], stale_after: float, pods: frozenset[str] | None) -> _Answer | None:
+        """The newest successful answer to `key` if it was asked within `stale_after` seconds (for `pods`)."""
         with self._lock:
             good = self._good.get(key)
-        return good if good is not None and time.monotonic() - good.monotonic <= stale_after else None
+        if good is None or not good.serves(pods):
+            return None
+        return good if time.monotonic() - good.monotonic <= stale_after else None
 
     def _sweep(self, at: float) -> None:
         self._swept = at
@@ -533,7 +668,26 @@ class PromIO:
             self._backoff.pop(key, None)
         for key in [k for k, a in self._good.items() if at - a.monotonic > 600]:
             del self._good[key]
+        for key in [k for k, sent in self._sent_at.items() if at - sent > 600]:
+            del self._sent_at[key]
         self._close_idle(at)
+
+    def _scoped_queries(self, spec: InferencePoolSpec, namespace: str, pods: frozenset[str]) -> dict[str, str | None]:
+        """The pool's queries (by signal name, and the freshness query) for `pods` by name, rendered once per
+        (spec, namespace, pods)."""
+        memo = (id(spec), namespace, pods)
+        with self._lock:
+            known = self._plans.get(memo)
+        if known is not None and known[0] is spec:
+            return known[1]
+        plan = build_queries(spec, namespace, sorted(pods), by_pod=True)
+        rendered: dict[str, str | None] = {str(name): text for name, text in plan.queries.items()}
+        rendered[FRESHNESS_KEY] = plan.freshness
+        with self._lock:
+            if len(self._plans) >= 16:
+                self._plans.clear()
+            self._plans[memo] = (spec, rendered)  # the spec is kept: its id is not reused while it is here
+        return rendered
 
     def read_signals(
         self, spec: InferencePoolSpec, namespace: str, pod_names: list[str], auth: PromAuth, now: datetime
@@ -542,9 +696,16 @@ class PromIO:
         metrics = spec.metrics
         ca_pem = None if auth.insecure_skip_verify else auth.ca_pem
         transport: TransportKey = (metrics.prometheus_url, ca_pem, auth.insecure_skip_verify, metrics.timeout)
+        pods = frozenset(pod_names) if self.scoped else None
 
-        def runner(query: str) -> Callable[[], list[dict[str, Any]]]:
-            return lambda: self._query(transport, auth.bearer_token, query)
+        def runner(signal: str, query: str) -> Fetch:
+            def fetch(scope: frozenset[str] | None) -> list[dict[str, Any]]:
+                if scope is not None:  # the same query, for the pods of the pools that read it
+                    scoped = self._scoped_queries(spec, namespace, scope)
+                    return self._query(transport, auth.bearer_token, scoped.get(signal) or query)
+                return self._query(transport, auth.bearer_token, query)
+
+            return fetch
 
         queries: dict[str, str] = {str(name): query for name, query in plan.queries.items()}
         if plan.freshness is not None:
@@ -559,8 +720,10 @@ class PromIO:
                 spec.interval,
                 metrics.stale_after,
                 now,
-                runner(query),
+                runner(signal, query),
                 metrics.pod_label,
+                pods,
+                namespace,
             )
             for signal, query in queries.items()
         }
@@ -574,7 +737,7 @@ class PromIO:
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, QUERY_FAILURES):
                     raise RuntimeError(f"reading {signal} failed: {outcome!r}") from outcome
-                fallback = self._last_good(keys[signal], metrics.stale_after)
+                fallback = self._last_good(keys[signal], metrics.stale_after, pods)
                 if fallback is None:
                     failed[signal] = describe_failure(outcome)
                     continue

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -80,6 +81,17 @@ class Runtime:
     heap: HeapKeeper = field(default_factory=HeapKeeper)
 
 
+def owned_pods(runtime: Runtime, namespace: str) -> frozenset[str]:
+    """The pods of the pools whose daemons pass in `namespace` (their selectors as last parsed, the pod cache):
+    what a sharded replica asks Prometheus for. Called from the query threads: the selectors are copied in one
+    step (the event loop writes them), the pod cache has its lock."""
+    selectors = list(dict(runtime.selectors.get(namespace, {})).values())
+    names: set[str] = set()
+    for selector in selectors:
+        names.update(pod.name for pod in runtime.pods.select(namespace, selector))
+    return frozenset(names)
+
+
 def runtime_of(memo: Any) -> Runtime:
     runtime: Runtime = memo.runtime
     return runtime
@@ -100,7 +112,8 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         load_api_client(config.kubeconfig, connections=config.workers + 4), resync_seconds=ISTIO_RESYNC_SECONDS
     )
     runtime.cluster.pod_cache = runtime.pods
-    runtime.prom = PromIO()
+    # A replica that owns a shard of the pools asks Prometheus for its pools' pods only, not the whole namespace.
+    runtime.prom = PromIO(owned=functools.partial(owned_pods, runtime)) if config.shards > 1 else PromIO()
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
     if config.shards > 1:
         runtime.shards = ShardLeases(
@@ -158,6 +171,7 @@ async def pool_loop(
             term = None if shards is None else shards.pool_term(namespace or "default", name)
             if shards is not None and term is None:
                 idle = True  # another replica's shard (or none held yet): check again in a second
+                runtime.selectors.get(namespace, {}).pop(name, None)  # its pods are not asked for here
                 await asyncio.sleep(1.0)
                 continue
             if idle or (seen_term is not None and term != seen_term):
