@@ -189,6 +189,16 @@ def synced(stack: Stack, pool: str) -> bool:
     return bool(found) and found[0]["status"] == "True"
 
 
+def signals_read(stack: Stack, pool: str) -> bool:
+    """The pool's last pass read every pod's signals: each replica asks Prometheus for its own pools' pods."""
+    status = stack.pool(pool).get("status", {})
+    found = [c for c in status.get("conditions", []) if c["type"] == "MetricsAvailable"]
+    rows = status.get("endpoints", [])
+    return (
+        bool(found) and found[0]["status"] == "True" and bool(rows) and all(not r.get("missingSignals") for r in rows)
+    )
+
+
 def shard_holders(stack: Stack) -> dict[str, str | None]:
     api = k8s.CoordinationV1Api(load_api_client(str(stack.kubeconfig)))
     items = api.list_namespaced_lease("llm", label_selector="sluice.dev/shard-set=sluice").items
@@ -242,6 +252,9 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     time.sleep(6)  # passes by the successors
     for pool in pools_of[victim_id]:
         assert synced(stack, pool)
+    # Every pool's signals read by its replica, the taken-over ones by their successor (whose queries did not name
+    # those pods before the takeover).
+    wait_until(lambda: all(signals_read(stack, p) for p in POOLS), 30, "every pool's signals read")
     for process in processes.values():  # the survivors stop cleanly: their Leases cleared for a successor
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import threading
@@ -87,6 +88,8 @@ class Result:
     """Events the operators created during the window, by reason."""
     unavailable: dict[str, int] = field(default_factory=dict)
     """Pools whose `MetricsAvailable` was False at the end of the window, by its reason (weights frozen)."""
+    unavailable_messages: dict[str, int] = field(default_factory=dict)
+    """The same pools by the condition's message, numbers shown as #: the three most common."""
     """Time the operators' garbage collector held them (`sluice_gc_pause_seconds_total`), % of one core."""
     full_gc_per_second: float | None = None
 
@@ -390,18 +393,21 @@ def window_events(stack: Stack, since: datetime) -> dict[str, int]:
     return dict(sorted(reasons.items()))
 
 
-def metrics_unavailable(stack: Stack) -> dict[str, int]:
-    """Pools whose signals are not fresh (MetricsAvailable False: weights frozen), by the condition's reason."""
+def metrics_unavailable(stack: Stack) -> tuple[dict[str, int], dict[str, int]]:
+    """Pools whose signals are not fresh (MetricsAvailable False: weights frozen), by the condition's reason, and
+    the three most common messages (numbers as #, so that pools failing the same way count together)."""
     assert stack.custom is not None
     answer = stack.custom.list_cluster_custom_object(
         "inference.sluice.dev", "v1alpha1", "inferencepools", _preload_content=False
     )
     reasons: Counter[str] = Counter()
+    messages: Counter[str] = Counter()
     for item in json.loads(cast(Any, answer).data)["items"]:
         for condition in (item.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "MetricsAvailable" and condition.get("status") == "False":
                 reasons[str(condition.get("reason"))] += 1
-    return dict(sorted(reasons.items()))
+                messages[re.sub(r"\d+(\.\d+)?", "#", str(condition.get("message", "")))[:160]] += 1
+    return dict(sorted(reasons.items())), dict(messages.most_common(3))
 
 
 def status_ages(stack: Stack) -> list[float]:
@@ -516,7 +522,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
         time.sleep(1.0)  # the audit log is written from its own thread
         counts = audit_counts(audit, offset)
         events = window_events(stack, wall0)
-        unavailable = metrics_unavailable(stack)
+        unavailable, unavailable_messages = metrics_unavailable(stack)
         lag: dict[float, float] = {}
         for before, text in zip(lag0, texts1, strict=True):
             for bound, count in lag_buckets(text).items():
@@ -561,6 +567,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
             namespaces=args.namespaces,
             events_by_reason=events,
             unavailable=unavailable,
+            unavailable_messages=unavailable_messages,
             full_gc_per_second=round(sum(g[1] for g in gc_spent) / elapsed, 2) if gc_spent else None,
         )
     finally:
@@ -625,6 +632,8 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
         lines.append(f"- Events created in the window, by reason: {events}")
         frozen = ", ".join(f"{reason} {count}" for reason, count in r.unavailable.items()) or "none"
         lines.append(f"- pools with MetricsAvailable=False (weights frozen) at the end, by reason: {frozen}")
+        for message, count in r.unavailable_messages.items():
+            lines.append(f"  - {count} pools: {message}")
         lines.append(f"- load average at the end: {r.load_average}")
         lines += [f"- {note}" for note in r.notes]
         lines.append("")
