@@ -75,12 +75,35 @@ def _allocate_subset(
         # Frozen pods hold their weight (`_weigh`); only the fresh ones are planned and scaled.
         fresh = {v.name for v in live if v.kind != "frozen"}
         planned = {name: h.weight for name, h in headroom.items() if name in fresh}
-        targets = _smoothed(scoring, live, scale(planned, scoring)) if planned else {}
+        scaled = scale(planned, scoring) if planned else {}
+        regroup = _unequal_equals(live, scaled)
+        targets = _smoothed(scoring, [v for v in live if v.name not in regroup], scaled)
     else:
         # Frozen pods take part with their last score, so fresh pods are scaled on the same basis.
         targets = scale({v.name: v.smoothed for v in live}, scoring) if live else {}
-    out = {v.name: _weigh(scoring, v, targets.get(v.name), headroom.get(v.name)) for v in members}
+        regroup = set()
+    out = {v.name: _weigh(scoring, v, targets.get(v.name), headroom.get(v.name), v.name in regroup) for v in members}
     return _apply_floor(scoring, min_routable_percent, members, out)
+
+
+def _unequal_equals(live: list[PodVerdict], targets: dict[str, int]) -> set[str]:
+    """headroom: scored pods the plan weighs equally whose published weights differ: they are published equal.
+
+    Envoy's least-request balances equal weights by the power of two choices on live active counts, unequal ones by
+    an EDF schedule whose weights are re-read only when a host is picked, which spreads queueing less evenly. Pods
+    the plan cannot tell apart (one hardware class, pooled) would otherwise keep weights a few percent apart for
+    good: smoothing moves each a share of the way to the plan, and hysteresis then holds any step below its
+    threshold. Returns the pods whose smoothing and hysteresis are skipped this pass (once: their weights are then
+    equal and move together)."""
+    groups: dict[int, list[PodVerdict]] = {}
+    for v in live:
+        if v.kind == "scored" and v.name in targets and v.previous is not None and v.previous.state == "Routable":
+            groups.setdefault(targets[v.name], []).append(v)
+    out: set[str] = set()
+    for group in groups.values():
+        if len(group) >= 2 and len({v.previous.weight for v in group if v.previous is not None}) > 1:
+            out.update(v.name for v in group)
+    return out
 
 
 def _smoothed(scoring: ScoringSpec, live: list[PodVerdict], targets: dict[str, int]) -> dict[str, int]:
@@ -117,10 +140,17 @@ def _load(verdict: PodVerdict) -> PodLoad:
         previous_capacity=finite(previous.learned_capacity) if previous is not None else None,
         previous_idle=finite(previous.idle_ttft_seconds) if previous is not None else None,
         fresh=verdict.kind != "frozen",
+        hardware_class=verdict.hardware_class,
     )
 
 
-def _weigh(scoring: ScoringSpec, verdict: PodVerdict, target: int | None, headroom: PodHeadroom | None) -> Allocation:
+def _weigh(
+    scoring: ScoringSpec,
+    verdict: PodVerdict,
+    target: int | None,
+    headroom: PodHeadroom | None,
+    regroup: bool = False,
+) -> Allocation:
     previous = verdict.previous
     if verdict.kind == "frozen" and previous is not None:
         held = min(scoring.max_weight, max(scoring.min_weight, previous.weight))
@@ -129,7 +159,7 @@ def _weigh(scoring: ScoringSpec, verdict: PodVerdict, target: int | None, headro
         return Allocation(0, "Zeroed")
     if verdict.kind == "ramping" and verdict.ramp_percent is not None:
         return Allocation(ramp(target, verdict.ramp_percent, scoring), "Recovering", target, headroom=headroom)
-    was_routable = previous is not None and previous.state == "Routable"
+    was_routable = previous is not None and previous.state == "Routable" and not regroup
     weight = with_hysteresis(target, previous.weight if was_routable and previous else None, scoring.hysteresis_percent)
     return Allocation(weight, "Routable", target, headroom=headroom)
 

@@ -16,7 +16,8 @@ about how much each can take, so on servers that saturate it overfills the faste
    mislabelled or throttled pod finds its own capacity as soon as it carries load. The KV-cache usage u is a
    lower bound on ρ (`KV_ROOM`): rate / u bounds the capacity from above (a belief past it falls towards it, a
    rise never passes it), and a cache with room lets a pod that shows no load probe upwards, one never measured
-   from its prior — a pod whose TTFT stays flat until its cliff is otherwise stuck at K x what the others taught;
+   from its prior — a pod whose TTFT stays flat until its cliff is otherwise stuck at K x what the others taught.
+   Pods of one hardware class within the noise of their class's median are planned as the class (`pool_by_class`);
 2. water-fills the pool's observed request rate over the pods with fresh evidence: with T_i(x) = s_i / (1 − x/μ_i)
    every loaded pod is given the same latency level L, the lowest that carries the demand: x_i = μ_i (1 − s_i/L),
    fast pods first, spilling over to slower ones as they fill (this minimises the highest TTFT, not the mean);
@@ -108,6 +109,16 @@ cannot set it). Provenance: hand-set, never swept."""
 SAMPLES = 30
 """Completed requests in the window from which a pod's reading counts fully (fewer: proportionally less).
 Provenance: hand-set, never swept."""
+RATE_NOISE = 2.0
+"""Relative noise of a learned capacity, times 1/sqrt(n) for n completions in the window: identical pods learn
+capacities that differ by this much from their window's request mix alone. Measured on homogeneous-tuning (five
+identical L40S, Azure lengths) and four identical H100s on the same lengths (an ad-hoc copy), seed 44 at 90 and
+110 %: the median over the measured window's passes of the spread (coefficient of variation) of the learned
+capacities across the pods was 1.25-2.2 times 1/sqrt(n). Provenance: set from that measurement, not swept."""
+POOL_WITHIN = 2.0
+"""A pod whose learned capacity is within this many noise units (`RATE_NOISE`) of its hardware class's median is
+planned at the class's median; beyond twice this its own value stands (a throttled or mislabelled pod keeps what
+it showed), linearly in between. Provenance: hand-set (2 and 4 noise units), not swept."""
 TRICKLE = 0.05
 """With no traffic observed, the share of the pool's capacity planned (fastest pods first), so weights exist.
 Provenance: hand-set, never swept (with no traffic only the order of the weights matters)."""
@@ -143,6 +154,9 @@ class PodLoad:
     """False: no fresh evidence (frozen): the previous capacity is held."""
     kv: float | None = None
     """KV-cache usage, 0 to 1 (one scrape sample): a lower bound on the pod's utilisation (`KV_ROOM`)."""
+    hardware_class: str | None = None
+    """The pod's hardware class label: pods of one class are one capacity unless they differ beyond the noise
+    (`pool_by_class`); None is a class of its own."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,10 @@ class PodHeadroom:
     """Relative Envoy weight (before scaling to integers)."""
     kv: float | None = None
     """The KV-cache usage read this pass, if any (a lower bound on the utilisation: `KV_ROOM`)."""
+    pooled: float = 0.0
+    """The share (0 to 1) of the estimate that is its hardware class's median rather than its own value."""
+    class_size: int = 0
+    """How many pods of its class with a learned capacity were pooled (0: not pooled)."""
 
     def explain(self) -> str:
         if self.source == "relative":
@@ -179,6 +197,8 @@ class PodHeadroom:
         if self.kv is not None:
             parts[0] += f", kv {self.kv:.0%}"
         parts[0] += ")"
+        if self.pooled > 0:
+            parts.append(f"{self.pooled:.0%} class median of {self.class_size} pods")
         if self.estimate > 0 and self.capacity < self.estimate * 0.995:
             parts.append(f"x{self.capacity / self.estimate:.2f} for errors")
         if self.idle_ttft is not None:
@@ -318,6 +338,73 @@ def estimate(
     return out
 
 
+@dataclass(frozen=True)
+class Pooling:
+    """How far one pod is planned as its hardware class rather than on its own evidence (`pool_by_class`)."""
+
+    share: float
+    """0 to 1: the share of each planned quantity taken from the class's median."""
+    members: tuple[str, ...]
+    """The class's pods with a fresh learned capacity (this one included)."""
+
+
+def pool_by_class(
+    pods: Sequence[PodLoad], estimates: dict[str, tuple[float, float | None, float | None, str]], window: float
+) -> dict[str, Pooling]:
+    """Which fresh learned pods are planned as their hardware class, and how far (classes of two or more).
+
+    Identical pods learn unequal capacities, idle TTFTs and times in system from their windows' request mixes
+    (`RATE_NOISE`), and the plan then gives them unequal weights: at overload the pods weighted higher hold
+    proportionally more of the queue (Envoy's least-request keeps active ∝ weight), and the pool's P99 is theirs.
+    So a pod whose learned capacity is within `POOL_WITHIN` noise units of its class's median (over the class's
+    fresh learned capacities) is planned with the class's medians; one beyond twice that keeps its own (a throttled
+    or mislabelled pod is not hidden by its siblings), linearly in between. A noise unit is `RATE_NOISE` / sqrt(n),
+    relative to the median, n the pod's completions in the window (none: no evidence of its own, the class's
+    value); the distance is the larger of its learned capacity's and this pass's measurement's (rate / ρ), so a
+    node that just slowed down is on its own from its first reading; a pod with only a prior takes its class's
+    learned median. Frozen pods and pods without a class label are left as they are.
+    """
+    classes: dict[str, list[PodLoad]] = {}
+    for p in pods:
+        if p.fresh and p.hardware_class is not None and estimates[p.name][3] in (*LEARNED_SOURCES, "prior"):
+            classes.setdefault(p.hardware_class, []).append(p)
+    out: dict[str, Pooling] = {}
+    for members in classes.values():
+        learned = [p for p in members if estimates[p.name][3] != "prior"]
+        if len(members) < 2 or not learned:
+            continue
+        median = statistics.median(estimates[p.name][0] for p in learned)
+        if median <= 0:
+            continue
+        names = tuple(p.name for p in learned)
+        for p in members:
+            if estimates[p.name][3] == "prior":
+                out[p.name] = Pooling(1.0, names)  # nothing learned of its own: its class's value
+                continue
+            completions = (p.rate or 0.0) * window
+            noise = RATE_NOISE / math.sqrt(completions) if completions >= 1 else math.inf
+            # What it learned, and what this pass measured (rate / ρ), the further from the class: a node that
+            # just slowed down shows it in its reading before its learned capacity has moved.
+            readings = [estimates[p.name][0]]
+            rho = estimates[p.name][2]
+            if p.rate and rho is not None and rho >= INFORMATIVE:
+                readings.append(p.rate / rho)
+            units = max(abs(r / median - 1.0) for r in readings) / noise
+            out[p.name] = Pooling(min(1.0, max(0.0, 2.0 - units / POOL_WITHIN)), names)
+    return out
+
+
+def pooled_values(pooling: dict[str, Pooling], values: dict[str, float]) -> dict[str, float]:
+    """`values` with each pooled pod's moved its pooling share of the way to its class's median (over the class
+    members that have a value); the others as they are."""
+    out = dict(values)
+    for name, pool in pooling.items():
+        known = [values[m] for m in pool.members if m in values]
+        if name in values and known and pool.share > 0:
+            out[name] = values[name] + pool.share * (statistics.median(known) - values[name])
+    return out
+
+
 def _cache_room(kv: float | None, missing_is_room: bool) -> bool:
     """Whether the KV cache shows room for a lift (`KV_ROOM`). A missing reading is room only for a pod that
     already has a measurement (the probing it had before the cache was read); an unmeasured pod needs the cache."""
@@ -419,9 +506,16 @@ def plan(
         return {}
     pods = [_sanitised(p) for p in pods]
     estimates = estimate(pods, smoothing, window)
+    # Pods of one class are planned with the class's capacity, idle TTFT and time in system unless they differ
+    # beyond the noise; the pooled capacity is what is remembered, the idle TTFT stays the pod's own.
+    pooling = pool_by_class(pods, estimates, window)
+    for name, value in pooled_values(pooling, {n: e[0] for n, e in estimates.items()}).items():
+        estimates[name] = (value, *estimates[name][1:])
     fresh = [p for p in pods if p.fresh]
     capacity = [max(0.0, estimates[p.name][0] * p.health) for p in fresh]
-    idles = [estimates[p.name][1] for p in fresh]
+    own_idle = {p.name: s for p in fresh if (s := estimates[p.name][1]) is not None and s > 0}
+    class_idle = pooled_values(pooling, own_idle)
+    idles = [class_idle.get(p.name) for p in fresh]
     known_idle = [s for s in idles if s is not None and s > 0]
     fallback_idle = statistics.median(known_idle) if known_idle else 1.0
     idle = [s if s is not None and s > 0 else fallback_idle for s in idles]
@@ -435,11 +529,18 @@ def plan(
     in_system = {p.name: p.running for p in fresh if p.rate is not None and p.rate > 0 and p.running is not None}
     times = {p.name: in_system[p.name] / (p.rate or 1.0) for p in fresh if p.name in in_system}
     fallback_time = statistics.median(times.values()) if times else 0.0
+    own_divisor = {
+        p.name: _model_divisor(p, shares.get(p.name, 0.0), times, fallback_time, client_sidecars, active_request_bias)
+        for p in pods
+    }
+    # A pooled pod's divisor is its class's median one (each at its own planned rate, capped by what it runs now).
+    divisors = pooled_values(pooling, own_divisor)
     out: dict[str, PodHeadroom] = {}
     for p in pods:
         value, idle_ttft, rho, source = estimates[p.name]
         share = shares.get(p.name, 0.0)
-        divisor = _model_divisor(p, share, times, fallback_time, client_sidecars, active_request_bias)
+        divisor = divisors[p.name]
+        pool = pooling.get(p.name)
         out[p.name] = PodHeadroom(
             estimate=value,
             learned=value if source in LEARNED_SOURCES else None,
@@ -451,5 +552,7 @@ def plan(
             demand=demand,
             weight=share * divisor,
             kv=p.kv if p.fresh else None,
+            pooled=pool.share if pool is not None else 0.0,
+            class_size=len(pool.members) if pool is not None and pool.share > 0 else 0,
         )
     return out
