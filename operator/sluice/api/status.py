@@ -58,6 +58,11 @@ class EndpointStatus(StatusModel):
     hardware_class: str | None = Field(default=None, description="Value of the capacity class label.")
     capacity: float = Field(default=1.0, description="Capacity coefficient K used.")
     signals: EndpointSignals = Field(default_factory=EndpointSignals, description="Signals used this pass.")
+    signals_sampled_at: datetime | None = Field(
+        default=None,
+        description="When the samples behind signals were scraped (engines with a freshness query): the next pass "
+        "judges the errors that entered the rate window since (fast-zeroing of a fresh incident).",
+    )
     score: float = Field(
         default=0.0,
         description="Smoothed score: cube, capacity / latency penalty x health; headroom, the learned capacity "

@@ -150,6 +150,9 @@ class SluiceControl:
         snapshot = SignalSnapshot(
             collected_at=EPOCH + timedelta(seconds=scraped),
             pods={s.name: s.signals(self.window) for s in servers},
+            # vLLM's preset reads timestamp() of a gauge: the time of each pod's last scrape.
+            sampled_at={s.name: EPOCH + timedelta(seconds=s.gauges["at"]) for s in servers if "at" in s.gauges},
+            freshness_known=True,
         )
         return Observed(pods=pods, signals=snapshot)
 

@@ -46,6 +46,7 @@ def assess(
     below_bands: bool,
     now: datetime,
     repeated: bool = False,
+    sampled_at: datetime | None = None,
 ) -> Assessment:
     """Look for an incident: restarts from the pod's status (always), metric thresholds (only with fresh metrics).
 
@@ -55,6 +56,10 @@ def assess(
 
     Metric evidence is ignored until a full rate window has passed since the last incident, so the errors that
     caused a zeroing are not counted again when the pod comes back.
+
+    `sampled_at`: when this reading's samples were scraped (None where the engine does not tell). With it and the
+    previous pass's reading, the errors that entered the window since then are judged too (`fresh_error_rate`):
+    a window-long rate dilutes an incident that began a scrape ago by the window's length.
     """
     streak = previous.consecutive_failures if previous else 0
     if previous is not None and pod.restarts > previous.restarts:
@@ -77,6 +82,17 @@ def assess(
     errors = signals.error_rate
     if errors is not None and errors >= protection.fast_zero_error_rate:
         return Assessment(Incident("ErrorRate", f"error rate {errors:.1%} >= {protection.fast_zero_error_rate:.1%}"), 0)
+    fresh = fresh_error_rate(window, previous, signals, sampled_at)
+    if fresh is not None and fresh.lower_bound >= protection.fast_zero_error_rate:
+        return Assessment(
+            Incident(
+                "ErrorRate",
+                f"error rate since the last reading {fresh.rate:.1%} of ~{fresh.requests:.0f} requests "
+                f"(at least {fresh.lower_bound:.1%}) >= {protection.fast_zero_error_rate:.1%}; "
+                f"{errors:.1%} over the window",
+            ),
+            0,
+        )
     if not below_bands:
         return Assessment(None, 0)
     if repeated:
@@ -91,6 +107,49 @@ def assess(
             0,
         )
     return Assessment(None, streak)
+
+
+CONFIDENCE_Z = 1.96
+"""Normal quantile of the one-sided bound a fresh error rate must clear (97.5 %): a few failures among a handful of
+requests since the last reading are no evidence of a rate (one error in five requests is 20 %, its bound 3.6 %)."""
+
+
+class FreshErrors(NamedTuple):
+    """The errors that entered the rate window since the previous reading, as a share of the requests since."""
+
+    rate: float
+    requests: float
+    lower_bound: float
+
+
+def fresh_error_rate(
+    window: float, previous: EndpointStatus | None, signals: PodSignals, sampled_at: datetime | None
+) -> FreshErrors | None:
+    """The error share of the requests since the previous reading, d seconds of samples ago, or None.
+
+    A rate over a window W at t2 counts the errors of (t2 - W, t2]; those of (t2 - W, t1] are a subset of what the
+    previous reading at t1 counted. So at a steady request rate N / W the requests of (t1, t2] hold at least
+    (e2 - e1) N errors of N d / W requests: a share of at least (e2 - e1) W / d. An incident that began a scrape ago
+    shows e2 = rate x d / W over the window, which this reads back as the rate. Only when the samples moved on
+    (0 < d < W), the window's error rate rose and the requests since are known (request rate x d); judged on the
+    Wilson lower bound (`CONFIDENCE_Z`) of that share among those requests, so noise does not zero a pod.
+    """
+    if previous is None or sampled_at is None or previous.signals_sampled_at is None:
+        return None
+    before, now_errors, rate = previous.signals.error_rate, signals.error_rate, signals.request_rate
+    if before is None or now_errors is None or rate is None or now_errors <= before:
+        return None
+    elapsed = (sampled_at - previous.signals_sampled_at).total_seconds()
+    if not 0 < elapsed < window:
+        return None
+    share = min(1.0, (now_errors - before) * window / elapsed)
+    requests = rate * elapsed
+    if requests <= 0:
+        return None
+    z2 = CONFIDENCE_Z * CONFIDENCE_Z
+    centre = share + z2 / (2 * requests)
+    spread = CONFIDENCE_Z * math.sqrt(share * (1 - share) / requests + z2 / (4 * requests * requests))
+    return FreshErrors(share, requests, max(0.0, (centre - spread) / (1 + z2 / requests)))
 
 
 PhaseName = Literal["normal", "quiet", "ramp"]

@@ -239,6 +239,7 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "hardware_class": verdict.hardware_class,
         "capacity": verdict.capacity,
         "signals": verdict.signals,
+        "signals_sampled_at": verdict.sampled_at,
         "score": round(_score(spec, verdict, allocation), 6),
         "weight": allocation.weight,
         "state": allocation.state,

@@ -58,6 +58,8 @@ class PodVerdict:
     ramp_percent: float | None = None
     quiet_remaining: float = 0.0
     excluded_because: str = ""
+    sampled_at: datetime | None = None
+    """When the samples behind `signals` were scraped, where the engine tells (`SignalSnapshot.sampled_at`)."""
 
     @property
     def name(self) -> str:
@@ -97,6 +99,7 @@ def judge_pod(
     signals = snapshot.pods.get(pod.name) or NO_SIGNALS
     sampled = has_samples(signals) and pod_is_fresh(spec, snapshot, pod.name, now)
     evidence = metrics_usable and sampled
+    sampled_at = snapshot.sampled_at.get(pod.name) if snapshot.freshness_known and evidence else None
     hardware_class, capacity, class_known = capacity_of(spec, pod.labels)
     score = score_pod(spec, capacity, signals, previous.ttft_estimate_seconds if previous else None)
     assessment = assess(
@@ -109,6 +112,7 @@ def judge_pod(
         score.below_bands,
         now,
         repeated=snapshot.repeated,
+        sampled_at=sampled_at,
     )
     memory = _memory(previous, assessment, now)
     phase = recovery_phase(spec.protection.recovery, memory.last_incident_at, now)
@@ -144,6 +148,7 @@ def judge_pod(
         ramp_percent=phase.percent if phase.name == "ramp" else None,
         quiet_remaining=phase.remaining_quiet,
         excluded_because=excluded,
+        sampled_at=sampled_at,
     )
 
 
