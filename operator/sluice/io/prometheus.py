@@ -14,6 +14,7 @@ import contextlib
 import copy
 import heapq
 import itertools
+import logging
 import math
 import re
 import tempfile
@@ -37,6 +38,8 @@ from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSna
 from sluice.core.presets import build_queries
 from sluice.io.ports import PromAuth
 
+log = logging.getLogger("sluice")
+
 MAX_BACKOFF_SECONDS = 60.0
 """The longest wait before a failing shared query is asked again (it doubles from one interval)."""
 
@@ -54,10 +57,9 @@ LONE_GAP = 0.9
 interval apart (a pool's passes are one interval apart; a second pool, or a wake-up, reads in between)."""
 WANTED_FOR = 2.0
 """Intervals a query keeps being refreshed after the last pass that read it (a deleted pool's queries stop)."""
-SCOPE_KEEP = 600.0
-"""Seconds a scoped query keeps asking for a pod set no pass has read it for since (a deleted pool's pods, or the
-set a pool had before a pod came or went). Long, so that a pool whose passes fall behind never drops out of the
-query and has to wait for one asked again for it."""
+SLOW_SHARE = 0.5
+"""A query that took more than this share of its timeout is logged (with its size): the warning before pools
+freeze on timeouts."""
 EXTEND_GAP = 0.5
 """Seconds at least between two queries asked to take in pods a scoped answer was not asked for: the pools a
 replica starts or takes over within that time wait for one query, not one each."""
@@ -241,14 +243,21 @@ class _Wanted:
     read_at: float
     read_before: float | None = None
     """The read before the last one (monotonic): with `readers`, whether one pool alone reads it (`LONE_GAP`)."""
-    scope: dict[frozenset[str], float] | None = None
-    """Scoped queries: each pod set a pass read it for -> when (monotonic); the query asks for their union, a set
-    kept for `SCOPE_KEEP` after its last read. None: namespace-wide."""
+    scope: dict[frozenset[str], tuple[float, float]] | None = None
+    """Scoped queries: each pod set a pass read it for -> (when, that pool's interval); the query asks for their
+    union (with the pods of every pool the process runs, `PromIO(owned=...)`), a set kept while read within
+    `WANTED_FOR` of its interval. None: namespace-wide."""
     namespace: str = ""
 
     def pods(self) -> frozenset[str] | None:
         """The pods to ask for now (None: namespace-wide)."""
         return None if self.scope is None else frozenset().union(*self.scope)
+
+    def prune(self, at: float) -> None:
+        """Forget the pod sets not read within `WANTED_FOR` of their interval (a pool gone, or a pod set that
+        changed): a replica stops asking for the pods of pools it no longer runs."""
+        if self.scope is not None:
+            self.scope = {p: seen for p, seen in self.scope.items() if at - seen[0] <= WANTED_FOR * seen[1]}
 
     @property
     def lone(self) -> bool:
@@ -495,8 +504,8 @@ class PromIO:
             scope = None
             if pods is not None:
                 known = wanted.scope or {} if wanted is not None else {}
-                scope = {p: seen for p, seen in known.items() if at - seen <= SCOPE_KEEP}
-                scope[pods] = at
+                scope = {p: seen for p, seen in known.items() if at - seen[0] <= WANTED_FOR * seen[1]}
+                scope[pods] = (at, ttl)
             self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at, before, scope, namespace)
             if wanted is None:
                 self._schedule(key, self._due_at(key, at))
@@ -536,6 +545,7 @@ class PromIO:
     def _send(self, key: tuple[Any, ...], answer: _Answer, at: float) -> None:
         """Ask `key` now for `answer`, for the pods wanted now (the lock is held)."""
         wanted = self._wanted[key]
+        wanted.prune(at)
         covers = wanted.pods()
         if covers is not None and self._owned is not None:
             covers = covers | frozenset(self._owned(wanted.namespace))
@@ -633,6 +643,10 @@ class PromIO:
         except BaseException as failure:  # handed to every pass that waits for it
             answer.took = time.monotonic() - answer.monotonic
             answer.done.set_exception(failure)
+        if answer.took > SLOW_SHARE * key[2]:
+            scope = "the namespace" if pods is None else f"{len(pods)} pods by name"
+            took, timeout, query = answer.took, key[2], key[4]
+            log.warning("a Prometheus query for %s took %.1f s (timeout %g s): %.120s", scope, took, timeout, query)
         with self._lock:
             newest = self._answers.get(key)
             if newest is not None and newest.monotonic > answer.monotonic:
