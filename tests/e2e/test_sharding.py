@@ -190,13 +190,16 @@ def synced(stack: Stack, pool: str) -> bool:
 
 
 def signals_read(stack: Stack, pool: str) -> bool:
-    """The pool's last pass read every pod's signals: each replica asks Prometheus for its own pools' pods."""
+    """The pool's last pass read every pod's gauges (these pods serve no traffic, so the rate-based signals are
+    missing by design): each replica asks Prometheus for its own pools' pods by name."""
     status = stack.pool(pool).get("status", {})
     found = [c for c in status.get("conditions", []) if c["type"] == "MetricsAvailable"]
     rows = status.get("endpoints", [])
-    return (
-        bool(found) and found[0]["status"] == "True" and bool(rows) and all(not r.get("missingSignals") for r in rows)
+    gauges = bool(rows) and all(
+        row.get("signals", {}).get("kvCacheUsage") is not None and row.get("signals", {}).get("queueLength") is not None
+        for row in rows
     )
+    return bool(found) and found[0]["status"] == "True" and gauges
 
 
 def shard_holders(stack: Stack) -> dict[str, str | None]:
