@@ -488,3 +488,22 @@ def test_a_replica_asks_at_once_for_the_pods_of_every_pool_it_runs() -> None:
     assert _pod_matchers(server) == [{"a1", "a2", "b1"}] * 8
     assert set(first.pods) == {"a1", "a2"}
     assert set(second.pods) == {"b1"}
+
+
+def test_a_slow_prometheus_is_not_asked_for_more_pods_faster_than_it_answers() -> None:
+    """The next query for pods an answer was not asked for waits twice the last answer's time after the last one
+    was sent (a replica taking in pools one by one must not pile queries onto a Prometheus that is falling behind)."""
+    with FakePrometheus(_by_name) as server:
+        server.delay = 0.4
+        io = PromIO(scoped=True, max_workers=16)
+        pool = spec(metrics={"prometheusUrl": server.url})
+        try:
+            io.read_signals(pool, "llm", ["a1"], PromAuth(), T0)
+            second = io.read_signals(pool, "llm", ["b1"], PromAuth(), T0)
+        finally:
+            io.close()
+    assert set(second.pods) == {"b1"}
+    first_round, second_round = server.seen[:8], server.seen[8:]
+    assert _pod_matchers(server)[8:] == [{"a1", "b1"}] * 8
+    # Each first-round query took at least 0.4 s to answer: the second round came at least 0.8 s after it was sent.
+    assert min(s.at for s in second_round) - min(s.at for s in first_round) >= 2 * 0.4 - 0.05

@@ -61,8 +61,9 @@ SLOW_SHARE = 0.5
 """A query that took more than this share of its timeout is logged (with its size): the warning before pools
 freeze on timeouts."""
 EXTEND_GAP = 0.5
-"""Seconds at least between two queries asked to take in pods a scoped answer was not asked for: the pools a
-replica starts or takes over within that time wait for one query, not one each."""
+"""Seconds at least between two queries asked to take in pods a scoped answer was not asked for (or twice the
+query's last answer time, if longer): the pools a replica starts or takes over within that time wait for one
+query, not one each, and a slow Prometheus is not asked faster than it answers."""
 _EXTEND = object()
 """Marks a heap entry as the start of a scoped query's extension (`PromIO._extend`)."""
 
@@ -562,7 +563,8 @@ class PromIO:
         extension = self._next.get(key)
         if extension is None:
             extension = self._next[key] = _Answer(now, at, Future())
-            start = self._sent_at.get(key, -math.inf) + EXTEND_GAP
+            last = self._answers.get(key)
+            start = self._sent_at.get(key, -math.inf) + max(EXTEND_GAP, 2.0 * last.took if last is not None else 0.0)
             if start <= at:
                 del self._next[key]
                 self._send(key, extension, at)
