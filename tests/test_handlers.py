@@ -210,6 +210,7 @@ def test_a_sharded_replica_asks_prometheus_for_the_pods_of_the_pools_it_runs():
         return {"metadata": {"name": name, "namespace": "llm", "labels": {"app": app}}, "status": {}}
 
     runtime.pods.finish_seed("llm", [pod("a-0", "a"), pod("a-1", "a"), pod("b-0", "b"), pod("c-0", "c")])
-    runtime.selectors = {"llm": {"pool-a": {"app": "a"}, "pool-b": {"app": "b"}}}  # pool-c: another replica's
+    # pool-c: another replica's; pool-x: its spec does not parse (no selector): it selects nothing
+    runtime.selectors = {"llm": {"pool-a": {"app": "a"}, "pool-b": {"app": "b"}, "pool-x": {}}}
     assert handlers.owned_pods(runtime, "llm") == {"a-0", "a-1", "b-0"}
     assert handlers.owned_pods(runtime, "other") == frozenset()

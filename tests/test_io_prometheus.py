@@ -507,3 +507,77 @@ def test_a_slow_prometheus_is_not_asked_for_more_pods_faster_than_it_answers() -
     assert _pod_matchers(server)[8:] == [{"a1", "b1"}] * 8
     # Each first-round query took at least 0.4 s to answer: the second round came at least 0.8 s after it was sent.
     assert min(s.at for s in second_round) - min(s.at for s in first_round) >= 2 * 0.4 - 0.05
+
+
+def test_one_scoped_query_is_in_flight_at_a_time_and_the_next_takes_in_every_pool_that_came() -> None:
+    """Pools that come while a slow query is in flight wait for one more query, sent when that one has answered,
+    not one each every half second piling onto Prometheus."""
+    with FakePrometheus(_by_name) as server:
+        server.delay = 0.8
+        io = PromIO(scoped=True, max_workers=16)
+        pool = spec(metrics={"prometheusUrl": server.url})
+        try:
+            with ThreadPoolExecutor(max_workers=4) as passes:
+                reads = [passes.submit(io.read_signals, pool, "llm", ["a1"], PromAuth(), T0)]
+                for pod in ("a2", "b1", "c1"):
+                    time.sleep(0.2)  # each comes while the first query is in flight
+                    reads.append(passes.submit(io.read_signals, pool, "llm", [pod], PromAuth(), T0))
+                snapshots = [read.result(timeout=15) for read in reads]
+        finally:
+            io.close()
+    assert [set(snapshot.pods) for snapshot in snapshots] == [{"a1"}, {"a2"}, {"b1"}, {"c1"}]
+    assert _pod_matchers(server) == [{"a1"}] * 8 + [{"a1", "a2", "b1", "c1"}] * 8
+    first, second = server.seen[:8], server.seen[8:]
+    assert min(s.at for s in second) >= max(s.at for s in first) + 0.8 - 0.05  # after the first round answered
+
+
+def test_a_query_over_the_pools_own_pods_is_not_asked_for_other_pods() -> None:
+    """A `$pods` override is the pool's own query (it may aggregate over those pods): scoping does not widen it."""
+    override = {"queueLength": 'sum by ($podLabel) (vllm:num_requests_waiting{pod=~"$pods"})'}
+    with FakePrometheus(_by_name) as server:
+        io = PromIO(owned=lambda namespace: {"a1", "a2", "b1"})
+        pool = spec(metrics={"prometheusUrl": server.url, "queries": override})
+        try:
+            io.read_signals(pool, "llm", ["a1"], PromAuth(), T0)
+        finally:
+            io.close()
+    by_query = {
+        seen.query.split("{")[0]: matcher for seen, matcher in zip(server.seen, _pod_matchers(server), strict=True)
+    }
+    assert by_query["sum by (pod) (vllm:num_requests_waiting"] == {"a1"}
+    assert [m for q, m in by_query.items() if "num_requests_waiting" not in q] == [{"a1", "a2", "b1"}] * 7
+
+
+def test_a_scoped_query_stops_naming_the_pods_no_pass_reads_any_more() -> None:
+    """A pod set not read within two of its pool's intervals (the pool moved to another replica, or its pods
+    changed) drops out of the next query."""
+    with FakePrometheus(_by_name) as server:
+        io = PromIO(scoped=True)
+        pool = spec(metrics={"prometheusUrl": server.url}, interval="1s")
+        try:
+            io.read_signals(pool, "llm", ["a1"], PromAuth(), T0)
+            io.read_signals(pool, "llm", ["b1"], PromAuth(), T0)
+            deadline = time.monotonic() + 3.5
+            while time.monotonic() < deadline:  # only the first pool passes from now on
+                io.read_signals(pool, "llm", ["a1"], PromAuth(), T0)
+                time.sleep(0.25)
+        finally:
+            io.close()
+    matchers = _pod_matchers(server)
+    assert {"a1", "b1"} in matchers  # b1 was asked for while read
+    assert matchers[-1] == {"a1"}  # and no longer, two intervals after its last read
+
+
+def test_a_query_slower_than_half_its_timeout_is_logged_with_its_size(caplog: pytest.LogCaptureFixture) -> None:
+    with FakePrometheus(_by_name) as server:
+        server.delay = 0.7
+        io = PromIO(scoped=True)
+        try:
+            with caplog.at_level("WARNING", logger="sluice"):
+                io.read_signals(
+                    spec(metrics={"prometheusUrl": server.url, "timeout": "1s"}), "llm", ["a1"], PromAuth(), T0
+                )
+        finally:
+            io.close()
+    slow = [r.getMessage() for r in caplog.records if "Prometheus query for 1 pods by name took" in r.getMessage()]
+    assert len(slow) == 8

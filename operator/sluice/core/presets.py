@@ -159,6 +159,18 @@ def supported_signals(spec: InferencePoolSpec) -> tuple[SignalName, ...]:
     )
 
 
+def names_pods(spec: InferencePoolSpec, signal: str) -> bool:
+    """Whether the signal's query (an override, or the engine's preset; `sampleTime`: the freshness query) uses
+    `$pods`, the pool's own pods: such a query is the pool's, never asked for other pods."""
+    if signal == "sampleTime":
+        template = FRESHNESS.get(spec.engine) or ""
+    else:
+        field = SIGNAL_FIELD_OVERRIDE.get(signal)
+        preset = {str(name): text for name, text in PRESETS[spec.engine].items()}
+        template = (getattr(spec.metrics.queries, field) if field else None) or preset.get(signal) or ""
+    return "$pods" in template or "${pods}" in template
+
+
 def escape_string(value: str) -> str:
     """A PromQL double-quoted string literal's content."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -35,7 +35,7 @@ from urllib3.util.retry import Retry
 
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
-from sluice.core.presets import build_queries
+from sluice.core.presets import build_queries, names_pods
 from sluice.io.ports import PromAuth
 
 log = logging.getLogger("sluice")
@@ -210,6 +210,8 @@ class _Answer:
     """Seconds from asking to the answer (set when it is done)."""
     covers: frozenset[str] | None = None
     """The pods it was asked for (scoped queries); None: every pod of the namespace."""
+    sequence: int = 0
+    """Order of sending (answers may come back in another order)."""
 
     def serves(self, pods: frozenset[str] | None) -> bool:
         """Whether it was asked for every pod in `pods` (None: a namespace-wide reader, served by anything)."""
@@ -383,6 +385,9 @@ class PromIO:
         """Scoped queries to be asked again for pods their answers were not asked for, not sent yet (`_extend`)."""
         self._sent_at: dict[tuple[Any, ...], float] = {}
         """When each query was last sent (monotonic)."""
+        self._sequence = itertools.count(1)
+        self._owned_at: dict[str, tuple[float, frozenset[str]]] = {}
+        """Namespace -> (when, the pods of the pools run here), for `_owned_pods`."""
         self._swept = time.monotonic()
         self.queries_sent = 0
         """Queries sent to Prometheus so far (all pools)."""
@@ -539,7 +544,8 @@ class PromIO:
         if pending is not None and not pending.serves(pods):
             return self._extend(key, now, at)
         if pending is None:
-            pending = _Answer(now, at, Future())
+            # an extension waiting to be sent is this query: its passes get this answer
+            pending = self._next.pop(key, None) or _Answer(now, at, Future())
             self._send(key, pending, at)
         return pending
 
@@ -549,30 +555,53 @@ class PromIO:
         wanted.prune(at)
         covers = wanted.pods()
         if covers is not None and self._owned is not None:
-            covers = covers | frozenset(self._owned(wanted.namespace))
+            covers = covers | self._owned_pods(wanted.namespace, at)
         answer.monotonic, answer.covers = at, covers
+        answer.sequence = next(self._sequence)
         self._pending[key] = answer
         self._sent_at[key] = at
         self.queries_sent += 1
         self._pool.submit(self._fetch, key, answer, wanted.fetch, answer.covers, wanted.label, wanted.ttl)
 
+    def _owned_pods(self, namespace: str, at: float) -> frozenset[str]:
+        """The pods of the pools this process runs in `namespace`, asked at most once a second (the eight queries
+        of a namespace are sent together); if asking fails, none (the pod sets passes read still count). The lock
+        is held."""
+        known = self._owned_at.get(namespace)
+        if known is not None and at - known[0] < 1.0:
+            return known[1]
+        assert self._owned is not None
+        try:
+            pods = frozenset(self._owned(namespace))
+        except Exception:  # never the refresher's end: the read pod sets are still asked for
+            log.exception("listing the pods of the pools run here failed")
+            pods = frozenset()
+        self._owned_at[namespace] = (at, pods)
+        return pods
+
     def _extend(self, key: tuple[Any, ...], now: datetime, at: float) -> _Answer:
-        """The next scoped query for `key`, asked for every pod set read so far, at least `EXTEND_GAP` after the
-        last one was sent: passes that come meanwhile for pods not asked for yet wait for it too (the lock is
-        held)."""
+        """The next scoped query for `key`, asked for every pod set read by then: sent when the query in flight
+        (if any) has answered, and at least `EXTEND_GAP` (or twice the last answer's time) after the last one was
+        sent, so one query per key is in flight at a time and passes that come meanwhile for pods not asked for
+        yet wait for the same one (the lock is held)."""
         extension = self._next.get(key)
         if extension is None:
             extension = self._next[key] = _Answer(now, at, Future())
-            last = self._answers.get(key)
-            start = self._sent_at.get(key, -math.inf) + max(EXTEND_GAP, 2.0 * last.took if last is not None else 0.0)
-            if start <= at:
-                del self._next[key]
-                self._send(key, extension, at)
-            else:
-                heapq.heappush(self._due, (start, next(self._tiebreak), (_EXTEND, key)))
-                if start < self._next_wake:
-                    self._wake.notify_all()
+            if key not in self._pending:  # else `_fetch` schedules it when the query in flight answers
+                self._schedule_extension(key, at)
         return extension
+
+    def _schedule_extension(self, key: tuple[Any, ...], at: float) -> None:
+        """Send the waiting extension of `key` now or when its gap is over (the lock is held)."""
+        last = self._answers.get(key)
+        gap = max(EXTEND_GAP, 2.0 * last.took if last is not None else 0.0)
+        start = self._sent_at.get(key, -math.inf) + gap
+        if start <= at:
+            self._send(key, self._next.pop(key), at)
+        else:
+            heapq.heappush(self._due, (start, next(self._tiebreak), (_EXTEND, key)))
+            if start < self._next_wake:
+                self._wake.notify_all()
 
     def _due_at(self, key: tuple[Any, ...], at: float) -> float:
         """When `key` is to be asked again: at its backoff's end, or `REFRESH_AFTER` of its interval after its
@@ -609,10 +638,12 @@ class PromIO:
                 while self._due and self._due[0][0] <= at:
                     _, _, key = heapq.heappop(self._due)
                     if key[0] is _EXTEND:
-                        extension = self._next.pop(key[1], None)
-                        if extension is not None and key[1] in self._wanted:
+                        if key[1] in self._pending or key[1] not in self._next:
+                            continue  # in flight again (it is scheduled when that answers), or already sent
+                        extension = self._next.pop(key[1])
+                        if key[1] in self._wanted:
                             self._send(key[1], extension, at)
-                        elif extension is not None:  # never the case: a pass asked for it just now
+                        else:  # never the case: a pass asked for it just now
                             extension.done.set_exception(OSError("the query is no longer read"))
                         continue
                     wanted = self._wanted.get(key)
@@ -651,8 +682,12 @@ class PromIO:
             log.warning("a Prometheus query for %s took %.1f s (timeout %g s): %.120s", scope, took, timeout, query)
         with self._lock:
             newest = self._answers.get(key)
-            if newest is not None and newest.monotonic > answer.monotonic:
-                # A scoped query asked again for more pods finished first: this older answer is not kept.
+            if newest is not None and newest.sequence > answer.sequence:
+                # A scoped query asked again for more pods answered first: this older answer is not the newest,
+                # but a success still is the last good one if the newer failed.
+                good = self._good.get(key)
+                if answer.done.exception() is None and (good is None or good.sequence < answer.sequence):
+                    self._good[key] = answer
                 if self._pending.get(key) is answer:
                     del self._pending[key]
                 return
@@ -668,6 +703,8 @@ class PromIO:
                 self._backoff[key] = _Backoff(failures, time.monotonic() + wait)
             if key in self._wanted:
                 self._schedule(key, self._due_at(key, time.monotonic()))
+            if key in self._next and key not in self._pending:  # pods waited for while this was in flight
+                self._schedule_extension(key, time.monotonic())
 
     def _last_good(self, key: tuple[Any, ...], stale_after: float, pods: frozenset[str] | None) -> _Answer | None:
         """The newest successful answer to `key` if it was asked within `stale_after` seconds (for `pods`)."""
@@ -730,6 +767,8 @@ class PromIO:
             signal: (metrics.prometheus_url, auth, metrics.timeout, metrics.pod_label, query)
             for signal, query in queries.items()
         }
+        # a query over the pool's own pods (`$pods`) stays its own: never asked for other pods
+        scope = {signal: None if names_pods(spec, signal) else pods for signal in queries}
         asked = {
             signal: self._shared(
                 keys[signal],
@@ -738,7 +777,7 @@ class PromIO:
                 now,
                 runner(signal, query),
                 metrics.pod_label,
-                pods,
+                scope[signal],
                 namespace,
             )
             for signal, query in queries.items()
@@ -753,7 +792,7 @@ class PromIO:
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, QUERY_FAILURES):
                     raise RuntimeError(f"reading {signal} failed: {outcome!r}") from outcome
-                fallback = self._last_good(keys[signal], metrics.stale_after, pods)
+                fallback = self._last_good(keys[signal], metrics.stale_after, scope[signal])
                 if fallback is None:
                     failed[signal] = describe_failure(outcome)
                     continue

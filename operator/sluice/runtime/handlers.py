@@ -88,7 +88,8 @@ def owned_pods(runtime: Runtime, namespace: str) -> frozenset[str]:
     selectors = list(dict(runtime.selectors.get(namespace, {})).values())
     names: set[str] = set()
     for selector in selectors:
-        names.update(pod.name for pod in runtime.pods.select(namespace, selector))
+        if selector:  # a pool whose spec does not parse selects nothing (the cache's empty selector is "all")
+            names.update(pod.name for pod in runtime.pods.select(namespace, selector))
     return frozenset(names)
 
 
