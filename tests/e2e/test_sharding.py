@@ -255,8 +255,8 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     time.sleep(6)  # passes by the successors
     for pool in pools_of[victim_id]:
         assert synced(stack, pool)
-    # Every pool's signals read by its replica, the taken-over ones by their successor (whose queries did not name
-    # those pods before the takeover).
+    # Every pool's gauges read through the replicas' by-name queries, after the takeover too (the pools share
+    # their pods here: this checks that the queries name them and real Prometheus answers, not how they split).
     wait_until(lambda: all(signals_read(stack, p) for p in POOLS), 30, "every pool's signals read")
     for process in processes.values():  # the survivors stop cleanly: their Leases cleared for a successor
         if process.poll() is None:
