@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sluice.core.observed import SignalSnapshot
 from sluice.devstack import apitls
 from sluice.io import prometheus as prometheus_io
 from sluice.io.prometheus import PromAuth, PromIO, parse_value, pod_values, to_snapshot
@@ -398,15 +399,21 @@ def _pod_matchers(server: FakePrometheus) -> list[set[str] | None]:
     return out
 
 
+def _two_pools(io: PromIO, server: FakePrometheus) -> tuple[SignalSnapshot, SignalSnapshot]:
+    """One pass of a pool of a1, a2 and then of a pool of b1 (same namespace and metrics), then `io` closed."""
+    pool = spec(metrics={"prometheusUrl": server.url})
+    try:
+        return (
+            io.read_signals(pool, "llm", ["a1", "a2"], PromAuth(), T0),
+            io.read_signals(pool, "llm", ["b1"], PromAuth(), T0),
+        )
+    finally:
+        io.close()
+
+
 def test_by_default_the_namespace_is_asked_once_for_every_pool() -> None:
     with FakePrometheus(_by_name) as server:
-        io = PromIO()
-        pool = spec(metrics={"prometheusUrl": server.url})
-        try:
-            first = io.read_signals(pool, "llm", ["a1", "a2"], PromAuth(), T0)
-            second = io.read_signals(pool, "llm", ["b1"], PromAuth(), T0)
-        finally:
-            io.close()
+        first, second = _two_pools(PromIO(), server)
     assert _pod_matchers(server) == [None] * 8  # namespace-wide: one query per signal serves both pools
     assert set(first.pods) == {"a1", "a2"}
     assert set(second.pods) == {"b1"}
@@ -478,13 +485,7 @@ def test_a_replica_asks_at_once_for_the_pods_of_every_pool_it_runs() -> None:
     """With the pods of the replica's pools (`owned`), the first pass's query takes in the pools that have not
     passed yet: their first passes are served by it, and nothing else is asked."""
     with FakePrometheus(_by_name) as server:
-        io = PromIO(owned=lambda namespace: {"a1", "a2", "b1"} if namespace == "llm" else set())
-        pool = spec(metrics={"prometheusUrl": server.url})
-        try:
-            first = io.read_signals(pool, "llm", ["a1", "a2"], PromAuth(), T0)
-            second = io.read_signals(pool, "llm", ["b1"], PromAuth(), T0)
-        finally:
-            io.close()
+        first, second = _two_pools(PromIO(owned=lambda ns: {"a1", "a2", "b1"} if ns == "llm" else set()), server)
     assert _pod_matchers(server) == [{"a1", "a2", "b1"}] * 8
     assert set(first.pods) == {"a1", "a2"}
     assert set(second.pods) == {"b1"}

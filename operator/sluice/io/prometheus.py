@@ -210,8 +210,6 @@ class _Answer:
     """Seconds from asking to the answer (set when it is done)."""
     covers: frozenset[str] | None = None
     """The pods it was asked for (scoped queries); None: every pod of the namespace."""
-    sequence: int = 0
-    """Order of sending (answers may come back in another order)."""
 
     def serves(self, pods: frozenset[str] | None) -> bool:
         """Whether it was asked for every pod in `pods` (None: a namespace-wide reader, served by anything)."""
@@ -385,7 +383,6 @@ class PromIO:
         """Scoped queries to be asked again for pods their answers were not asked for, not sent yet (`_extend`)."""
         self._sent_at: dict[tuple[Any, ...], float] = {}
         """When each query was last sent (monotonic)."""
-        self._sequence = itertools.count(1)
         self._owned_at: dict[str, tuple[float, frozenset[str]]] = {}
         """Namespace -> (when, the pods of the pools run here), for `_owned_pods`."""
         self._swept = time.monotonic()
@@ -509,8 +506,8 @@ class PromIO:
             before = wanted.read_at if wanted is not None else None
             scope = None
             if pods is not None:
-                known = wanted.scope or {} if wanted is not None else {}
-                scope = {p: seen for p, seen in known.items() if at - seen[0] <= WANTED_FOR * seen[1]}
+                # the same dict, updated in place: pruned when the query is sent (`_Wanted.prune`)
+                scope = wanted.scope if wanted is not None and wanted.scope is not None else {}
                 scope[pods] = (at, ttl)
             self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at, before, scope, namespace)
             if wanted is None:
@@ -557,7 +554,6 @@ class PromIO:
         if covers is not None and self._owned is not None:
             covers = covers | self._owned_pods(wanted.namespace, at)
         answer.monotonic, answer.covers = at, covers
-        answer.sequence = next(self._sequence)
         self._pending[key] = answer
         self._sent_at[key] = at
         self.queries_sent += 1
@@ -681,17 +677,7 @@ class PromIO:
             took, timeout, query = answer.took, key[2], key[4]
             log.warning("a Prometheus query for %s took %.1f s (timeout %g s): %.120s", scope, took, timeout, query)
         with self._lock:
-            newest = self._answers.get(key)
-            if newest is not None and newest.sequence > answer.sequence:
-                # A scoped query asked again for more pods answered first: this older answer is not the newest,
-                # but a success still is the last good one if the newer failed.
-                good = self._good.get(key)
-                if answer.done.exception() is None and (good is None or good.sequence < answer.sequence):
-                    self._good[key] = answer
-                if self._pending.get(key) is answer:
-                    del self._pending[key]
-                return
-            self._answers[key] = answer
+            self._answers[key] = answer  # the newest: one query per key is in flight at a time
             if self._pending.get(key) is answer:
                 del self._pending[key]
             if answer.done.exception() is None:
