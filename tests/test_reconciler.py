@@ -4,7 +4,7 @@ and every error path. The pass is the real one; only what is behind the ports is
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -96,6 +96,89 @@ def test_an_unchanged_status_is_still_written_as_a_heartbeat_after_a_minute():
     loop.run(5)
     assert not loop.run(30).status_written
     assert loop.run(66).status_written
+
+
+def test_a_status_whose_observations_alone_moved_is_written_once_the_stored_one_is_the_refresh_old():
+    loop = Loop()
+    loop.run(0)
+    loop.run(5)  # IstioSynced no longer says "3 written this pass": stored at 5 s
+    loop.prom.ttft = 0.06  # both pods alike: the weights stay, the signals and scores move
+    deferred = loop.run(10)
+    assert not deferred.status_written
+    assert deferred.status_deferred
+    assert deferred.status_kept
+    assert deferred.status is not None
+    assert deferred.status.endpoints[0].signals.ttft_seconds == 0.06
+    assert loop.status is not None
+    assert loop.status["endpoints"][0]["signals"]["ttftSeconds"] == 0.05
+    assert not loop.run(30).status_written  # 25 s since the stored status
+    written = loop.run(35)  # 30 s: the stored status is the refresh old
+    assert written.status_written
+    assert loop.status["endpoints"][0]["signals"]["ttftSeconds"] == 0.06
+    assert loop.status["lastReconcileTime"] == at(35).isoformat().replace("+00:00", "Z")
+
+
+def test_a_decision_is_written_at_the_pass_that_makes_it_whatever_the_refresh():
+    loop = Loop()
+    loop.run(0)
+    loop.run(5)
+    prom = OneReading()
+    prom.errors = 0.5  # over fastZeroErrorRate: pod a is zeroed at this pass
+    loop.reconciler.signals = prom
+    prom.asked = at(10)
+    report = loop.run(10)
+    assert report.status_written
+    rows = {r["pod"]: r for r in loop.status["endpoints"]}
+    assert (rows["a"]["state"], rows["a"]["weight"]) == ("Zeroed", 0)
+
+
+def test_deferring_a_status_write_changes_nothing_the_passes_decide():
+    """The next pass builds on the last pass, written or not: a loop writing every pass and one deferring
+    observation-only writes compute the same statuses, pass for pass."""
+
+    class Loaded(FakeProm):
+        """Both pods alike and loaded: learned capacities, idle TTFTs and smoothed scores move every pass."""
+
+        n = 0
+
+        def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+            wobble = (0.0, 0.02, 0.01, 0.03)[self.n % 4]
+            signals = PodSignals(
+                ttft_seconds=0.2 + wobble,
+                ttft_p95_seconds=0.4 + wobble,
+                kv_cache_usage=0.3 + wobble,
+                queue_length=1.0,
+                running_requests=4.0 + 10 * wobble,
+                request_rate=3.0 + 10 * wobble,
+                error_rate=0.0,
+            )
+            return SignalSnapshot(collected_at=now, pods=dict.fromkeys(pods, signals))
+
+    every, deferring = Loop(), Loop()
+    every.reconciler.status_refresh = timedelta(0)
+    every.reconciler.signals, deferring.reconciler.signals = Loaded(), Loaded()
+    written = []
+    for n in range(16):
+        for loop in (every, deferring):
+            cast(Any, loop.reconciler.signals).n = n
+        a, b = every.run(n * 5), deferring.run(n * 5)
+        assert a.status == b.status, n
+        written.append((a.status_written, b.status_written))
+    assert sum(a for a, _ in written) == 16
+    assert sum(b for _, b in written) < 6
+
+
+def test_a_status_write_that_fails_leaves_the_next_pass_on_the_last_status_kept():
+    loop = Loop()
+    loop.run(0)
+    kept = loop.reconciler.written_at("u1")
+    loop.cluster.failures["write_status"] = ClusterError(500, "etcd unavailable")
+    report = loop.run(5)
+    assert not report.status_written
+    assert not report.status_kept
+    assert loop.reconciler.written_at("u1") == kept
+    del loop.cluster.failures["write_status"]
+    assert loop.run(10).status_written
 
 
 def test_service_entry_endpoints_carry_the_pods_service_account():

@@ -155,6 +155,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
+    return value
+
+
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(
         kubeconfig=args.kubeconfig,
@@ -168,6 +175,7 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         shards=args.shards,
         lease_namespace=args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
         identity=args.identity,
+        status_refresh=args.status_refresh,
     )
 
 
@@ -268,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-namespace", help="namespace of the shard Leases (default: $POD_NAMESPACE or default)")
     run.add_argument(
         "--identity", help="holderIdentity in the shard Leases, unique per process (default: host, pid, random tag)"
+    )
+    run.add_argument(
+        "--status-refresh",
+        type=_seconds,
+        default=30.0,
+        help="seconds before a status whose observations alone moved (signals, scores, reasons) is written again; "
+        "weights, states, the split and conditions are written at once (default: 30; 0: every pass)",
     )
     run.add_argument("--json-logs", action="store_true", help="log as JSON lines")
     run.set_defaults(handler=cmd_operator)

@@ -218,7 +218,13 @@ class InferencePoolStatus(StatusModel):
         description="What the next pass needs of the pods without a row (weight, score, state, since, TTFT "
         "estimate, restarts, incident), zlib-compressed JSON in base64; internal, read back by sluice only.",
     )
-    last_reconcile_time: datetime | None = Field(default=None, description="When the last pass ran.")
+    last_reconcile_time: datetime | None = Field(
+        default=None,
+        description="When the pass this status shows ran. A pass whose decisions (weights, states, the split, "
+        "conditions) change the status writes it; one whose observations alone moved (signals, scores, reasons) "
+        "waits until the stored status is the operator's --status-refresh old (30 s by default), an unchanged one "
+        "60 s. The operator's sluice_last_pass_timestamp_seconds has every pass.",
+    )
 
 
 def read_status(raw: dict[str, Any] | None) -> tuple[InferencePoolStatus | None, list[str]]:

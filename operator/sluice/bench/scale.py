@@ -483,6 +483,8 @@ def run(args: argparse.Namespace, pools: int) -> Result:
                 command += ["--shards", str(args.shards)]
             if args.workers:
                 command += ["--workers", str(args.workers)]
+            if args.status_refresh is not None:
+                command += ["--status-refresh", f"{args.status_refresh:g}"]
             operators.append(stack._spawn(command, f"operator-{replica}.log"))
         end_warmup = time.monotonic() + args.warmup
         while time.monotonic() < end_warmup:
@@ -658,6 +660,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="operator processes")
     parser.add_argument("--shards", type=int, help="passed to every operator as --shards (needs shard support)")
     parser.add_argument("--workers", type=int, help="passed to every operator as --workers")
+    parser.add_argument(
+        "--status-refresh", type=float, help="passed to every operator as --status-refresh (default: theirs)"
+    )
     parser.add_argument("--code", help="run the emulator and the operator from this operator/ directory")
     parser.add_argument("--out", default="out/bench-scale")
     args = parser.parse_args(argv)

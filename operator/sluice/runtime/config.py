@@ -27,6 +27,10 @@ class OperatorConfig:
     Leases, this process runs every pool."""
     lease_namespace: str = "default"
     """Namespace of the shard Leases (the operator's own)."""
+    status_refresh: float = 30.0
+    """Seconds: a status whose observations alone moved (signals, scores, reasons) is written once the stored
+    one is this old; decisions (weights, states, the split, conditions) are written at the pass that makes them.
+    0: every pass whose status changed."""
     identity: str | None = None
     """holderIdentity in the Leases (default: pod name and pid, with a random suffix)."""
 

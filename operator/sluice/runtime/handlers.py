@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -115,12 +115,13 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     runtime.cluster.pod_cache = runtime.pods
     # A replica that owns a shard of the pools asks Prometheus for its pools' pods only, not the whole namespace.
     runtime.prom = PromIO(owned=functools.partial(owned_pods, runtime)) if config.shards > 1 else PromIO()
-    runtime.reconciler = Reconciler(runtime.cluster, runtime.prom)
+    refresh = timedelta(seconds=config.status_refresh)
+    runtime.reconciler = Reconciler(runtime.cluster, runtime.prom, refresh)
     if config.shards > 1:
         runtime.shards = ShardLeases(
             load_api_client(config.kubeconfig), config.lease_namespace, config.shards, config.identity
         )
-        runtime.reconciler = Reconciler(FencedCluster(runtime.cluster, runtime.shards), runtime.prom)
+        runtime.reconciler = Reconciler(FencedCluster(runtime.cluster, runtime.shards), runtime.prom, refresh)
         runtime.shards.start()
     # No `_created` twin of every counter and histogram on the page.
     disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -11,6 +11,12 @@ The kopf handlers call `run` in a worker thread and do nothing else. Failure mod
 - an Istio object of the same name is not sluice's: it is left alone, `IstioSynced=False (ObjectNotManaged)`;
 - the cluster rejects a write (409, 422, 500, a timeout): `IstioSynced=False (WriteFailed)`, retried next pass;
 - the pass itself raises: `Ready=False (ReconcileFailed)` with the error, and the exception goes on to kopf.
+Status writes: a pass whose decisions (weights, states, incidents, the split, the conditions) differ from the
+status stored writes at once; one whose observations alone moved (signals, scores, estimates, reasons, large
+pools' compact memory) waits until the stored status is `status_refresh` old (30 s by default; 0: every pass),
+and an unchanged status is written again after `HEARTBEAT`. The next pass builds on the last pass's status
+either way (kept in this process; a write that fails is not kept). The stored status is always one whole pass
+(`lastReconcileTime`): what it shows, that pass computed and published.
 Ownership: each pass knows every object it renders; objects labelled for the pool that it no longer renders are
 released (deleted, or given back when adopted). Events are derived from the status before and after
 (`sluice.core.events`), nowhere else.
@@ -24,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sluice.api.snapshot import PoolSnapshot
-from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
+from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
 from sluice.core.compact import stored_form
 from sluice.core.events import Event, derive_events
@@ -36,6 +42,19 @@ from sluice.runtime.report import PassReport
 
 log = logging.getLogger("sluice")
 HEARTBEAT = timedelta(seconds=60)
+STATUS_REFRESH = timedelta(seconds=30)
+OBSERVATIONS = frozenset(
+    {
+        "signals",
+        "signals_sampled_at",
+        "score",
+        "reason",
+        "ttft_estimate_seconds",
+        "idle_ttft_seconds",
+        "learned_capacity",
+    }
+)
+"""A row's fields that move with every reading; a change of these alone waits for `status_refresh`."""
 
 
 def _wire(status: InferencePoolStatus) -> dict[str, Any]:
@@ -47,18 +66,44 @@ def _stamp(status: InferencePoolStatus) -> float:
     return status.last_reconcile_time.timestamp() if status.last_reconcile_time else 0.0
 
 
-def _same(a: InferencePoolStatus | None, b: InferencePoolStatus) -> bool:
-    """Would writing `b` store what `a` stored (the last pass time aside)?"""
-    return a is not None and stored_form(a.model_copy(update={"last_reconcile_time": None})) == stored_form(
-        b.model_copy(update={"last_reconcile_time": None})
-    )
+_BLANK_ROW = {name: EndpointStatus.model_fields[name].get_default(call_default_factory=True) for name in OBSERVATIONS}
+
+
+def _newer(mine: InferencePoolStatus | None, theirs: InferencePoolStatus | None) -> InferencePoolStatus | None:
+    if mine is None or theirs is None:
+        return mine or theirs
+    return mine if _stamp(mine) >= _stamp(theirs) else theirs
+
+
+def _observations_blanked(status: InferencePoolStatus) -> InferencePoolStatus:
+    rows = [row.model_copy(update=_BLANK_ROW) for row in status.endpoints]
+    return status.model_copy(update={"endpoints": rows, "pod_memory": None})
+
+
+def _change(a: InferencePoolStatus | None, b: InferencePoolStatus) -> str:
+    """What writing `b` would change in what `a` stored (the pass time aside): "decisions", "observations" or
+    "none"."""
+    if a is None:
+        return "decisions"
+    stored_a = stored_form(a.model_copy(update={"last_reconcile_time": None}))
+    stored_b = stored_form(b.model_copy(update={"last_reconcile_time": None}))
+    if stored_a == stored_b:
+        return "none"
+    if _observations_blanked(stored_a) != _observations_blanked(stored_b):
+        return "decisions"
+    return "observations"
 
 
 class Reconciler:
-    def __init__(self, cluster: Cluster, signals: SignalSource) -> None:
+    def __init__(self, cluster: Cluster, signals: SignalSource, status_refresh: timedelta = STATUS_REFRESH) -> None:
         self.cluster = cluster
         self.signals = signals
+        self.status_refresh = status_refresh
         self._last_written: dict[str, InferencePoolStatus] = {}
+        """Pool uid -> the status this process stored last."""
+        self._last_pass: dict[str, InferencePoolStatus] = {}
+        """Pool uid -> the status of its last pass here whose status was stored or whose write was deferred (the
+        memory the next pass builds on)."""
         self._rendered: dict[str, frozenset[ObjectKey]] = {}
         """Pool uid -> the objects its last publishing pass rendered (pruning lists the cluster only on change)."""
         self._read_at: dict[str, datetime] = {}
@@ -66,21 +111,26 @@ class Reconciler:
         `repeated`). Kept only once the pass's status is stored, so a pass that failed does not use up a reading."""
 
     def written_at(self, uid: str) -> datetime | None:
-        """When the status this process wrote last for the pool was stamped (None: nothing remembered)."""
-        mine = self._last_written.get(uid)
+        """When the status of the pool's last pass here (stored or deferred) was stamped (None: nothing
+        remembered): a stored status no newer is this process's own, or older."""
+        mine = self._last_pass.get(uid)
         return mine.last_reconcile_time if mine is not None else None
 
     def forget(self, uid: str) -> None:
         self._last_written.pop(uid, None)
+        self._last_pass.pop(uid, None)
         self._rendered.pop(uid, None)
         self._read_at.pop(uid, None)
 
+    def _stored(self, uid: str, snapshot: PoolSnapshot) -> InferencePoolStatus | None:
+        """The status stored for the pool, as far as this process knows: the newer of its own last write and the
+        one the watch delivered."""
+        return _newer(self._last_written.get(uid), snapshot.status)
+
     def _previous(self, snapshot: PoolSnapshot) -> InferencePoolStatus | None:
-        """The newer of the stored status and the one this process wrote last (the watch may lag behind)."""
-        mine, theirs = self._last_written.get(snapshot.meta.uid or ""), snapshot.status
-        if mine is None or theirs is None:
-            return mine or theirs
-        return mine if _stamp(mine) >= _stamp(theirs) else theirs
+        """The newer of the stored status and this process's last pass (the watch may lag behind, and a deferred
+        write is stored nowhere else)."""
+        return _newer(self._last_pass.get(snapshot.meta.uid or ""), snapshot.status)
 
     def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
         started = time.monotonic()
@@ -105,8 +155,7 @@ class Reconciler:
                 self._finish(report, snapshot, previous, failed.model_copy(update={"last_reconcile_time": now}), now)
                 raise
             self._finish(report, snapshot, previous, status, now)
-            stored = report.status_written or _same(previous, status)
-            if stored and report.errors_asked_at is not None:
+            if report.status_kept and report.errors_asked_at is not None:
                 self._read_at[meta.uid or meta.name] = report.errors_asked_at
         report.seconds = time.monotonic() - started
         return report
@@ -202,16 +251,29 @@ class Reconciler:
         meta = snapshot.meta
         report.status = status
         report.events.extend(derive_events(previous, status))
-        last = previous.last_reconcile_time if previous else None
-        heartbeat_due = last is None or now - last >= HEARTBEAT
-        if not _same(previous, status) or heartbeat_due:
+        uid = meta.uid or ""
+        stored = self._stored(uid, snapshot)
+        change = _change(stored, status)
+        age = now - stored.last_reconcile_time if stored and stored.last_reconcile_time else None
+        due = (
+            age is None
+            or change == "decisions"
+            or (change == "observations" and age >= self.status_refresh)
+            or age >= max(HEARTBEAT, self.status_refresh)
+        )
+        if due:
             try:
                 self.cluster.write_status(meta.namespace, meta.name, _wire(status))
             except ClusterError as failure:
                 log.warning("could not write the status of %s: %s", snapshot.key, failure)
             else:
-                self._last_written[meta.uid or ""] = status
+                self._last_written[uid] = status
                 report.status_written = True
+        else:
+            report.status_deferred = change == "observations"
+        report.status_kept = report.status_written or not due
+        if report.status_kept:
+            self._last_pass[uid] = status
         for event in report.events:
             try:
                 self.cluster.emit(meta.namespace, meta.name, meta.uid, event)

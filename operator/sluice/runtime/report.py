@@ -18,10 +18,14 @@ class PassReport:
     pool: str
     """namespace/name."""
     status: InferencePoolStatus | None = None
-    """The status this pass computed (written, or skipped because unchanged)."""
+    """The status this pass computed (written, or not: unchanged, or only its observations moved)."""
     events: list[Event] = field(default_factory=list)
     writes: list[WriteResult] = field(default_factory=list)
     status_written: bool = False
+    status_deferred: bool = False
+    """Only observations changed and the stored status is younger than the refresh: written later."""
+    status_kept: bool = False
+    """The next pass builds on this pass's status (written, or not due); False when the write failed."""
     seconds: float = 0.0
     result: PassResult = "ok"
     prometheus_seconds: float | None = None
