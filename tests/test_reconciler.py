@@ -168,6 +168,51 @@ def test_deferring_a_status_write_changes_nothing_the_passes_decide():
     assert sum(b for _, b in written) < 6
 
 
+def test_a_large_pools_stored_weights_are_the_published_ones_after_every_pass():
+    """Over 64 pods most rows are aggregated into the compact memory: their weights are decisions too."""
+    import random  # noqa: PLC0415
+
+    from sluice.api.memory import remembered  # noqa: PLC0415
+    from sluice.api.status import read_status  # noqa: PLC0415
+
+    pods = [ObservedPod(name=f"p{i:03d}", ip=f"10.0.{i // 250}.{i % 250 + 1}", labels=LABELS) for i in range(100)]
+    rng = random.Random(1)
+
+    class Noisy(FakeProm):
+        """A spread of TTFTs, each pod's signals drawn again within ±15 % at every pass."""
+
+        def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+            out = {}
+            for i, pod in enumerate(pods):
+                base, w = 0.1 + 0.002 * i, rng.uniform(-0.15, 0.15)
+                out[pod] = PodSignals(
+                    ttft_seconds=base * (1 + w),
+                    ttft_p95_seconds=2 * base * (1 + w),
+                    kv_cache_usage=0.3 + w / 3,
+                    queue_length=1.0,
+                    running_requests=4.0 * (1 + w),
+                    request_rate=3.0 * (1 + w),
+                    error_rate=0.0,
+                )
+            return SignalSnapshot(collected_at=now, pods=out)
+
+    loop = Loop(scoring={"policy": "cube"})
+    loop.cluster.pod_list = pods
+    loop.reconciler.signals = Noisy()
+    ip_of = {p.ip: p.name for p in pods}
+    moved = 0
+    before: dict[str, int] = {}
+    for n in range(40):
+        loop.run(n * 5)
+        entry = loop.cluster.objects[("llm", "ServiceEntry", "sluice-llama")]
+        published = {ip_of[e["address"]]: int(e["weight"]) for e in entry["spec"]["endpoints"]}
+        stored, _ = read_status(loop.status)
+        assert {pod: row.weight for pod, row in remembered(stored).items() if row.weight > 0} == published, n
+        moved += published != before
+        before = published
+    assert moved > 3  # the weights did move under the noise
+
+
 def test_a_status_write_that_fails_leaves_the_next_pass_on_the_last_status_kept():
     loop = Loop()
     loop.run(0)

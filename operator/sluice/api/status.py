@@ -223,7 +223,7 @@ class InferencePoolStatus(StatusModel):
         description="When the pass this status shows ran. A pass whose decisions (weights, states, the split, "
         "conditions) change the status writes it; one whose observations alone moved (signals, scores, reasons) "
         "waits until the stored status is the operator's --status-refresh old (30 s by default), an unchanged one "
-        "60 s. The operator's sluice_last_pass_timestamp_seconds has every pass.",
+        "60 s (or the refresh, if longer). The operator's sluice_last_pass_timestamp_seconds has every pass.",
     )
 
 

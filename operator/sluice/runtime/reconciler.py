@@ -29,6 +29,7 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
+from sluice.api.memory import remembered
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
@@ -76,8 +77,10 @@ def _newer(mine: InferencePoolStatus | None, theirs: InferencePoolStatus | None)
 
 
 def _observations_blanked(status: InferencePoolStatus) -> InferencePoolStatus:
-    rows = [row.model_copy(update=_BLANK_ROW) for row in status.endpoints]
-    return status.model_copy(update={"endpoints": rows, "pod_memory": None})
+    """The decisions of a stored form: every pod's row (a large pool's aggregated pods from its compact memory,
+    whose weights are decisions too) with the observation fields blanked."""
+    rows = [row.model_copy(update=_BLANK_ROW) for _, row in sorted(remembered(status).items())]
+    return status.model_copy(update={"endpoints": rows, "pod_memory": None, "endpoint_summary": None})
 
 
 def _change(a: InferencePoolStatus | None, b: InferencePoolStatus) -> str:
