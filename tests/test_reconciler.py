@@ -213,6 +213,32 @@ def test_a_large_pools_stored_weights_are_the_published_ones_after_every_pass():
     assert moved > 3  # the weights did move under the noise
 
 
+def test_weights_that_change_at_consecutive_passes_are_stored_at_each():
+    """The second of two weight-changing passes in a row says the same in its conditions as the first
+    ("1 written this pass"): its weights alone make it a decision."""
+
+    class Swinging(FakeProm):
+        def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+            slow = PodSignals(ttft_seconds=self.ttft, kv_cache_usage=0.2, queue_length=0, running_requests=1)
+            fast = slow.model_copy(update={"ttft_seconds": 0.05})
+            return SignalSnapshot(collected_at=now, pods={p: slow if p == "a" else fast for p in pods})
+
+    loop = Loop(scoring={"policy": "cube"})
+    loop.reconciler.signals = prom = Swinging()
+    changed = 0
+    before: dict[str, int] = {}
+    for n in range(8):
+        prom.ttft = (0.05, 0.1)[n % 2]  # pod a's weight swings at every pass
+        loop.run(n * 5)
+        entry = loop.cluster.objects[("llm", "ServiceEntry", "sluice-llama")]
+        published = {e["address"]: int(e["weight"]) for e in entry["spec"]["endpoints"]}
+        stored = {row["ip"]: row["weight"] for row in loop.status["endpoints"]}
+        assert stored == published, n
+        changed += published != before
+        before = published
+    assert changed == 8
+
+
 def test_a_status_write_that_fails_leaves_the_next_pass_on_the_last_status_kept():
     loop = Loop()
     loop.run(0)
