@@ -161,7 +161,8 @@ def test_the_plugin_shows_the_shadow_and_skip_step_ends_it_after_a_passing_check
     wide = stack.kubectl("get", "slp", "llama", "-n", stack.namespace, "-o", "wide").stdout
     assert "MIRROR" in wide.splitlines()[0]
     assert "Shadow" in wide.splitlines()[1]
-    wait_until(lambda: mirrored_pass(canary(stack)), 60, "a passing shadow check over a window of mirrored traffic")
+    # 120 s: under a loaded full run a passing check over a window of mirrored traffic once took over 60 s
+    wait_until(lambda: mirrored_pass(canary(stack)), 120, "a passing shadow check over a window of mirrored traffic")
     skipped = kubectl_sluice(stack, "skip-step", "llama", "-n", stack.namespace)
     assert skipped.returncode == 0, skipped.stderr
     assert "shadow ended, to the first live step (10%) now" in skipped.stdout
