@@ -171,7 +171,11 @@ class FakePrometheus:
                 auth = self.headers.get("Authorization", "")
                 fake.seen.append(Asked(query, auth, time.monotonic(), self.command))
                 status, body = fake.answer(query)
-                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                # as Prometheus writes it: no spaces, UTF-8 as is
+                if isinstance(body, bytes):
+                    data = body
+                else:
+                    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

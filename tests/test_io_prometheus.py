@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 import re
 import tempfile
 import time
@@ -14,11 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sluice.core.observed import SignalSnapshot
 from sluice.devstack import apitls
 from sluice.io import prometheus as prometheus_io
-from sluice.io.prometheus import PromAuth, PromIO, parse_value, pod_values, to_snapshot
+from sluice.io.prometheus import (
+    PromAuth,
+    PromIO,
+    parse_value,
+    plain_vector_values,
+    pod_values,
+    to_snapshot,
+    vector_values,
+)
 from tests.helpers import T0, FakePrometheus, spec, vector
 
 SAMPLE_TIME = T0.timestamp() - 42.5  # the pod's newest sample, as `timestamp()` reports it
@@ -592,3 +603,69 @@ def test_a_query_slower_than_half_its_timeout_is_logged_with_its_size(caplog: py
             io.close()
     slow = [r.getMessage() for r in caplog.records if "Prometheus query for 1 pods by name took" in r.getMessage()]
     assert len(slow) == 8
+
+
+# ------------------------------------------------------------------------------------- answers read as text
+
+_LABEL_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_SAMPLE = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False).map(repr), st.sampled_from(["NaN", "+Inf", "-Inf", "1e-05", "x"])
+)
+_SERIES = st.fixed_dictionaries(
+    {"metric": st.dictionaries(st.sampled_from(["pod", "namespace", "le", "__name__"]), _LABEL_TEXT, max_size=3)},
+).flatmap(
+    lambda head: st.builds(lambda sample, at: {**head, "value": [at, sample]}, _SAMPLE, st.floats(0, 2e9).map(round))
+)
+
+
+def _prometheus_json(answer: dict[str, Any]) -> bytes:
+    """As Prometheus' API writes it: no spaces, UTF-8 as is."""
+    return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_SERIES, max_size=6))
+def test_an_answer_read_as_text_reads_what_the_json_decoder_reads(series: list[dict[str, Any]]) -> None:
+    """Whatever the labels hold (quotes, backslashes, other labels, non-ASCII) and whatever the values (NaN,
+    infinities, junk), the text reading gives the values `pod_values` gives from the decoded JSON."""
+    assert vector_values(_prometheus_json(vector(series)), "pod") == pod_values(series, "pod")
+
+
+def test_an_answer_aggregated_by_pod_is_read_without_the_json_decoder() -> None:
+    series = [{"metric": {"pod": f"p{i}"}, "value": [1764636000.123, str(i / 10)]} for i in range(50)]
+    series += [
+        {"metric": {"pod": "nan"}, "value": [1764636000.123, "NaN"]},
+        {"metric": {"pod": "p3"}, "value": [1, "9"]},
+    ]
+    text = _prometheus_json(vector(series)).decode()
+    plain = plain_vector_values(text, "pod")
+    assert plain is not None
+    assert plain == pod_values(series, "pod")
+    assert plain["p3"] == 9.0  # the last series of a pod counts
+    assert "nan" not in plain  # NaN is missing
+    assert plain_vector_values(text, "kubernetes_pod") is None  # another pod label: not this shape
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: t.replace('"pod":"p1"', '"namespace":"x","pod":"p1"'),  # one series with another label
+        lambda t: t.replace('"pod":"p1"', '"pod":"p\\"1"'),  # an escape
+        lambda t: t[:-1] + ',"warnings":["partial"]}',  # warnings after the data
+        lambda t: t.replace('"resultType":"vector"', '"resultType":"matrix"'),
+    ],
+)
+def test_an_answer_of_another_shape_goes_through_the_json_decoder(change: Callable[[str], str]) -> None:
+    series = [{"metric": {"pod": f"p{i}"}, "value": [1, str(i)]} for i in range(3)]
+    text = change(_prometheus_json(vector(series)).decode())
+    assert plain_vector_values(text, "pod") is None
+    result = json.loads(text)["data"]["result"]
+    assert vector_values(text.encode(), "pod") == pod_values(result, "pod")
+
+
+def test_a_cut_answer_is_an_error_not_the_series_before_the_cut() -> None:
+    series = [{"metric": {"pod": f"p{i}"}, "value": [1, str(i)]} for i in range(3)]
+    text = _prometheus_json(vector(series)).decode()
+    cut = text[: text.index('{"metric":{"pod":"p2"}') - 1]  # ends after p1's series
+    with pytest.raises(json.JSONDecodeError):
+        vector_values(cut.encode(), "pod")

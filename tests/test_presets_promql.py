@@ -9,9 +9,11 @@ Three pods per engine: `ok` (TTFT 50 ms, no failure series at all), `bad` (TTFT 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,8 +22,9 @@ from typing import Any
 import pytest
 
 from sluice.core.observed import SignalSnapshot
+from sluice.core.presets import build_queries
 from sluice.devstack.stack import free_port
-from sluice.io.prometheus import PromAuth, PromIO
+from sluice.io.prometheus import PromAuth, PromIO, plain_vector_values, pod_values
 from tests.helpers import spec
 
 pytestmark = [
@@ -301,3 +304,21 @@ def test_a_scoped_read_asks_real_prometheus_for_its_pods_by_name(prometheus: str
     for pod in ("ok", "bad"):
         for field, value in EXPECTED["vllm"][pod].items():
             assert getattr(snapshot.pods[pod], field) == pytest.approx(value, rel=0.02, abs=1e-6), (pod, field)
+
+
+@pytest.mark.parametrize("engine", sorted(EXPECTED))
+def test_real_prometheus_answers_to_every_preset_take_the_plain_reading(prometheus: str, engine: str) -> None:
+    """The operator reads answers aggregated by pod without `json.loads` (`plain_vector_values`): it must apply to
+    what this Prometheus really writes for every preset query (else the saving is gone unseen) and read the same
+    values as the JSON decoder (else a pass reads numbers Prometheus did not answer)."""
+    pool = spec(engine=engine, metrics={"prometheusUrl": prometheus, "window": "1m", "extraLabels": {"engine": engine}})
+    plan = build_queries(pool, NAMESPACE, list(PODS), namespace_wide=True)
+    texts = [*plan.queries.values(), *([plan.freshness] if plan.freshness else [])]
+    for text in texts:
+        form = urllib.parse.urlencode({"query": text}).encode()
+        with urllib.request.urlopen(f"{prometheus}/api/v1/query", data=form, timeout=10) as answer:
+            body = answer.read().decode()
+        plain = plain_vector_values(body, "pod")
+        assert plain is not None, (engine, text, body[:200])
+        assert plain == pod_values(json.loads(body)["data"]["result"], "pod"), (engine, text)
+        assert plain, (engine, text, "an answer with no series reads nothing either way: not a comparison")

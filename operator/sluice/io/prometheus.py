@@ -1,4 +1,5 @@
-"""Prometheus I/O: run a pool's preset queries with prometheus-api-client and turn the answers into signals.
+"""Prometheus I/O: run a pool's preset queries over prometheus-api-client's session (its retrying adapter, the
+request its `custom_query` makes, the answer read by `vector_values`) and turn the answers into signals.
 
 One namespace-wide vector query per signal (built by `sluice.core.presets`), shared by every pool of the namespace
 that renders the same query within its interval and split by pod here (see `PromIO`), run concurrently with the
@@ -11,9 +12,10 @@ Called by the reconciler, in a worker thread (the client is blocking).
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 import heapq
 import itertools
+import json
 import logging
 import math
 import re
@@ -102,6 +104,50 @@ def pod_values(series: list[dict[str, Any]] | None, pod_label: str) -> dict[str,
         value = parse_value(item.get("value"))
         if pod is not None and value is not None:
             out[str(pod)] = value
+    return out
+
+
+VECTOR_HEAD = '{"status":"success","data":{"resultType":"vector","result":['
+"""How Prometheus' query API begins a successful instant-vector answer (its encoder writes the fields in this
+order and nothing between them)."""
+
+
+@functools.cache
+def _series_pattern(pod_label: str) -> re.Pattern[str]:
+    """One series of an answer aggregated by `pod_label` alone, as Prometheus writes it (no escapes)."""
+    label = re.escape(json.dumps(pod_label))
+    return re.compile(r'\{"metric":\{' + label + r':"([^"\\]*)"\},"value":\[[^,\]]*,"([^"\\]*)"\]\}')
+
+
+def vector_values(body: bytes, pod_label: str) -> dict[str, float]:
+    """Pod -> value from a query answer's JSON body: `pod_values` of its result. Pure.
+
+    An answer aggregated by the pod label alone (every preset's) is read by `plain_vector_values`; anything else
+    (more labels, another result type, an escape, warnings) goes through `json.loads` and `pod_values`. Both
+    read the same values; a 16,000-pod answer costs ~10 ms instead of ~30 ms, the largest share of a 1000-pool
+    operator's CPU.
+    """
+    text = body.decode("utf-8")
+    plain = plain_vector_values(text, pod_label)
+    if plain is not None:
+        return plain
+    result = json.loads(text)["data"]["result"]
+    return pod_values(result if isinstance(result, list) else [], pod_label)
+
+
+def plain_vector_values(text: str, pod_label: str) -> dict[str, float] | None:
+    """`vector_values` of an answer as Prometheus writes one aggregated by the pod label alone, read with one
+    regular expression; None unless it found every series of a whole answer and nothing in it is escaped. Pure."""
+    if not (text.startswith(VECTOR_HEAD) and text.endswith("]}}")) or "\\" in text:
+        return None
+    found = _series_pattern(pod_label).findall(text)
+    if len(found) != text.count('{"metric":'):
+        return None
+    out: dict[str, float] = {}
+    for pod, sample in found:
+        value = parse_value((None, sample))
+        if value is not None:
+            out[pod] = value
     return out
 
 
@@ -224,8 +270,8 @@ class _Backoff:
     retry_at: float
 
 
-Fetch = Callable[[frozenset[str] | None], list[dict[str, Any]]]
-"""Asks one query: for the given pods (scoped), or namespace-wide (None)."""
+Fetch = Callable[[frozenset[str] | None], dict[str, float]]
+"""Asks one query: for the given pods (scoped), or namespace-wide (None); its answer split by pod."""
 
 
 @dataclass
@@ -233,7 +279,6 @@ class _Wanted:
     """A query some pass read: how to ask it again, and when it was last read."""
 
     fetch: Fetch
-    label: str
     ttl: float
     """The shortest interval among the pools that read it recently (`readers`)."""
     readers: dict[float, float]
@@ -274,20 +319,27 @@ POST_OVER = 2048
 kilobytes, past what proxies in front of Prometheus take in a URL."""
 
 
-def _post_query(client: PrometheusConnect, query: str, timeout: str, headers: dict[str, str] | None) -> list[Any]:
-    """`custom_query` as a POST form, over the client's session (its retrying adapter, TLS settings, timeout)."""
+def _ask_prometheus(client: PrometheusConnect, query: str, timeout: str, headers: dict[str, str] | None) -> bytes:
+    """The request `custom_query` makes, over the client's session (its retrying adapter, TLS settings and
+    timeout), returning the answer's body undecoded for `vector_values` (`custom_query` decodes it with
+    `response.json()`, three times the cost); a long query as a POST form, which the query API takes as it takes
+    a GET."""
     session = client._session
-    response = session.post(
-        f"{client.url}/api/v1/query",
-        data={"query": query, "timeout": timeout},
+    url, form = f"{client.url}/api/v1/query", {"query": query, "timeout": timeout}
+    long = len(query) > POST_OVER
+    response = session.request(
+        "POST" if long else "GET",
+        url,
+        params=None if long else form,
+        data=form if long else None,
         headers=headers,
         timeout=client._timeout,
         verify=session.verify,
+        cert=session.cert,
     )
     if response.status_code != 200:
         raise PrometheusApiClientException(f"HTTP Status Code {response.status_code} ({response.content!r})")
-    result = response.json()["data"]["result"]
-    return list(result) if isinstance(result, list) else []
+    return bytes(response.content)
 
 
 def _close_session(session: requests.Session) -> None:
@@ -436,22 +488,16 @@ class PromIO:
             transport.busy -= 1
             transport.used_at = time.monotonic()
 
-    def _query(self, key: TransportKey, token: str | None, query: str) -> list[dict[str, Any]]:
-        """One query over the session for `key`, with `token` as its bearer token; a long one (the pods of a
-        replica's pools by name) as a POST form, which Prometheus' query API takes as it takes a GET."""
+    def _query(self, key: TransportKey, token: str | None, query: str, pod_label: str) -> dict[str, float]:
+        """One query over the session for `key`, with `token` as its bearer token (sent with the request, never
+        kept in the shared session), its answer split by pod."""
         transport = self._acquire(key)
         headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
-            if len(query) > POST_OVER:
-                return _post_query(transport.client, query, f"{key[3]:g}s", headers)
-            # The library sends `headers` with each request: a shallow copy per query carries this query's token
-            # over the shared session (and its mounted retrying adapter), so no token is kept in the session.
-            client = copy.copy(transport.client)
-            client.headers = headers
-            result = client.custom_query(query, params={"timeout": f"{key[3]:g}s"})
+            body = _ask_prometheus(transport.client, query, f"{key[3]:g}s", headers)
         finally:
             self._release(transport)
-        return list(result) if isinstance(result, list) else []
+        return vector_values(body, pod_label)
 
     def _ca_file(self, pem: str) -> str:
         """The temporary file holding `pem`, written once per bundle (the lock is held)."""
@@ -480,7 +526,6 @@ class PromIO:
         stale_after: float,
         now: datetime,
         fetch: Fetch,
-        label: str,
         pods: frozenset[str] | None = None,
         namespace: str = "",
     ) -> _Answer:
@@ -509,7 +554,7 @@ class PromIO:
                 # the same dict, updated in place: pruned when the query is sent (`_Wanted.prune`)
                 scope = wanted.scope if wanted is not None and wanted.scope is not None else {}
                 scope[pods] = (at, ttl)
-            self._wanted[key] = _Wanted(fetch, label, min(readers), readers, now, at, before, scope, namespace)
+            self._wanted[key] = _Wanted(fetch, min(readers), readers, now, at, before, scope, namespace)
             if wanted is None:
                 self._schedule(key, self._due_at(key, at))
             answer = self._answers.get(key)
@@ -557,7 +602,7 @@ class PromIO:
         self._pending[key] = answer
         self._sent_at[key] = at
         self.queries_sent += 1
-        self._pool.submit(self._fetch, key, answer, wanted.fetch, answer.covers, wanted.label, wanted.ttl)
+        self._pool.submit(self._fetch, key, answer, wanted.fetch, answer.covers, wanted.ttl)
 
     def _owned_pods(self, namespace: str, at: float) -> frozenset[str]:
         """The pods of the pools this process runs in `namespace`, asked at most once a second (the eight queries
@@ -662,11 +707,10 @@ class PromIO:
         answer: _Answer,
         fetch: Fetch,
         pods: frozenset[str] | None,
-        label: str,
         ttl: float,
     ) -> None:
         try:
-            values = pod_values(fetch(pods), label)
+            values = fetch(pods)
             answer.took = time.monotonic() - answer.monotonic
             answer.done.set_result(values)
         except BaseException as failure:  # handed to every pass that waits for it
@@ -738,11 +782,11 @@ class PromIO:
         pods = frozenset(pod_names) if self.scoped else None
 
         def runner(signal: str, query: str) -> Fetch:
-            def fetch(scope: frozenset[str] | None) -> list[dict[str, Any]]:
+            def fetch(scope: frozenset[str] | None) -> dict[str, float]:
                 if scope is not None:  # the same query, for the pods of the pools that read it
                     scoped = self._scoped_queries(spec, namespace, scope)
-                    return self._query(transport, auth.bearer_token, scoped.get(signal) or query)
-                return self._query(transport, auth.bearer_token, query)
+                    return self._query(transport, auth.bearer_token, scoped.get(signal) or query, metrics.pod_label)
+                return self._query(transport, auth.bearer_token, query, metrics.pod_label)
 
             return fetch
 
@@ -762,7 +806,6 @@ class PromIO:
                 metrics.stale_after,
                 now,
                 runner(signal, query),
-                metrics.pod_label,
                 scope[signal],
                 namespace,
             )
@@ -803,8 +846,10 @@ __all__ = [
     "PromIO",
     "describe_failure",
     "parse_value",
+    "plain_vector_values",
     "pod_values",
     "sample_times",
     "to_snapshot",
     "values_snapshot",
+    "vector_values",
 ]
