@@ -84,10 +84,44 @@ def test_a_pass_publishes_the_objects_and_writes_the_status_once():
     assert report.status_written
     again = loop.run(5)
     assert {w.action for w in again.writes} == {"unchanged"}
-    assert again.status_written  # IstioSynced no longer says "3 written this pass"
-    third = loop.run(10)
-    assert not third.status_written  # nothing changed: no status write
-    assert len(loop.cluster.statuses) == 2
+    assert not again.status_written  # nothing changed: no status write
+    assert not loop.run(10).status_written
+    assert len(loop.cluster.statuses) == 1
+
+
+def test_the_pass_after_a_weight_change_writes_no_status_when_it_changes_nothing():
+    """The status says what is in sync, not what each pass wrote: when a pod's weight changes, that pass writes
+    the status and the ServiceEntry; the next pass, with the same weights, writes neither (IstioSynced said
+    "1 written this pass" at the first and not at the second, so each weight change cost two status writes)."""
+
+    class Slowing(FakeProm):
+        def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+            fast = PodSignals(ttft_seconds=0.05, kv_cache_usage=0.2, queue_length=0, running_requests=1)
+            slow = fast.model_copy(update={"ttft_seconds": self.ttft})
+            return SignalSnapshot(collected_at=now, pods={p: slow if p == "a" else fast for p in pods})
+
+    loop = Loop(scoring={"policy": "cube"})
+    loop.reconciler.signals = prom = Slowing()
+
+    def published() -> dict[str, int]:
+        entry = loop.cluster.objects[("llm", "ServiceEntry", "sluice-llama")]
+        return {e["address"]: int(e["weight"]) for e in entry["spec"]["endpoints"]}
+
+    loop.run(0)
+    loop.run(5)
+    before, changed = published(), False
+    prom.ttft = 0.1  # pod a slows down, and stays slow
+    followed = 0
+    for n in range(2, 12):
+        report = loop.run(n * 5)
+        now = published()
+        if now != before:
+            assert report.status_written, n
+        elif changed:  # the pass right after a weight change, with the same weights
+            assert not report.status_written, n
+            followed += 1
+        before, changed = now, now != before
+    assert followed >= 1
 
 
 def test_an_unchanged_status_is_still_written_as_a_heartbeat_after_a_minute():
@@ -101,7 +135,7 @@ def test_an_unchanged_status_is_still_written_as_a_heartbeat_after_a_minute():
 def test_a_status_whose_observations_alone_moved_is_written_once_the_stored_one_is_the_refresh_old():
     loop = Loop()
     loop.run(0)
-    loop.run(5)  # IstioSynced no longer says "3 written this pass": stored at 5 s
+    loop.run(5)  # stored at 0 s: nothing changed
     loop.prom.ttft = 0.06  # both pods alike: the weights stay, the signals and scores move
     deferred = loop.run(10)
     assert not deferred.status_written
@@ -111,11 +145,11 @@ def test_a_status_whose_observations_alone_moved_is_written_once_the_stored_one_
     assert deferred.status.endpoints[0].signals.ttft_seconds == 0.06
     assert loop.status is not None
     assert loop.status["endpoints"][0]["signals"]["ttftSeconds"] == 0.05
-    assert not loop.run(30).status_written  # 25 s since the stored status
-    written = loop.run(35)  # 30 s: the stored status is the refresh old
+    assert not loop.run(25).status_written  # 25 s since the stored status
+    written = loop.run(30)  # 30 s: the stored status is the refresh old
     assert written.status_written
     assert loop.status["endpoints"][0]["signals"]["ttftSeconds"] == 0.06
-    assert loop.status["lastReconcileTime"] == at(35).isoformat().replace("+00:00", "Z")
+    assert loop.status["lastReconcileTime"] == at(30).isoformat().replace("+00:00", "Z")
 
 
 def test_a_decision_is_written_at_the_pass_that_makes_it_whatever_the_refresh():
@@ -214,8 +248,8 @@ def test_a_large_pools_stored_weights_are_the_published_ones_after_every_pass():
 
 
 def test_weights_that_change_at_consecutive_passes_are_stored_at_each():
-    """The second of two weight-changing passes in a row says the same in its conditions as the first
-    ("1 written this pass"): its weights alone make it a decision."""
+    """The second of two weight-changing passes in a row says the same in its conditions as the first: its
+    weights alone make it a decision."""
 
     class Swinging(FakeProm):
         def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
@@ -244,12 +278,12 @@ def test_a_status_write_that_fails_leaves_the_next_pass_on_the_last_status_kept(
     loop.run(0)
     kept = loop.reconciler.written_at("u1")
     loop.cluster.failures["write_status"] = ClusterError(500, "etcd unavailable")
-    report = loop.run(5)
+    report = loop.run(61)  # the heartbeat is due
     assert not report.status_written
     assert not report.status_kept
     assert loop.reconciler.written_at("u1") == kept
     del loop.cluster.failures["write_status"]
-    assert loop.run(10).status_written
+    assert loop.run(66).status_written
 
 
 def test_service_entry_endpoints_carry_the_pods_service_account():

@@ -158,14 +158,15 @@ def split_forced(canary: CanaryStatus) -> Want:
     return Want("SplitForced", "False", "AsPlanned", f"the published split is the step's ({canary.weight}% candidate)")
 
 
-def istio_synced(refused: list[str], failed: list[str], written: int, total: int) -> Want:
+def istio_synced(refused: list[str], failed: list[str], total: int) -> Want:
+    """Whether the mesh has what the pass rendered. What was written when is not in the message (it would change
+    the condition, and so the status, at the pass after every write): `sluice_istio_writes_total` counts it."""
     if refused:
         message = "; ".join(refused) + " (set spec.routing.adoptExisting to take it over)"
         return Want("IstioSynced", "False", "ObjectNotManaged", message)
     if failed:
         return Want("IstioSynced", "False", "WriteFailed", "; ".join(failed))
-    message = f"{total} objects in sync" + (f", {written} written this pass" if written else "")
-    return Want("IstioSynced", "True", "Synced", message)
+    return Want("IstioSynced", "True", "Synced", f"{total} objects in sync")
 
 
 NOTHING_TO_PUBLISH = Want(

@@ -226,8 +226,7 @@ class Reconciler:
         keys = frozenset(ObjectKey(obj["kind"], obj["metadata"]["name"]) for obj in desired)
         if not failed:
             failed += self._prune(report, ref, keys)
-        written = sum(1 for w in report.writes if w.action in ("created", "updated", "pruned", "restored"))
-        return conditions.istio_synced(refused, failed, written, len(desired))
+        return conditions.istio_synced(refused, failed, len(desired))
 
     def _prune(self, report: PassReport, ref: PoolRef, keys: frozenset[ObjectKey]) -> list[str]:
         """Release what the pool owns and no longer renders; list the cluster only when the rendered set changed."""
