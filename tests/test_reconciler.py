@@ -12,6 +12,7 @@ from sluice.api.snapshot import parse_snapshot
 from sluice.core.observed import ObservedPod, PodSignals, SignalSnapshot
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import ClusterError
+from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.reconciler import Reconciler
 from tests.helpers import T0, at
 
@@ -566,3 +567,22 @@ def test_a_fresh_error_rate_zeroes_a_pod_though_another_signal_is_served_from_an
         loop.run(n * 5)
     row = next(r for r in loop.reconciler._last_written["u1"].endpoints if r.pod == "a")
     assert row.state == "Zeroed"  # at 10 s, on the first new error-rate answer of 50 %
+
+
+def test_the_status_writes_metric_says_written_deferred_skipped_and_failed_apart():
+    """Each pass's status is counted as what became of it: a failed write is not "skipped" (nothing changed),
+    nor is a deferred one."""
+    metrics = OperatorMetrics()
+
+    def counted(result: str) -> float:
+        got = metrics.registry.get_sample_value("sluice_status_writes_total", {"pool": "llm/llama", "result": result})
+        return got or 0.0
+
+    loop = Loop()
+    metrics.record(loop.run(0))  # written
+    metrics.record(loop.run(5))  # nothing changed
+    loop.prom.ttft = 0.06
+    metrics.record(loop.run(10))  # observations only: deferred
+    loop.cluster.failures["write_status"] = ClusterError(500, "etcd unavailable")
+    metrics.record(loop.run(30))  # the refresh is due, the write fails
+    assert (counted("written"), counted("skipped"), counted("deferred"), counted("failed")) == (1, 1, 1, 1)

@@ -19,7 +19,8 @@ Series (labelled by `pool` = namespace/name unless marked operator-wide; see doc
 | `sluice_canary_phase{phase}` | gauge | 1 for the current phase |
 | `sluice_istio_writes_total{kind,action}` | counter | Istio writes: created, updated, unchanged (skipped), |
 | | | refused, pruned, restored |
-| `sluice_status_writes_total{result}` | counter | status writes: `written`, `skipped` (nothing changed) |
+| `sluice_status_writes_total{result}` | counter | per pass: `written`, `skipped` (nothing changed), `deferred` |
+| | | (only observations moved, the refresh not due), `failed` |
 | `sluice_events_total{reason}` | counter | Kubernetes Events emitted |
 | `sluice_gc_pause_seconds_total{generation}` | counter | operator-wide: time Python's garbage collector held |
 | | | the process, per generation (`sluice_gc_collections_total` counts them) |
@@ -87,6 +88,15 @@ class GcPauses(Collector):
             count.add_metric([str(generation)], self.collections[generation])
         yield seconds
         yield count
+
+
+def _status_result(report: PassReport) -> str:
+    """What became of the pass's status (`sluice_status_writes_total{result}`)."""
+    if report.status_written:
+        return "written"
+    if report.status_failed:
+        return "failed"
+    return "deferred" if report.status_deferred else "skipped"
 
 
 class OperatorMetrics:
@@ -163,7 +173,7 @@ class OperatorMetrics:
             self.query_errors.labels(pool, signal).inc()
         for write in report.writes:
             self.istio_writes.labels(pool, write.kind, write.action).inc()
-        self.status_writes.labels(pool, "written" if report.status_written else "skipped").inc()
+        self.status_writes.labels(pool, _status_result(report)).inc()
         for event in report.events:
             self.events.labels(pool, event.reason).inc()
         if report.status is not None:

@@ -268,6 +268,7 @@ class Reconciler:
                 self.cluster.write_status(meta.namespace, meta.name, _wire(status))
             except ClusterError as failure:
                 log.warning("could not write the status of %s: %s", snapshot.key, failure)
+                report.status_failed = True
             else:
                 self._last_written[uid] = status
                 report.status_written = True

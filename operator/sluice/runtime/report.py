@@ -26,6 +26,8 @@ class PassReport:
     """Only observations changed and the stored status is younger than the refresh: written later."""
     status_kept: bool = False
     """The next pass builds on this pass's status (written, or not due); False when the write failed."""
+    status_failed: bool = False
+    """The status was due and its write failed."""
     seconds: float = 0.0
     result: PassResult = "ok"
     prometheus_seconds: float | None = None
