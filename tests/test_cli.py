@@ -197,3 +197,33 @@ def test_the_operator_refuses_bad_shard_settings_before_starting(argv, message, 
 
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _log_lines(level: str, json_logs: bool = False) -> list[str]:
+    """What a fresh operator process prints for one info and one warning line of sluice's at `level`."""
+    script = (
+        "import logging\n"
+        "from sluice.cli import configure_logging\n"
+        f"configure_logging({level!r}, {json_logs!r})\n"
+        "logging.getLogger('sluice').info('an info line')\n"
+        "logging.getLogger('sluice').warning('a warning line')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True, cwd=ROOT
+    )
+    return [line for line in (done.stdout + done.stderr).splitlines() if " line" in line]
+
+
+@pytest.mark.parametrize(("level", "shown"), [("info", ["an info", "a warning"]), ("warning", ["a warning"])])
+def test_the_operator_logs_each_line_once_at_the_level_asked(level: str, shown: list[str]) -> None:
+    """`--log-level warning` leaves info out (kopf's own set-up put the root logger back at INFO), and each line
+    is printed once (a second handler printed every line again in another format)."""
+    lines = _log_lines(level)
+    assert [text for text in ("an info", "a warning") if any(text in line for line in lines)] == shown
+    assert len(lines) == len(shown), lines
+
+
+def test_json_logs_are_json_lines_only() -> None:
+    lines = _log_lines("info", json_logs=True)
+    assert len(lines) == 2, lines
+    assert [json.loads(line)["message"] for line in lines] == ["an info line", "a warning line"]

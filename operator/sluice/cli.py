@@ -179,6 +179,22 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
     )
 
 
+def configure_logging(level: str, json_logs: bool = False) -> None:
+    """One handler on the root logger (kopf's: its text or JSON format, with the object a handler logs about),
+    at `level` for every logger. `kopf.configure` sets the root level itself (INFO unless debug or quiet), so
+    the level is set after it."""
+    import logging  # noqa: PLC0415 - the offline commands need none of this
+
+    import kopf  # noqa: PLC0415
+
+    kopf.configure(
+        verbose=level == "debug",
+        quiet=level in ("warning", "error"),
+        log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL,
+    )
+    logging.getLogger().setLevel(getattr(logging, level.upper()))
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) in this process until interrupted."""
     config = operator_config(args)
@@ -189,18 +205,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if config.kubeconfig:
         # kopf logs in on its own, from $KUBECONFIG; the operator's own client is given the file explicitly.
         os.environ["KUBECONFIG"] = config.kubeconfig
-    import logging  # noqa: PLC0415 - the offline commands need none of this
-
-    import kopf  # noqa: PLC0415
+    import kopf  # noqa: PLC0415 - the offline commands need none of this
 
     from sluice.runtime.handlers import Runtime  # noqa: PLC0415 - importing registers the handlers
 
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    kopf.configure(
-        verbose=args.log_level == "debug", log_format=kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
-    )
+    configure_logging(args.log_level, args.json_logs)
     common: dict[str, Any] = {
         "clusterwide": not config.namespaces,
         "namespaces": list(config.namespaces),

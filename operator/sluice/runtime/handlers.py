@@ -209,8 +209,13 @@ async def pool_loop(
                 wall = time.time() - (time.monotonic() - started)
                 metrics.timing(report.pool, started - due, started - submitted, interval, wall)
                 written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
-                log.info(
-                    "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
+                # a pass that changed the mesh at info; every pass at debug (1000 pools: 200 lines a second)
+                log.log(
+                    logging.INFO if written else logging.DEBUG,
+                    "pass %s in %.0f ms%s",
+                    report.pool,
+                    report.seconds * 1000,
+                    f" wrote {written}" if written else "",
                 )
             due = submitted + interval  # the next pass is due one interval after this one began
             await asyncio.sleep(MIN_GAP)  # however late, and a wake-up before `due` is early, never late
