@@ -94,3 +94,41 @@ def test_per_pod_series_can_be_left_out() -> None:
     metrics.record(report([{"pod": "a", "weight": 5, "state": "Routable"}]))
     assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="a", revision="") is None
     assert value(metrics, "sluice_endpoints", pool="llm/llama", state="Routable") == 1
+
+
+def test_a_pass_like_the_last_sets_nothing_new_and_the_next_change_shows() -> None:
+    metrics = OperatorMetrics()
+    steady = [{"pod": "a", "weight": 5, "state": "Routable"}, {"pod": "b", "weight": 7, "state": "Routable"}]
+    metrics.record(report(steady))
+    metrics.record(report(steady))
+    assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="b", revision="") == 7
+    metrics.record(
+        report([{"pod": "a", "weight": 5, "state": "Routable"}, {"pod": "b", "weight": 0, "state": "Zeroed"}])
+    )
+    assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="b", revision="") == 0
+    assert value(metrics, "sluice_endpoints", pool="llm/llama", state="Zeroed") == 1
+    assert value(metrics, "sluice_endpoints", pool="llm/llama", state="Routable") == 1
+    metrics.record(report(steady))
+    assert value(metrics, "sluice_endpoints", pool="llm/llama", state="Zeroed") == 0
+
+
+def test_a_pool_forgotten_leaves_no_gauge_behind() -> None:
+    """A deleted pool's gauges go (its pod weights went before; its state counts, canary and freshness stayed
+    on the page for as long as the process ran)."""
+    metrics = OperatorMetrics()
+    metrics.record(report([{"pod": "a", "weight": 5, "state": "Routable"}]))
+    metrics.timing("llm/llama", 0.1, 0.0, 5.0, 1_800_000_000.0)
+    metrics.forget("llm/llama")
+    page = generate_latest(metrics.registry).decode()
+    gauges = (
+        "sluice_endpoint",
+        "sluice_canary",
+        "sluice_metrics_available",
+        "sluice_pass_lag_last",
+        "sluice_last_pass",
+    )
+    left = [line for line in page.splitlines() if 'pool="llm/llama"' in line and line.startswith(gauges)]
+    assert left == []
+    metrics.record(report([{"pod": "a", "weight": 5, "state": "Routable"}]))  # the same pool again: set anew
+    assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="a", revision="") == 5
+    assert value(metrics, "sluice_endpoints", pool="llm/llama", state="Routable") == 1
