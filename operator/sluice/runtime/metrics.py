@@ -235,7 +235,9 @@ class OperatorMetrics:
         self._recorded.pop(pool, None)
         self._behind.discard(pool)
         self.behind.set(len(self._behind))
-        labelled = [(gauge, (pool,)) for gauge in (self.lag_last, self.last_pass, self.metrics_available)]
+        labelled: list[tuple[Gauge, tuple[str, ...]]] = [
+            (gauge, (pool,)) for gauge in (self.lag_last, self.last_pass, self.metrics_available)
+        ]
         labelled += [(self.canary_weight, (pool,)), (self.canary_step, (pool,))]
         labelled += [(self.endpoints, (pool, state)) for state in STATES]
         labelled += [(self.canary_phase, (pool, phase)) for phase in PHASES]
