@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -58,11 +59,6 @@ OBSERVATIONS = frozenset(
 """A row's fields that move with every reading; a change of these alone waits for `status_refresh`."""
 
 
-def _wire(status: InferencePoolStatus) -> dict[str, Any]:
-    """The status as written: a large pool's rows aggregated (`sluice.core.compact`)."""
-    return stored_form(status).model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
 def _stamp(status: InferencePoolStatus) -> float:
     return status.last_reconcile_time.timestamp() if status.last_reconcile_time else 0.0
 
@@ -83,16 +79,41 @@ def _observations_blanked(status: InferencePoolStatus) -> InferencePoolStatus:
     return status.model_copy(update={"endpoints": rows, "pod_memory": None, "endpoint_summary": None})
 
 
-def _change(a: InferencePoolStatus | None, b: InferencePoolStatus) -> str:
+@dataclass
+class _Compared:
+    """A status in the form it is stored in, without its pass time, for `_change`; kept for the status last
+    written, which the next passes compare with (its stored form and decisions built once, not at every pass)."""
+
+    status: InferencePoolStatus
+    stored: InferencePoolStatus
+    decisions: InferencePoolStatus | None = None
+    """`_observations_blanked(stored)`, built when first needed."""
+
+    @classmethod
+    def of(cls, status: InferencePoolStatus, known: _Compared | None = None) -> _Compared:
+        if known is not None and known.status is status:
+            return known
+        return cls(status, stored_form(status.model_copy(update={"last_reconcile_time": None})))
+
+    def blanked(self) -> InferencePoolStatus:
+        if self.decisions is None:
+            self.decisions = _observations_blanked(self.stored)
+        return self.decisions
+
+    def wire(self) -> dict[str, Any]:
+        """The status as written, with its pass time: a large pool's rows aggregated (`sluice.core.compact`)."""
+        stamped = self.stored.model_copy(update={"last_reconcile_time": self.status.last_reconcile_time})
+        return stamped.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _change(a: _Compared | None, b: _Compared) -> str:
     """What writing `b` would change in what `a` stored (the pass time aside): "decisions", "observations" or
     "none"."""
     if a is None:
         return "decisions"
-    stored_a = stored_form(a.model_copy(update={"last_reconcile_time": None}))
-    stored_b = stored_form(b.model_copy(update={"last_reconcile_time": None}))
-    if stored_a == stored_b:
+    if a.stored == b.stored:
         return "none"
-    if _observations_blanked(stored_a) != _observations_blanked(stored_b):
+    if a.blanked() != b.blanked():
         return "decisions"
     return "observations"
 
@@ -104,6 +125,8 @@ class Reconciler:
         self.status_refresh = status_refresh
         self._last_written: dict[str, InferencePoolStatus] = {}
         """Pool uid -> the status this process stored last."""
+        self._compared: dict[str, _Compared] = {}
+        """Pool uid -> the stored status last compared with, in its stored form (`_Compared.of`)."""
         self._last_pass: dict[str, InferencePoolStatus] = {}
         """Pool uid -> the status of its last pass here whose status was stored or whose write was deferred (the
         memory the next pass builds on)."""
@@ -121,6 +144,7 @@ class Reconciler:
 
     def forget(self, uid: str) -> None:
         self._last_written.pop(uid, None)
+        self._compared.pop(uid, None)
         self._last_pass.pop(uid, None)
         self._rendered.pop(uid, None)
         self._read_at.pop(uid, None)
@@ -255,7 +279,11 @@ class Reconciler:
         report.events.extend(derive_events(previous, status))
         uid = meta.uid or ""
         stored = self._stored(uid, snapshot)
-        change = _change(stored, status)
+        before = None if stored is None else _Compared.of(stored, self._compared.get(uid))
+        if before is not None:
+            self._compared[uid] = before
+        after = _Compared.of(status)
+        change = _change(before, after)
         age = now - stored.last_reconcile_time if stored and stored.last_reconcile_time else None
         due = (
             age is None
@@ -265,12 +293,13 @@ class Reconciler:
         )
         if due:
             try:
-                self.cluster.write_status(meta.namespace, meta.name, _wire(status))
+                self.cluster.write_status(meta.namespace, meta.name, after.wire())
             except ClusterError as failure:
                 log.warning("could not write the status of %s: %s", snapshot.key, failure)
                 report.status_failed = True
             else:
                 self._last_written[uid] = status
+                self._compared[uid] = after
                 report.status_written = True
         else:
             report.status_deferred = change == "observations"
