@@ -344,3 +344,52 @@ def test_pool_deletion_writes_through_the_fence() -> None:
     with pytest.raises(ClusterError):
         asyncio.run(handlers.pool_deleted(name="llama", namespace="llm", memo=SimpleNamespace(runtime=runtime)))
     assert released == []
+
+
+def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None:
+    """Its last-pass time, lag and weights here would go stale: `time() - sluice_last_pass_timestamp_seconds`
+    would call a pool another replica runs behind, and `sluice_pools_behind` kept counting it."""
+    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, time.monotonic())
+    setter: FlagSetter[Any] = FlagSetter()
+    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    loops: list[asyncio.AbstractEventLoop] = []
+    seen: list[float | None] = []
+
+    def last_pass() -> float | None:
+        return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
+
+    class LosesItsShard(Reconciler):
+        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+            self.runs.append((time.monotonic(), True))
+            shards._lose(index, "taken over")
+            return PassReport(pool=snapshot.key)
+
+    reconciler = LosesItsShard(shards, lambda: loops[0].call_soon_threadsafe(setter.set))
+    runtime.reconciler = reconciler  # type: ignore[assignment]
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    runtime.shards = shards
+    memo = SimpleNamespace(runtime=runtime)
+    body = {**BODY, "spec": {**BODY["spec"], "interval": "1s"}}
+
+    async def watch() -> None:
+        while not reconciler.runs:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        seen.append(last_pass())  # the pass's time was recorded (the daemon had not seen the loss yet)...
+        await asyncio.sleep(1.5)
+        seen.append(last_pass())  # ...and is gone once it idles
+        setter.set()
+
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+        asyncio.get_running_loop().create_task(watch())
+        await handlers.pool_loop(
+            name="llama", namespace="llm", body=kopf.Body(body), memo=memo, stopped=AsyncFlagWaiter(setter)
+        )
+
+    asyncio.run(asyncio.wait_for(go(), timeout=15))
+    assert len(reconciler.runs) == 1
+    assert seen[0] is not None
+    assert seen[1] is None

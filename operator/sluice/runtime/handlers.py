@@ -172,6 +172,8 @@ async def pool_loop(
         while not stopped:
             term = None if shards is None else shards.pool_term(namespace or "default", name)
             if shards is not None and term is None:
+                if not idle:  # its freshness, lag and weights are the new owner's to say, not stale ones here
+                    metrics.forget(f"{namespace}/{name}")
                 idle = True  # another replica's shard (or none held yet): check again in a second
                 runtime.selectors.get(namespace, {}).pop(name, None)  # its pods are not asked for here
                 await asyncio.sleep(1.0)
