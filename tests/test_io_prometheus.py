@@ -669,3 +669,22 @@ def test_a_cut_answer_is_an_error_not_the_series_before_the_cut() -> None:
     cut = text[: text.index('{"metric":{"pod":"p2"}') - 1]  # ends after p1's series
     with pytest.raises(json.JSONDecodeError):
         vector_values(cut.encode(), "pod")
+
+
+def test_a_query_that_times_out_is_not_sent_again_at_once_and_reads_as_timed_out() -> None:
+    """Prometheus goes on evaluating a query whose client gave up (until its own timeout): sending it again at
+    once doubled the load where Prometheus was slowest, and the failure read "connection failed"."""
+    with FakePrometheus(_answer) as server:
+        server.delay = 1.6
+        io = PromIO()
+        try:
+            snapshot = io.read_signals(
+                spec(metrics={"prometheusUrl": server.url, "timeout": "1s"}), "llm", ["a"], PromAuth(), T0
+            )
+        finally:
+            io.close()
+        time.sleep(2.0)  # any retry would have reached the server by now
+        asked = [seen.query for seen in server.seen]
+    assert len(asked) == 8  # each query once
+    assert len(set(asked)) == 8
+    assert set(snapshot.failed.values()) == {"timed out"}

@@ -3,7 +3,8 @@ request its `custom_query` makes, the answer read by `vector_values`) and turn t
 
 One namespace-wide vector query per signal (built by `sluice.core.presets`), shared by every pool of the namespace
 that renders the same query within its interval and split by pod here (see `PromIO`), run concurrently with the
-pool's timeout, bearer token and CA bundle, and one retry on a dropped connection or a 502/503/504. Every
+pool's timeout, bearer token and CA bundle, and one retry on a dropped connection or a 502/503/504 (none after a
+timeout). Every
 failure is kept per signal (`SignalSnapshot.failed`), so the core freezes weights and the pool says why: a
 failed, slow or partial answer is never read as zero.
 Called by the reconciler, in a worker thread (the client is blocking).
@@ -27,12 +28,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from types import TracebackType
+from typing import Any, Self, cast
 
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.adapters import HTTPAdapter
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import ReadTimeoutError
+from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from sluice.api.v1alpha1 import InferencePoolSpec
@@ -355,6 +360,25 @@ def _close_session(session: requests.Session) -> None:
     session.close()
 
 
+class _Retry(Retry):
+    """One retry for a dropped keep-alive connection or a 502/503/504, none for a read timeout: Prometheus is
+    still evaluating the query that timed out (until its own `timeout`), and sending it again at once doubles
+    its load where it is slowest. The timeout is reported as such ("timed out"), not as a failed connection."""
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        if isinstance(error, ReadTimeoutError):
+            raise error
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
 @dataclass
 class _Transport:
     """One keep-alive session to a Prometheus, for every token: per (URL, CA bundle, TLS verification, timeout)."""
@@ -476,7 +500,7 @@ class PromIO:
                     session.verify = False
                 elif ca_pem:
                     session.verify = self._ca_file(ca_pem)
-                retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504), allowed_methods=None)
+                retry = _Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504), allowed_methods=None)
                 client = PrometheusConnect(url=url, session=session, timeout=max(1, math.ceil(timeout)), retry=retry)
                 transport = self._transports[key] = _Transport(client, ca_pem, 0.0)
             transport.busy += 1
