@@ -74,7 +74,7 @@ def test_queries_carry_the_bearer_token_and_answers_become_signals(prometheus: F
     assert "stranger" not in snapshot.pods  # not in the pool
     assert "b" not in snapshot.pods  # no samples: absent, not zero
     assert set(snapshot.failed) == {"requestRate"}  # the 503 is kept, per signal
-    assert snapshot.failed["requestRate"] == "gave up after a retry: too many 503 error responses"
+    assert snapshot.failed["requestRate"] == "HTTP Status Code 503 (b'overloaded')"  # not sent again at once
     assert snapshot.unsupported == ["loraFailureRate"]
     assert snapshot.freshness_known
     assert snapshot.sampled_at == {"a": datetime.fromtimestamp(SAMPLE_TIME, UTC)}  # from the sample, not the query
@@ -128,10 +128,10 @@ def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_it
         later = io.read_signals(spec(metrics={"prometheusUrl": prometheus.url}), "other", ["a"], PromAuth(), T0)
     finally:
         io.close()
-    assert sent == 8 + 1  # 7 signals + sample times (+ the 503's one retry), once for the three pools
-    assert len(prometheus.seen) == 18  # another namespace renders other queries
-    assert all('namespace="llm"' in seen.query and "pod=~" not in seen.query for seen in prometheus.seen[:9])
-    assert 'namespace="other"' in prometheus.seen[9].query
+    assert sent == 8  # 7 signals + sample times (a 503 is not sent again), once for the three pools
+    assert len(prometheus.seen) == 16  # another namespace renders other queries
+    assert all('namespace="llm"' in seen.query and "pod=~" not in seen.query for seen in prometheus.seen[:8])
+    assert 'namespace="other"' in prometheus.seen[8].query
     assert snapshots["p1"].pods["a"].queue_length == 3.0
     assert set(snapshots["p1"].pods) == {"a"}  # the namespace's other pods are not the pool's
     assert snapshots["p2"].pods["stranger"].queue_length == 9.0
@@ -147,12 +147,12 @@ def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(pro
     try:
         first = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         reused = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))
-        assert len(prometheus.seen) == 8 + 1  # shared, the 503 included (its one retry is the +1)
+        assert len(prometheus.seen) == 8  # shared, the 503 included (not sent again at once)
         assert reused.collected_at == first.collected_at == T0  # the time the shared answer was asked
         # Half an interval after it was asked, the refresher asks again without any pass (the failing query
         # waits out its backoff: one interval).
-        prometheus.wait_for(8 + 1 + 7, seconds=3)
-        assert len(prometheus.seen) == 8 + 1 + 7
+        prometheus.wait_for(8 + 7, seconds=3)
+        assert len(prometheus.seen) == 8 + 7
         time.sleep(0.1)
         later = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.4))
         assert T0 + timedelta(seconds=0.9) <= later.collected_at <= T0 + timedelta(seconds=1.4)
@@ -332,7 +332,7 @@ def test_a_rotated_token_keeps_one_connection_pool_and_one_ca_file_removed_on_cl
             auth = PromAuth(bearer_token=f"token-{n}", ca_pem=ca)
             snapshot = io.read_signals(pool, "llm", ["a"], auth, T0 + timedelta(seconds=n))
             assert snapshot.pods["a"].queue_length == 3.0  # TLS verified against the bundle, answered
-            assert len(server.seen) - begin == 8 + 1  # answers asked with another token are not shared
+            assert len(server.seen) - begin == 8  # answers asked with another token are not shared
             assert {asked.auth for asked in server.seen[begin:]} == {f"Bearer token-{n}"}
         connections, files = server.connections, [path.read_text() for path in ca_files.iterdir()]
     finally:
@@ -356,7 +356,7 @@ def test_pools_with_other_tokens_on_one_prometheus_each_send_their_own(prometheu
             list(both.map(passes, ["one", "two"]))
     finally:
         io.close()
-    assert len(prometheus.seen) == 2 * 10 * (8 + 1)
+    assert len(prometheus.seen) == 2 * 10 * 8
     for asked in prometheus.seen:
         namespace = "one" if 'namespace="one"' in asked.query else "two"
         assert asked.auth.startswith(f"Bearer {namespace}-"), (asked.auth, asked.query[:80])
@@ -675,7 +675,7 @@ def test_a_query_that_times_out_is_not_sent_again_at_once_and_reads_as_timed_out
     """Prometheus goes on evaluating a query whose client gave up (until its own timeout): sending it again at
     once doubled the load where Prometheus was slowest, and the failure read "connection failed"."""
     with FakePrometheus(_answer) as server:
-        server.delay = 1.6
+        server.delay = 2.6  # past the client's wait: the timeout and a second
         io = PromIO()
         try:
             snapshot = io.read_signals(
@@ -683,8 +683,42 @@ def test_a_query_that_times_out_is_not_sent_again_at_once_and_reads_as_timed_out
             )
         finally:
             io.close()
-        time.sleep(2.0)  # any retry would have reached the server by now
+        time.sleep(3.0)  # any retry would have reached the server by now
         asked = [seen.query for seen in server.seen]
     assert len(asked) == 8  # each query once
     assert len(set(asked)) == 8
     assert set(snapshot.failed.values()) == {"timed out"}
+
+
+def test_prometheus_own_timeout_is_not_sent_again_and_a_bad_gateway_is_retried_once() -> None:
+    """Prometheus answers 503 when a query's `timeout` ran out: sending it again at once doubles its load. A 502
+    (a proxy that could not reach it) is asked again once."""
+    timed_out = b'{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}'
+    first: set[str] = set()
+
+    def answer(query: str) -> tuple[int, Any]:
+        if "kv_cache_usage" in query and query not in first:
+            first.add(query)
+            return 502, b"bad gateway"
+        if "num_requests_waiting" in query:
+            return 503, timed_out
+        return _answer(query)
+
+    with FakePrometheus(answer) as server:
+        io = PromIO()
+        try:
+            snapshot = io.read_signals(spec(metrics={"prometheusUrl": server.url}), "llm", ["a"], PromAuth(), T0)
+        finally:
+            io.close()
+        asked = [seen.query for seen in server.seen]
+    assert sum("num_requests_waiting" in q for q in asked) == 1
+    assert snapshot.failed["queueLength"] == "timed out (Prometheus stopped it at the query's timeout)"
+    assert sum("kv_cache_usage" in q for q in asked) == 2
+    assert snapshot.pods["a"].kv_cache_usage == 0.5
+
+
+def test_an_answer_that_is_not_a_query_answer_fails_its_signal_not_the_pass() -> None:
+    with pytest.raises(ValueError, match="not a Prometheus query answer"):
+        vector_values(b'{"status":"success"}', "pod")
+    with pytest.raises(ValueError, match="not a Prometheus query answer"):
+        vector_values(b"[1, 2]", "pod")

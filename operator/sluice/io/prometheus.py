@@ -3,8 +3,8 @@ request its `custom_query` makes, the answer read by `vector_values`) and turn t
 
 One namespace-wide vector query per signal (built by `sluice.core.presets`), shared by every pool of the namespace
 that renders the same query within its interval and split by pod here (see `PromIO`), run concurrently with the
-pool's timeout, bearer token and CA bundle, and one retry on a dropped connection or a 502/503/504 (none after a
-timeout). Every
+pool's timeout, bearer token and CA bundle, and one retry on a dropped connection or a 502 (none after a
+timeout, `_Retry`). Every
 failure is kept per signal (`SignalSnapshot.failed`), so the core freezes weights and the pool says why: a
 failed, slow or partial answer is never read as zero.
 Called by the reconciler, in a worker thread (the client is blocking).
@@ -132,11 +132,14 @@ def vector_values(body: bytes, pod_label: str) -> dict[str, float]:
     read the same values; a 16,000-pod answer costs ~10 ms instead of ~30 ms, the largest share of a 1000-pool
     operator's CPU.
     """
-    text = body.decode("utf-8")
+    text = body.decode("utf-8", errors="replace")  # as requests' `.json()` read it
     plain = plain_vector_values(text, pod_label)
     if plain is not None:
         return plain
-    result = json.loads(text)["data"]["result"]
+    try:
+        result = json.loads(text)["data"]["result"]
+    except (KeyError, TypeError) as failure:  # a 200 that is not a query answer (a proxy's page, say)
+        raise ValueError(f"not a Prometheus query answer: {text[:120]!r}") from failure
     return pod_values(result if isinstance(result, list) else [], pod_label)
 
 
@@ -219,6 +222,8 @@ def describe_failure(failure: Exception) -> str:
     """A short reason for a status condition (the client's own messages embed the whole query URL)."""
     if isinstance(failure, requests.Timeout | TimeoutError):
         return "timed out"
+    if isinstance(failure, PrometheusApiClientException) and '"errorType":"timeout"' in str(failure):
+        return "timed out (Prometheus stopped it at the query's timeout)"
     inner = failure.args[0] if failure.args else None
     reason = getattr(inner, "reason", None)
     if isinstance(failure, requests.exceptions.RetryError):
@@ -361,9 +366,12 @@ def _close_session(session: requests.Session) -> None:
 
 
 class _Retry(Retry):
-    """One retry for a dropped keep-alive connection or a 502/503/504, none for a read timeout: Prometheus is
-    still evaluating the query that timed out (until its own `timeout`), and sending it again at once doubles
-    its load where it is slowest. The timeout is reported as such ("timed out"), not as a failed connection."""
+    """One retry for a dropped keep-alive connection or a 502 (a proxy that could not reach Prometheus), none
+    for a timeout: not for a read timeout (Prometheus is still evaluating the query, until its own `timeout`),
+    nor for a 503 (Prometheus' answer when that timeout ran out, or when it is overloaded) or a 504 (a proxy's
+    timeout). Sending a slow query again at once doubles the load where it is slowest. A read timeout is
+    reported as such ("timed out"), not as a failed connection. The cost: a keep-alive connection that died
+    without a reset costs one failed answer (the next refresh asks on a new one)."""
 
     def increment(
         self,
@@ -500,8 +508,9 @@ class PromIO:
                     session.verify = False
                 elif ca_pem:
                     session.verify = self._ca_file(ca_pem)
-                retry = _Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504), allowed_methods=None)
-                client = PrometheusConnect(url=url, session=session, timeout=max(1, math.ceil(timeout)), retry=retry)
+                retry = _Retry(total=1, backoff_factor=0.1, status_forcelist=(502,), allowed_methods=None)
+                # a second past the query's own timeout, so Prometheus' answer that it timed out comes first
+                client = PrometheusConnect(url=url, session=session, timeout=math.ceil(timeout) + 1, retry=retry)
                 transport = self._transports[key] = _Transport(client, ca_pem, 0.0)
             transport.busy += 1
             transport.used_at = time.monotonic()

@@ -210,7 +210,7 @@ async def pool_loop(
                 metrics.record(report)
                 wall = time.time() - (time.monotonic() - started)
                 metrics.timing(report.pool, started - due, started - submitted, interval, wall)
-                written = [f"{w.kind}:{w.action}" for w in report.writes if w.action != "unchanged"]
+                written = [f"{w.kind}:{w.action}" for w in report.writes if w.action not in ("unchanged", "refused")]
                 # a pass that changed the mesh at info; every pass at debug (1000 pools: 200 lines a second)
                 log.log(
                     logging.INFO if written else logging.DEBUG,
