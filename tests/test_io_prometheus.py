@@ -7,10 +7,12 @@ import itertools
 import json
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -722,3 +724,34 @@ def test_an_answer_that_is_not_a_query_answer_fails_its_signal_not_the_pass() ->
         vector_values(b'{"status":"success"}', "pod")
     with pytest.raises(ValueError, match="not a Prometheus query answer"):
         vector_values(b"[1, 2]", "pod")
+
+
+def test_an_answer_that_stalls_halfway_reads_as_timed_out() -> None:
+    """Prometheus (or a proxy) sends the head of an answer and stops: the read times out in the body, which the
+    status said as "connection failed"."""
+
+    class Stalling(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            self.wfile.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+            self.wfile.flush()
+            time.sleep(3.5)
+
+        def log_message(self, *_: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stalling)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    io = PromIO()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        snapshot = io.read_signals(spec(metrics={"prometheusUrl": url, "timeout": "1s"}), "llm", ["a"], PromAuth(), T0)
+    finally:
+        io.close()
+        server.shutdown()
+        server.server_close()
+    assert set(snapshot.failed.values()) == {"timed out"}

@@ -222,6 +222,8 @@ def describe_failure(failure: Exception) -> str:
     """A short reason for a status condition (the client's own messages embed the whole query URL)."""
     if isinstance(failure, requests.Timeout | TimeoutError):
         return "timed out"
+    if isinstance(failure, requests.ConnectionError) and failure.args and isinstance(failure.args[0], ReadTimeoutError):
+        return "timed out"  # while reading the body (requests says ConnectionError there)
     if isinstance(failure, PrometheusApiClientException) and '"errorType":"timeout"' in str(failure):
         return "timed out (Prometheus stopped it at the query's timeout)"
     inner = failure.args[0] if failure.args else None
