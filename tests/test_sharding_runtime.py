@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -105,31 +106,47 @@ class Reconciler:
         self.forgotten.append(uid)
 
 
-def test_the_daemon_idles_until_the_shard_is_held_then_passes_inside_the_fence() -> None:
-    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
+def run_daemon(
+    shards: ShardLeases,
+    make: Callable[[ShardLeases, Callable[[], None]], Reconciler],
+    runtime: handlers.Runtime | None = None,
+    interval: str | None = None,
+    beside: Callable[[Callable[[], None]], Coroutine[Any, Any, None]] | None = None,
+) -> Reconciler:
+    """Run the pool's daemon (`pool_loop`) over `shards` with the reconciler `make(shards, stop)` until it is
+    stopped (15 s at most); `beside(stop)` runs on the same event loop meanwhile."""
     setter: FlagSetter[Any] = FlagSetter()
-    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    runtime = runtime or handlers.Runtime(config=OperatorConfig(shards=4))
     loops: list[asyncio.AbstractEventLoop] = []
-    reconciler = Reconciler(shards, lambda: loops[0].call_soon_threadsafe(setter.set))
+    reconciler = make(shards, lambda: loops[0].call_soon_threadsafe(setter.set))
     runtime.reconciler = reconciler  # type: ignore[assignment]
     runtime.metrics = OperatorMetrics(runtime.registry)
     runtime.shards = shards
     memo = SimpleNamespace(runtime=runtime)
+    body = BODY if interval is None else {**BODY, "spec": {**BODY["spec"], "interval": interval}}
+
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+        if beside is not None:
+            asyncio.get_running_loop().create_task(beside(setter.set))
+        await handlers.pool_loop(
+            name="llama", namespace="llm", body=kopf.Body(body), memo=memo, stopped=AsyncFlagWaiter(setter)
+        )
+
+    asyncio.run(asyncio.wait_for(go(), timeout=15))
+    return reconciler
+
+
+def test_the_daemon_idles_until_the_shard_is_held_then_passes_inside_the_fence() -> None:
+    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
     granted: list[float] = []
 
-    async def grant_later() -> None:
+    async def grant_later(_: Callable[[], None]) -> None:
         await asyncio.sleep(2.5)
         granted.append(time.monotonic())
         shards._acquired(shards.shard("llm", "llama"), time.monotonic())
 
-    async def go() -> None:
-        loops.append(asyncio.get_running_loop())
-        asyncio.get_running_loop().create_task(grant_later())
-        await handlers.pool_loop(
-            name="llama", namespace="llm", body=kopf.Body(BODY), memo=memo, stopped=AsyncFlagWaiter(setter)
-        )
-
-    asyncio.run(asyncio.wait_for(go(), timeout=15))
+    reconciler = run_daemon(shards, Reconciler, beside=grant_later)
     ((ran_at, fenced_inside),) = reconciler.runs
     assert ran_at >= granted[0], "no pass before the shard was held"
     assert fenced_inside, "the pass ran with its writes fenced to the pool's shard"
@@ -247,9 +264,7 @@ def test_the_daemon_resyncs_when_the_shard_was_lost_and_regained_between_two_pas
     shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
     index = shards.shard("llm", "llama")
     shards._acquired(index, time.monotonic())
-    setter: FlagSetter[Any] = FlagSetter()
     runtime = handlers.Runtime(config=OperatorConfig(shards=4))
-    loops: list[asyncio.AbstractEventLoop] = []
     resyncs: list[float] = []
     runtime.cluster = SimpleNamespace(resync=lambda: resyncs.append(time.monotonic()))  # type: ignore[assignment]
 
@@ -263,20 +278,7 @@ def test_the_daemon_resyncs_when_the_shard_was_lost_and_regained_between_two_pas
                 self.stop()
             return PassReport(pool=snapshot.key)
 
-    reconciler = Twice(shards, lambda: loops[0].call_soon_threadsafe(setter.set))
-    runtime.reconciler = reconciler  # type: ignore[assignment]
-    runtime.metrics = OperatorMetrics(runtime.registry)
-    runtime.shards = shards
-    memo = SimpleNamespace(runtime=runtime)
-    body = {**BODY, "spec": {**BODY["spec"], "interval": "1s"}}
-
-    async def go() -> None:
-        loops.append(asyncio.get_running_loop())
-        await handlers.pool_loop(
-            name="llama", namespace="llm", body=kopf.Body(body), memo=memo, stopped=AsyncFlagWaiter(setter)
-        )
-
-    asyncio.run(asyncio.wait_for(go(), timeout=15))
+    reconciler = run_daemon(shards, Twice, runtime, interval="1s")
     assert len(reconciler.runs) == 2
     assert len(resyncs) == 1
     assert reconciler.runs[0][0] < resyncs[0] < reconciler.runs[1][0]
@@ -352,10 +354,9 @@ def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None
     shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
     index = shards.shard("llm", "llama")
     shards._acquired(index, time.monotonic())
-    setter: FlagSetter[Any] = FlagSetter()
     runtime = handlers.Runtime(config=OperatorConfig(shards=4))
-    loops: list[asyncio.AbstractEventLoop] = []
     seen: list[float | None] = []
+    ran: list[float] = []
 
     def last_pass() -> float | None:
         return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
@@ -363,33 +364,20 @@ def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None
     class LosesItsShard(Reconciler):
         def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
             self.runs.append((time.monotonic(), True))
+            ran.append(time.monotonic())
             shards._lose(index, "taken over")
             return PassReport(pool=snapshot.key)
 
-    reconciler = LosesItsShard(shards, lambda: loops[0].call_soon_threadsafe(setter.set))
-    runtime.reconciler = reconciler  # type: ignore[assignment]
-    runtime.metrics = OperatorMetrics(runtime.registry)
-    runtime.shards = shards
-    memo = SimpleNamespace(runtime=runtime)
-    body = {**BODY, "spec": {**BODY["spec"], "interval": "1s"}}
-
-    async def watch() -> None:
-        while not reconciler.runs:
+    async def watch(stop: Callable[[], None]) -> None:
+        while not ran:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
         seen.append(last_pass())  # the pass's time was recorded (the daemon had not seen the loss yet)...
         await asyncio.sleep(1.5)
         seen.append(last_pass())  # ...and is gone once it idles
-        setter.set()
+        stop()
 
-    async def go() -> None:
-        loops.append(asyncio.get_running_loop())
-        asyncio.get_running_loop().create_task(watch())
-        await handlers.pool_loop(
-            name="llama", namespace="llm", body=kopf.Body(body), memo=memo, stopped=AsyncFlagWaiter(setter)
-        )
-
-    asyncio.run(asyncio.wait_for(go(), timeout=15))
+    reconciler = run_daemon(shards, LosesItsShard, runtime, interval="1s", beside=watch)
     assert len(reconciler.runs) == 1
     assert seen[0] is not None
     assert seen[1] is None
