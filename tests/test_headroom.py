@@ -7,6 +7,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sluice.api.v1alpha1 import ScoringSpec
@@ -40,6 +42,40 @@ def test_water_filling_spills_over_monotonically_fastest_first():
     assert light[0] == pytest.approx(0.5)
     assert light[1] == 0
     assert light[2] == 0
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 100.0), st.floats(0.01, 10.0)).map(lambda p: (0.0 if p[0] < 1 else p[0], p[1])),
+        min_size=1,
+        max_size=40,
+    ),
+    st.floats(0.001, 0.999),
+    st.floats(0.05, 1.0),
+)
+def test_water_filling_puts_every_loaded_pod_at_one_level_the_lowest_that_carries_the_demand(
+    pods: list[tuple[float, float]], fraction: float, cap: float
+) -> None:
+    capacity, idle = [c for c, _ in pods], [s for _, s in pods]
+    total = sum(capacity)
+    if total == 0:
+        return
+    demand = fraction * cap * total
+    shares = water_fill(demand, capacity, idle, cap)
+    assert sum(shares) == pytest.approx(demand, rel=1e-9)
+    # one level L: a loaded pod below its cap sits at T = s / (1 - x/mu) = L; an empty one has s >= L; a capped
+    # one would sit at or below L uncapped (s / (1 - cap) <= L)
+    loaded = [s / (1 - x / c) for x, c, s in zip(shares, capacity, idle, strict=True) if 0 < x < cap * c * (1 - 1e-9)]
+    if loaded:
+        level = loaded[0]
+        assert loaded == pytest.approx([level] * len(loaded), rel=1e-7)
+        for x, c, s in zip(shares, capacity, idle, strict=True):
+            if c > 0 and x == 0:
+                assert s >= level * (1 - 1e-7)
+            if c > 0 and x >= cap * c * (1 - 1e-9):
+                assert cap < 1
+                assert s / (1 - cap) <= level * (1 + 1e-7)
+    assert all(x == 0 for x, c in zip(shares, capacity, strict=True) if c == 0)
 
 
 def test_water_filling_gives_nothing_to_a_zero_capacity_pod_and_follows_capacity_past_the_target():

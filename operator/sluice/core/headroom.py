@@ -445,17 +445,36 @@ def water_fill(
             for c, s in zip(capacity, idle, strict=True)
         ]
 
-    lo = min(s for c, s in zip(capacity, idle, strict=True) if c > 0)
-    hi = lo * 2.0
-    while sum(fill(hi)) < demand and hi < lo * 1e12:
-        hi *= 2.0
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if sum(fill(mid)) < demand:
-            lo = mid
+    return fill(_water_level(demand, capacity, idle, target_utilisation))
+
+
+def _water_level(demand: float, capacity: Sequence[float], idle: Sequence[float], cap: float) -> float:
+    """The level L at which `water_fill`'s rates add up to `demand` (< cap × the total capacity), solved exactly.
+
+    The total Σ x_i(L) is continuous and rises with L; between two breakpoints (a pod joining at L = s_i, or
+    reaching its cap at L = s_i / (1 − cap)) it is a − b/L + held, where a and b sum μ_i and μ_i s_i over the pods
+    loaded below their cap and held sums cap × μ_i over the capped ones. Walk the breakpoints in order to the
+    segment where the total reaches `demand`, and solve there: L = b / (a + held − demand).
+    """
+    breakpoints: list[tuple[float, int, float, float]] = []
+    for c, s in zip(capacity, idle, strict=True):
+        if c > 0:
+            breakpoints.append((s, 0, c, s))  # joins
+            if cap < 1.0:
+                breakpoints.append((s / (1.0 - cap), 1, c, s))  # reaches its cap
+    breakpoints.sort()
+    a = b = held = 0.0
+    for level, kind, c, s in breakpoints:
+        if level > 0 and a > 0 and a - b / level + held >= demand:
+            break
+        if kind == 0:
+            a, b = a + c, b + c * s
         else:
-            hi = mid
-    return fill(hi)
+            a, b, held = a - c, b - c * s, held + cap * c
+    else:
+        if a <= 0:  # every pod at its cap short of `demand`: only rounding gets here (the caller checked)
+            return math.inf
+    return b / (a + held - demand) if a + held > demand else math.inf
 
 
 def _model_divisor(
