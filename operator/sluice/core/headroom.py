@@ -398,10 +398,19 @@ def pooled_values(pooling: dict[str, Pooling], values: dict[str, float]) -> dict
     """`values` with each pooled pod's moved its pooling share of the way to its class's median (over the class
     members that have a value); the others as they are."""
     out = dict(values)
+    medians: dict[int, float | None] = {}
+    """A class's median, once per class: `pool_by_class` gives every pod of a class the same members tuple (keyed
+    by identity: hashing a 4,096-name tuple per pod would cost more than the median)."""
     for name, pool in pooling.items():
-        known = [values[m] for m in pool.members if m in values]
-        if name in values and known and pool.share > 0:
-            out[name] = values[name] + pool.share * (statistics.median(known) - values[name])
+        if name not in values or pool.share <= 0:
+            continue
+        key = id(pool.members)
+        if key not in medians:
+            known = [values[m] for m in pool.members if m in values]
+            medians[key] = statistics.median(known) if known else None
+        median = medians[key]
+        if median is not None:
+            out[name] = values[name] + pool.share * (median - values[name])
     return out
 
 
@@ -495,15 +504,14 @@ def _fraction(value: float | None) -> float | None:
 
 
 def _sanitised(p: PodLoad) -> PodLoad:
+    rate, ttft, queue, running = finite(p.rate), finite(p.ttft), finite(p.queue), finite(p.running)
+    kv, capacity, idle = _fraction(finite(p.kv)), finite(p.previous_capacity), finite(p.previous_idle)
+    evidence = (rate, ttft, queue, running, kv, capacity, idle)
+    given = (p.rate, p.ttft, p.queue, p.running, p.kv, p.previous_capacity, p.previous_idle)
+    if all(a is b for a, b in zip(evidence, given, strict=True)):
+        return p  # already evidence (`_load` reads signals through `finite`): no copy
     return replace(
-        p,
-        rate=finite(p.rate),
-        ttft=finite(p.ttft),
-        queue=finite(p.queue),
-        running=finite(p.running),
-        kv=_fraction(finite(p.kv)),
-        previous_capacity=finite(p.previous_capacity),
-        previous_idle=finite(p.previous_idle),
+        p, rate=rate, ttft=ttft, queue=queue, running=running, kv=kv, previous_capacity=capacity, previous_idle=idle
     )
 
 
