@@ -32,7 +32,7 @@ from typing import Any
 
 from sluice.api.memory import remembered
 from sluice.api.snapshot import PoolSnapshot
-from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
 from sluice.core.compact import stored_form
 from sluice.core.events import Event, derive_events
@@ -63,20 +63,27 @@ def _stamp(status: InferencePoolStatus) -> float:
     return status.last_reconcile_time.timestamp() if status.last_reconcile_time else 0.0
 
 
-_BLANK_ROW = {name: EndpointStatus.model_fields[name].get_default(call_default_factory=True) for name in OBSERVATIONS}
-
-
 def _newer(mine: InferencePoolStatus | None, theirs: InferencePoolStatus | None) -> InferencePoolStatus | None:
     if mine is None or theirs is None:
         return mine or theirs
     return mine if _stamp(mine) >= _stamp(theirs) else theirs
 
 
-def _observations_blanked(status: InferencePoolStatus) -> InferencePoolStatus:
-    """The decisions of a stored form: every pod's row (a large pool's aggregated pods from its compact memory,
-    whose weights are decisions too) with the observation fields blanked."""
-    rows = [row.model_copy(update=_BLANK_ROW) for _, row in sorted(remembered(status).items())]
-    return status.model_copy(update={"endpoints": rows, "pod_memory": None, "endpoint_summary": None})
+_NOT_DECISIONS = frozenset({"endpoints", "pod_memory", "endpoint_summary"})
+"""A stored status' fields that carry rows; their decisions are compared row by row (`_decisions`)."""
+Decisions = tuple[tuple[tuple[str, Any], ...], tuple[tuple[tuple[str, Any], ...], ...]]
+
+
+def _decisions(status: InferencePoolStatus) -> Decisions:
+    """The decisions of a stored form, as plain tuples to compare: the status' own fields and every pod's row (a
+    large pool's aggregated pods from its compact memory, whose weights are decisions too) without the observation
+    fields. Field by field as pydantic's `==` compares models, without copying a model per row."""
+    own = tuple((k, v) for k, v in status.__dict__.items() if k not in _NOT_DECISIONS)
+    rows = tuple(
+        tuple((k, v) for k, v in row.__dict__.items() if k not in OBSERVATIONS)
+        for _, row in sorted(remembered(status).items())
+    )
+    return own, rows
 
 
 @dataclass
@@ -86,8 +93,8 @@ class _Compared:
 
     status: InferencePoolStatus
     stored: InferencePoolStatus
-    decisions: InferencePoolStatus | None = None
-    """`_observations_blanked(stored)`, built when first needed."""
+    decisions: Decisions | None = None
+    """`_decisions(stored)`, built when first needed."""
 
     @classmethod
     def of(cls, status: InferencePoolStatus, known: _Compared | None = None) -> _Compared:
@@ -95,9 +102,9 @@ class _Compared:
             return known
         return cls(status, stored_form(status.model_copy(update={"last_reconcile_time": None})))
 
-    def blanked(self) -> InferencePoolStatus:
+    def blanked(self) -> Decisions:
         if self.decisions is None:
-            self.decisions = _observations_blanked(self.stored)
+            self.decisions = _decisions(self.stored)
         return self.decisions
 
     def wire(self) -> dict[str, Any]:
