@@ -195,6 +195,17 @@ def test_the_dashboard_only_queries_metrics_the_operator_exports() -> None:
     }
     assert queried
     assert queried <= exported, queried - exported
+    # a series selected by pool must have the label (an operator-wide histogram selected by pool shows nothing)
+    metrics = OperatorMetrics()
+    labels = {m._name: set(m._labelnames) for m in vars(metrics).values() if hasattr(m, "_labelnames")}
+    by_pool = {
+        re.sub(r"_(bucket|total|count|sum)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b(sluice_[a-z_]+)\{pool=", target["expr"])
+    }
+    assert by_pool
+    assert all("pool" in labels[name] for name in by_pool), {name: labels[name] for name in by_pool}
 
 
 def test_sharded_replicas_run_with_shards_and_may_only_use_leases_in_their_namespace() -> None:

@@ -3,7 +3,8 @@
 Series (labelled by `pool` = namespace/name unless marked operator-wide; see docs/metrics.md for cardinality):
 | metric | type | meaning |
 |---|---|---|
-| `sluice_reconcile_duration_seconds` | histogram | time of one pass (observe, plan, apply, status) |
+| `sluice_reconcile_duration_seconds` | histogram | operator-wide: time of one pass (observe, plan, apply, status) |
+| `sluice_reconcile_last_duration_seconds` | gauge | time of the pool's last pass |
 | `sluice_reconcile_total{result}` | counter | passes: `ok`, `invalid_spec`, `error` |
 | `sluice_pass_lag_seconds` | histogram | operator-wide: how late passes started after they were due |
 | `sluice_pass_queue_seconds` | histogram | operator-wide: time passes waited for a worker thread |
@@ -16,7 +17,7 @@ Series (labelled by `pool` = namespace/name unless marked operator-wide; see doc
 | `sluice_endpoint_weight{pod,revision}` | gauge | published endpoint weight (0 = removed) |
 | `sluice_endpoints{state}` | gauge | pods per state: Routable, Zeroed, Recovering |
 | `sluice_canary_weight` / `sluice_canary_step` | gauge | candidate traffic % / step index (-1 without a rollout) |
-| `sluice_canary_phase{phase}` | gauge | 1 for the current phase |
+| `sluice_canary_phase{phase}` | gauge | 1 for the current phase (the canary series: pools with `status.canary` only) |
 | `sluice_istio_writes_total{kind,action}` | counter | Istio writes: created, updated, unchanged (skipped), |
 | | | refused, pruned, restored |
 | `sluice_status_writes_total{result}` | counter | per pass: `written`, `skipped` (nothing changed), `deferred` |
@@ -103,12 +104,16 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, pod_series: bool = True) -> None:
         r = registry or CollectorRegistry()
         self.registry = r
+        # Operator-wide, as the lag: 13 series per pool were the largest part of a 1000-pool page, rendered anew
+        # at every scrape. The pool's own last pass is one gauge.
         self.duration = Histogram(
             "sluice_reconcile_duration_seconds",
             "One reconcile pass.",
-            ["pool"],
             registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.last_duration = Gauge(
+            "sluice_reconcile_last_duration_seconds", "The pool's last reconcile pass.", ["pool"], registry=r
         )
         self.passes = Counter("sluice_reconcile", "Reconcile passes.", ["pool", "result"], registry=r)
         lag_buckets = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -168,7 +173,8 @@ class OperatorMetrics:
     def record(self, report: PassReport) -> None:
         """Update every series from one pass's report."""
         pool = report.pool
-        self.duration.labels(pool).observe(report.seconds)
+        self.duration.observe(report.seconds)
+        self.last_duration.labels(pool).set(report.seconds)
         self.passes.labels(pool, report.result).inc()
         if report.prometheus_seconds is not None:
             self.query_seconds.observe(report.prometheus_seconds)
@@ -210,10 +216,18 @@ class OperatorMetrics:
             self.weight.labels(pool, pod, revision).set(weight)
         for state, count in zip(STATES, states, strict=True):
             self.endpoints.labels(pool, state).set(count)
+        if canary is None:  # no canary (or no longer): no canary series, 8 per pool
+            self._forget_canary(pool)
+            return
         self.canary_weight.labels(pool).set(recorded[3])
         self.canary_step.labels(pool).set(recorded[4])
         for phase in PHASES:
             self.canary_phase.labels(pool, phase).set(1.0 if recorded[5] == phase else 0.0)
+
+    def _forget_canary(self, pool: str) -> None:
+        labelled: list[tuple[Gauge, tuple[str, ...]]] = [(self.canary_weight, (pool,)), (self.canary_step, (pool,))]
+        labelled += [(self.canary_phase, (pool, phase)) for phase in PHASES]
+        _remove(labelled)
 
     def timing(self, pool: str, lag: float, queued: float, interval: float, started_at: float) -> None:
         """A pass's start: `lag` seconds after it was due, `queued` of them waiting for a worker thread."""
@@ -235,12 +249,14 @@ class OperatorMetrics:
         self._recorded.pop(pool, None)
         self._behind.discard(pool)
         self.behind.set(len(self._behind))
-        labelled: list[tuple[Gauge, tuple[str, ...]]] = [
-            (gauge, (pool,)) for gauge in (self.lag_last, self.last_pass, self.metrics_available)
-        ]
-        labelled += [(self.canary_weight, (pool,)), (self.canary_step, (pool,))]
+        gauges = (self.lag_last, self.last_pass, self.metrics_available, self.last_duration)
+        labelled: list[tuple[Gauge, tuple[str, ...]]] = [(gauge, (pool,)) for gauge in gauges]
         labelled += [(self.endpoints, (pool, state)) for state in STATES]
-        labelled += [(self.canary_phase, (pool, phase)) for phase in PHASES]
-        for gauge, labels in labelled:
-            with contextlib.suppress(KeyError):
-                gauge.remove(*labels)
+        _remove(labelled)
+        self._forget_canary(pool)
+
+
+def _remove(labelled: list[tuple[Gauge, tuple[str, ...]]]) -> None:
+    for gauge, labels in labelled:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
