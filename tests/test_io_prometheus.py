@@ -572,6 +572,26 @@ def test_a_query_over_the_pools_own_pods_is_not_asked_for_other_pods() -> None:
     assert [m for q, m in by_query.items() if "num_requests_waiting" not in q] == [{"a1", "a2", "b1"}] * 7
 
 
+def test_a_query_over_the_pools_own_pods_follows_its_pods_and_the_rest_are_rendered_once(
+    prometheus: FakePrometheus,
+) -> None:
+    """The pool's queries are rendered once per spec (the same spec object at every pass of a generation), but a
+    `$pods` query again when the pool's pods change."""
+    override = {"queueLength": 'sum by ($podLabel) (vllm:num_requests_waiting{pod=~"$pods"})'}
+    pool = spec(metrics={"prometheusUrl": prometheus.url, "queries": override})
+    io = PromIO()
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        io.read_signals(pool, "llm", ["a", "b"], PromAuth(), T0 + timedelta(seconds=1))
+    finally:
+        io.close()
+    waiting = [seen.query for seen in prometheus.seen if "num_requests_waiting" in seen.query]
+    assert waiting == [
+        'sum by (pod) (vllm:num_requests_waiting{pod=~"a"})',
+        'sum by (pod) (vllm:num_requests_waiting{pod=~"a|b"})',
+    ]
+
+
 def test_a_scoped_query_stops_naming_the_pods_no_pass_reads_any_more() -> None:
     """A pod set not read within two of its pool's intervals (the pool moved to another replica, or its pods
     changed) drops out of the next query."""
