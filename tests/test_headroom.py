@@ -78,6 +78,22 @@ def test_water_filling_puts_every_loaded_pod_at_one_level_the_lowest_that_carrie
     assert all(x == 0 for x, c in zip(shares, capacity, strict=True) if c == 0)
 
 
+def test_water_filling_carries_a_demand_on_the_flat_stretch_where_the_fast_pods_are_capped() -> None:
+    """Between the fast pods reaching their cap and the next joining, the total does not move with the level: a
+    demand a rounding error from that plateau is carried by the fast pods, not dropped (nor given to the slow)."""
+    capacity, idle, cap = [1.2562513509995468, 1.1029896992768875, 40.075112868957724], [2.85, 2.49, 11.17], 0.3325
+    plateau = cap * (capacity[0] + capacity[1])
+    for demand in (math.nextafter(plateau, 0), plateau, math.nextafter(plateau, math.inf)):
+        shares = water_fill(demand, capacity, idle, cap)
+        assert sum(shares) == pytest.approx(demand, rel=1e-9)
+        assert shares[2] == pytest.approx(0.0, abs=1e-9)
+    reported = [1.2562513509995468, 1.1029896992768875, 40.075112868957724]
+    reported_idle = [2.8486825819766017, 2.4910241052898576, 11.166859094153752]
+    assert sum(water_fill(0.7845546041722525, reported, reported_idle, 0.3325453344753922)) == pytest.approx(
+        0.7845546041722525
+    )
+
+
 def test_water_filling_gives_nothing_to_a_zero_capacity_pod_and_follows_capacity_past_the_target():
     shares = water_fill(5.0, [10.0, 0.0, 4.0], [0.3, 0.1, 0.4], 0.8)
     assert shares[1] == 0.0

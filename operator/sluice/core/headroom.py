@@ -458,12 +458,15 @@ def water_fill(
 
 
 def _water_level(demand: float, capacity: Sequence[float], idle: Sequence[float], cap: float) -> float:
-    """The level L at which `water_fill`'s rates add up to `demand` (< cap × the total capacity), solved exactly.
+    """The level L at which `water_fill`'s rates add up to `demand` (< cap × the total capacity), solved exactly;
+    idle TTFTs > 0 (what `plan` passes).
 
     The total Σ x_i(L) is continuous and rises with L; between two breakpoints (a pod joining at L = s_i, or
     reaching its cap at L = s_i / (1 − cap)) it is a − b/L + held, where a and b sum μ_i and μ_i s_i over the pods
     loaded below their cap and held sums cap × μ_i over the capped ones. Walk the breakpoints in order to the
-    segment where the total reaches `demand`, and solve there: L = b / (a + held − demand).
+    segment where the total reaches `demand`, and solve there: L = b / (a + held − demand), kept within the
+    segment (the running sums keep rounding residue once pods leave them: on a stretch where every loaded pod is
+    capped, a demand within a rounding error of the plateau would otherwise divide residue by residue).
     """
     breakpoints: list[tuple[float, int, float, float]] = []
     for c, s in zip(capacity, idle, strict=True):
@@ -472,18 +475,22 @@ def _water_level(demand: float, capacity: Sequence[float], idle: Sequence[float]
             if cap < 1.0:
                 breakpoints.append((s / (1.0 - cap), 1, c, s))  # reaches its cap
     breakpoints.sort()
-    a = b = held = 0.0
+    a = b = held = low = 0.0
     for level, kind, c, s in breakpoints:
         if level > 0 and a > 0 and a - b / level + held >= demand:
+            high = level
             break
         if kind == 0:
             a, b = a + c, b + c * s
         else:
             a, b, held = a - c, b - c * s, held + cap * c
+        low = max(low, level)
     else:
-        if a <= 0:  # every pod at its cap short of `demand`: only rounding gets here (the caller checked)
+        if cap < 1.0:  # every pod at its cap short of `demand`: only rounding gets here (the caller checked)
             return math.inf
-    return b / (a + held - demand) if a + held > demand else math.inf
+        high = math.inf
+    span = a + held - demand
+    return min(high, max(low, b / span)) if span > 0 else high
 
 
 def _model_divisor(
