@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.core.observed import SignalSnapshot
+from sluice.core.presets import build_queries
 from sluice.devstack import apitls
 from sluice.io import prometheus as prometheus_io
 from sluice.io.prometheus import (
@@ -573,19 +574,32 @@ def test_a_query_over_the_pools_own_pods_is_not_asked_for_other_pods() -> None:
 
 
 def test_a_query_over_the_pools_own_pods_follows_its_pods_and_the_rest_are_rendered_once(
-    prometheus: FakePrometheus,
+    prometheus: FakePrometheus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool's queries are rendered once per spec (the same spec object at every pass of a generation), but a
     `$pods` query again when the pool's pods change."""
     override = {"queueLength": 'sum by ($podLabel) (vllm:num_requests_waiting{pod=~"$pods"})'}
     pool = spec(metrics={"prometheusUrl": prometheus.url, "queries": override})
+    plain = spec(metrics={"prometheusUrl": prometheus.url})
     io = PromIO()
+    rendered: list[list[str]] = []
+
+    def counted(spec: Any, namespace: str, pod_names: list[str], **options: Any) -> Any:
+        rendered.append(list(pod_names))
+        return build_queries(spec, namespace, pod_names, **options)
+
+    monkeypatch.setattr("sluice.io.prometheus.build_queries", counted)
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         io.read_signals(pool, "llm", ["a", "b"], PromAuth(), T0 + timedelta(seconds=1))
+        io.read_signals(pool, "llm", ["b", "a"], PromAuth(), T0 + timedelta(seconds=1))  # the same pods
+        for pods in (["a"], ["a", "b"], ["c"]):  # no `$pods`: the pods do not matter
+            io.read_signals(plain, "llm", pods, PromAuth(), T0)
     finally:
         io.close()
-    waiting = [seen.query for seen in prometheus.seen if "num_requests_waiting" in seen.query]
+    assert rendered == [["a"], ["a", "b"], ["a"]]
+    waiting = [seen.query for seen in prometheus.seen if "num_requests_waiting{pod=~" in seen.query]
     assert waiting == [
         'sum by (pod) (vllm:num_requests_waiting{pod=~"a"})',
         'sum by (pod) (vllm:num_requests_waiting{pod=~"a|b"})',

@@ -833,7 +833,11 @@ class PromIO:
         memo = (id(spec), namespace)
         with self._lock:
             known = self._pass_plans.get(memo)
-        if known is not None and known[0] is spec and (known[1].pods is None or known[1].pods == tuple(pod_names)):
+        if (
+            known is not None
+            and known[0] is spec
+            and (known[1].pods is None or known[1].pods == tuple(sorted(pod_names)))
+        ):
             return known[1]
         built = build_queries(spec, namespace, pod_names, namespace_wide=True)
         queries: dict[str, str] = {str(name): query for name, query in built.queries.items()}
@@ -841,7 +845,7 @@ class PromIO:
             queries[FRESHNESS_KEY] = built.freshness
         # a query over the pool's own pods (`$pods`) stays its own: never asked for other pods
         own = frozenset(signal for signal in queries if names_pods(spec, signal))
-        pods = tuple(pod_names) if own else None
+        pods = tuple(sorted(pod_names)) if own else None  # sorted, as the query names them
         plan = _PassPlan(built.unsupported, built.freshness is not None, queries, own, pods)
         with self._lock:
             if len(self._pass_plans) >= PASS_PLANS:

@@ -168,6 +168,8 @@ class OperatorMetrics:
         """Pool -> what `_record_status` last set: a pass that changed none of it sets nothing (the labelled
         children cost ~30 lookups a pass, ~5 % of a 1000-pool operator's CPU)."""
         self._behind: set[str] = set()
+        self._canaries: set[str] = set()
+        """Pools whose canary series are on the page."""
         self.pod_series = pod_series
 
     def record(self, report: PassReport) -> None:
@@ -216,15 +218,19 @@ class OperatorMetrics:
             self.weight.labels(pool, pod, revision).set(weight)
         for state, count in zip(STATES, states, strict=True):
             self.endpoints.labels(pool, state).set(count)
-        if canary is None:  # no canary (or no longer): no canary series, 8 per pool
+        if canary is None:  # no canary (or no longer): no canary series, 9 per pool
             self._forget_canary(pool)
             return
+        self._canaries.add(pool)
         self.canary_weight.labels(pool).set(recorded[3])
         self.canary_step.labels(pool).set(recorded[4])
         for phase in PHASES:
             self.canary_phase.labels(pool, phase).set(1.0 if recorded[5] == phase else 0.0)
 
     def _forget_canary(self, pool: str) -> None:
+        if pool not in self._canaries:
+            return
+        self._canaries.discard(pool)
         labelled: list[tuple[Gauge, tuple[str, ...]]] = [(self.canary_weight, (pool,)), (self.canary_step, (pool,))]
         labelled += [(self.canary_phase, (pool, phase)) for phase in PHASES]
         _remove(labelled)
