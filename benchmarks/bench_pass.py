@@ -5,7 +5,8 @@ the comparison with the stored status, the writes it decides on) for a pool of 1
 `interval: 5s`, over an in-memory cluster, its signals drawn within ±10 % at every pass as `make bench-scale`
 draws them. Each `--code` directory (an `operator/` source root, e.g. from `git archive REV operator`) runs in
 its own process, the versions alternating `--rounds` times so that the machine's drift falls on all of them;
-the figure is the median over rounds of CPU time per pass (`time.process_time`).
+the figure is the median over rounds of CPU time per pass (`time.process_time`). The signals come from a stub,
+not from `PromIO`: reading Prometheus' answers is measured by `bench_prom_decode.py`.
 
     PYTHONPATH=operator python benchmarks/bench_pass.py --code /tmp/old/operator --code operator
 """
@@ -23,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import sluice
 from sluice.core.observed import ObservedPod, PodSignals, SignalSnapshot
 from sluice.io.memory import MemoryCluster
 from sluice.runtime.reconciler import Reconciler
@@ -91,7 +93,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.passes, seed=1)))
+        print(json.dumps({"ms": measure(args.passes, seed=1), "from": str(Path(sluice.__file__).resolve())}))
         return
     codes = args.code or ["operator"]
     samples: dict[str, list[float]] = {code: [] for code in codes}
@@ -99,8 +101,13 @@ def main() -> None:
         for code in codes:
             command = [sys.executable, __file__, "--child", "--passes", str(args.passes)]
             env = {"PYTHONPATH": str(Path(code).resolve()), "PATH": "/usr/bin:/bin"}
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=600)
-            samples[code].append(json.loads(done.stdout))
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
+            if done.returncode != 0:
+                raise SystemExit(f"{code}: the measuring process failed:\n{done.stderr}")
+            answer = json.loads(done.stdout)
+            if not Path(answer["from"]).is_relative_to(Path(code).resolve()):  # an installed sluice shadowed it
+                raise SystemExit(f"{code}: the measuring process imported sluice from {answer['from']}")
+            samples[code].append(answer["ms"])
     first = statistics.median(samples[codes[0]])
     lines = [f"{PODS}-pod pool, {args.passes} passes per run, {args.rounds} alternating rounds; ms of CPU per pass", ""]
     lines += ["| code | median | min – max | ratio to the first |", "|---|---|---|---|"]
