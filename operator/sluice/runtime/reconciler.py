@@ -102,7 +102,7 @@ class _Compared:
             return known
         return cls(status, stored_form(status.model_copy(update={"last_reconcile_time": None})))
 
-    def blanked(self) -> Decisions:
+    def decided(self) -> Decisions:
         if self.decisions is None:
             self.decisions = _decisions(self.stored)
         return self.decisions
@@ -120,7 +120,7 @@ def _change(a: _Compared | None, b: _Compared) -> str:
         return "decisions"
     if a.stored == b.stored:
         return "none"
-    if a.blanked() != b.blanked():
+    if a.decided() != b.decided():
         return "decisions"
     return "observations"
 
