@@ -411,6 +411,8 @@ PASS_PLANS = 8192
 @dataclass(frozen=True)
 class _PassPlan:
     unsupported: tuple[SignalName, ...]
+    freshness: bool
+    """Whether the engine has a freshness query (`FRESHNESS_KEY` in `queries`)."""
     queries: dict[str, str]
     """Signal name (and `FRESHNESS_KEY`) -> the namespace-wide query."""
     own: frozenset[str]
@@ -808,59 +810,47 @@ class PromIO:
             del self._sent_at[key]
         self._close_idle(at)
 
-    def _rendered(
-        self,
-        cache: dict[Any, tuple[InferencePoolSpec, Any]],
-        memo: Any,
-        spec: InferencePoolSpec,
-        limit: int,
-        build: Callable[[], Any],
-        still: Callable[[Any], bool] = lambda _: True,
-    ) -> Any:
-        """`build()` kept in `cache` under `memo` (which starts with `id(spec)`) while `spec` is the same object
-        and `still` holds of it; past `limit` entries the cache starts again."""
-        with self._lock:
-            known = cache.get(memo)
-        if known is not None and known[0] is spec and still(known[1]):
-            return known[1]
-        value = build()
-        with self._lock:
-            if len(cache) >= limit:
-                cache.clear()
-            cache[memo] = (spec, value)  # the spec is kept: its id is not reused while it is here
-        return value
-
     def _scoped_queries(self, spec: InferencePoolSpec, namespace: str, pods: frozenset[str]) -> dict[str, str | None]:
         """The pool's queries (by signal name, and the freshness query) for `pods` by name, rendered once per
         (spec, namespace, pods)."""
-
-        def build() -> dict[str, str | None]:
-            plan = build_queries(spec, namespace, sorted(pods), by_pod=True)
-            rendered: dict[str, str | None] = {str(name): text for name, text in plan.queries.items()}
-            rendered[FRESHNESS_KEY] = plan.freshness
-            return rendered
-
-        scoped: dict[str, str | None] = self._rendered(self._plans, (id(spec), namespace, pods), spec, 16, build)
-        return scoped
+        memo = (id(spec), namespace, pods)
+        with self._lock:
+            known = self._plans.get(memo)
+        if known is not None and known[0] is spec:
+            return known[1]
+        plan = build_queries(spec, namespace, sorted(pods), by_pod=True)
+        rendered: dict[str, str | None] = {str(name): text for name, text in plan.queries.items()}
+        rendered[FRESHNESS_KEY] = plan.freshness
+        with self._lock:
+            if len(self._plans) >= 16:
+                self._plans.clear()
+            self._plans[memo] = (spec, rendered)  # the spec is kept: its id is not reused while it is here
+        return rendered
 
     def _pass_plan(self, spec: InferencePoolSpec, namespace: str, pod_names: list[str]) -> _PassPlan:
         """The pool's queries for a pass (`build_queries(..., namespace_wide=True)`), rendered once per spec and
         namespace (and pods, when a query names them)."""
-        names = tuple(sorted(pod_names))  # as the query names them
-
-        def build() -> _PassPlan:
-            built = build_queries(spec, namespace, pod_names, namespace_wide=True)
-            queries: dict[str, str] = {str(name): query for name, query in built.queries.items()}
-            if built.freshness is not None:
-                queries[FRESHNESS_KEY] = built.freshness
-            # a query over the pool's own pods (`$pods`) stays its own: never asked for other pods
-            own = frozenset(signal for signal in queries if names_pods(spec, signal))
-            return _PassPlan(built.unsupported, queries, own, names if own else None)
-
-        def still(plan: _PassPlan) -> bool:
-            return plan.pods is None or plan.pods == names
-
-        plan: _PassPlan = self._rendered(self._pass_plans, (id(spec), namespace), spec, PASS_PLANS, build, still)
+        memo = (id(spec), namespace)
+        with self._lock:
+            known = self._pass_plans.get(memo)
+        if (
+            known is not None
+            and known[0] is spec
+            and (known[1].pods is None or known[1].pods == tuple(sorted(pod_names)))
+        ):
+            return known[1]
+        built = build_queries(spec, namespace, pod_names, namespace_wide=True)
+        queries: dict[str, str] = {str(name): query for name, query in built.queries.items()}
+        if built.freshness is not None:
+            queries[FRESHNESS_KEY] = built.freshness
+        # a query over the pool's own pods (`$pods`) stays its own: never asked for other pods
+        own = frozenset(signal for signal in queries if names_pods(spec, signal))
+        pods = tuple(sorted(pod_names)) if own else None  # sorted, as the query names them
+        plan = _PassPlan(built.unsupported, built.freshness is not None, queries, own, pods)
+        with self._lock:
+            if len(self._pass_plans) >= PASS_PLANS:
+                self._pass_plans.clear()
+            self._pass_plans[memo] = (spec, plan)  # the spec is kept: its id is not reused while it is here
         return plan
 
     def read_signals(
@@ -919,9 +909,8 @@ class PromIO:
             answers[signal] = {pod: by_pod[pod] for pod in pod_names if pod in by_pod}
             answered_at[signal] = answer.asked_at
             collected_at = min(collected_at, answer.asked_at)
-        asks_freshness = FRESHNESS_KEY in queries
-        freshness = answers.pop(FRESHNESS_KEY, None) if asks_freshness else None
-        if asks_freshness and freshness is None:
+        freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness else None
+        if plan.freshness and freshness is None:
             freshness = {}  # the freshness query failed: it is in `failed`, which freezes the pool
         signal_answers = {cast(SignalName, name): series for name, series in answers.items()}
         snapshot = values_snapshot(signal_answers, failed, plan.unsupported, set(pod_names), collected_at, freshness)

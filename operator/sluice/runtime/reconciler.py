@@ -102,7 +102,7 @@ class _Compared:
             return known
         return cls(status, stored_form(status.model_copy(update={"last_reconcile_time": None})))
 
-    def decided(self) -> Decisions:
+    def blanked(self) -> Decisions:
         if self.decisions is None:
             self.decisions = _decisions(self.stored)
         return self.decisions
@@ -120,7 +120,7 @@ def _change(a: _Compared | None, b: _Compared) -> str:
         return "decisions"
     if a.stored == b.stored:
         return "none"
-    if a.decided() != b.decided():
+    if a.blanked() != b.blanked():
         return "decisions"
     return "observations"
 
