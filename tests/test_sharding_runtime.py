@@ -381,3 +381,37 @@ def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None
     assert len(reconciler.runs) == 1
     assert seen[0] is not None
     assert seen[1] is None
+
+
+def test_a_shard_lost_between_two_passes_removes_its_pools_gauges_at_once_not_at_the_next_interval() -> None:
+    """The loss comes from the lease thread while the daemon waits out a 60 s interval: the pool's gauges here go
+    within a second (they stayed until the next wake-up, up to an interval of another replica's pool)."""
+    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, time.monotonic())
+    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    seen: list[float | None] = []
+
+    def last_pass() -> float | None:
+        return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
+
+    async def lose_while_waiting(stop: Callable[[], None]) -> None:
+        while last_pass() is None:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # the daemon is in its wait now
+        seen.append(last_pass())
+        threading.Thread(target=shards._lose, args=(index, "taken over")).start()
+        await asyncio.sleep(1.0)
+        seen.append(last_pass())
+        stop()
+        handlers._waker(runtime, "llm", "llama").set()  # out of its interval's wait, to see the stop
+
+    class Stays(Reconciler):  # passes and goes on (the stub's own run stops the daemon after one pass)
+        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+            self.runs.append((time.monotonic(), True))
+            return PassReport(pool=snapshot.key)
+
+    reconciler = run_daemon(shards, Stays, runtime, interval="60s", beside=lose_while_waiting)
+    assert len(reconciler.runs) == 1
+    assert seen[0] is not None
+    assert seen[1] is None, "the gauges outlived the shard"

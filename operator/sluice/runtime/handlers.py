@@ -155,6 +155,20 @@ def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
 
+def _wake_shard(runtime: Runtime, loop: asyncio.AbstractEventLoop, index: int) -> None:
+    """From the lease thread: wake, on the operator's loop, the daemons of the pools in shard `index`."""
+
+    def wake() -> None:
+        shards = runtime.shards
+        if shards is None:
+            return
+        for (namespace, name), waker in list(runtime.wakers.items()):
+            if shards.shard(namespace or "default", name) == index:
+                waker.set()
+
+    loop.call_soon_threadsafe(wake)
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def pool_loop(
     name: str, namespace: str | None, body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any
@@ -168,6 +182,8 @@ async def pool_loop(
     uid = ""
     due = time.monotonic()
     shards, idle, seen_term = runtime.shards, False, None
+    if shards is not None:  # the loop is known here, not in the (threaded) startup handler; the same each time
+        shards.on_change = functools.partial(_wake_shard, runtime, asyncio.get_running_loop())
     try:
         while not stopped:
             term = None if shards is None else shards.pool_term(namespace or "default", name)

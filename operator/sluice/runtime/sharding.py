@@ -107,7 +107,10 @@ class ShardLeases:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.transitions: list[tuple[float, int, str]] = []
-        """(monotonic time, shard, 'acquired' | 'lost' | 'released'), for logs and tests."""
+        """(monotonic time, shard, 'acquired' | 'lost' | 'releasing' | 'released'), for logs and tests."""
+        self.on_change: Callable[[int], None] | None = None
+        """Called from the lease thread with a shard's index at each transition: the pools' daemons are woken to
+        see it (a pool whose shard went away stops reporting now, not at its next interval)."""
 
     # ---- what the handlers ask
 
@@ -403,6 +406,11 @@ class ShardLeases:
     def _note(self, index: int, what: str) -> None:
         self.transitions.append((self.clock(), index, what))
         log.info("shard %d/%d %s by %s", index, self.shards, what, self.identity)
+        if self.on_change is not None:
+            try:
+                self.on_change(index)
+            except Exception:  # a closed loop at shutdown: the daemons are going anyway
+                log.debug("shard %d: waking its pools failed", index, exc_info=True)
 
 
 class FencedCluster:
