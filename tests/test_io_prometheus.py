@@ -789,3 +789,43 @@ def test_an_answer_that_stalls_halfway_reads_as_timed_out() -> None:
         server.shutdown()
         server.server_close()
     assert set(snapshot.failed.values()) == {"timed out"}
+
+
+def _body(values: dict[str, str]) -> bytes:
+    return _prometheus_json(vector([{"metric": {"pod": pod}, "value": [0, v]} for pod, v in values.items()]))
+
+
+def test_an_answer_unchanged_byte_for_byte_is_not_read_again_and_a_changed_one_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gauge asked twice between two scrapes answers the same bytes: its values are reused, not decoded again;
+    any difference in the body, even one value, is decoded. Bodies are kept within `DECODED_BYTES`, the oldest
+    query's dropped first."""
+    io = PromIO()
+    read: list[bytes] = []
+
+    def counted(body: bytes, label: str) -> dict[str, float]:
+        read.append(body)
+        return vector_values(body, label)
+
+    monkeypatch.setattr(prometheus_io, "vector_values", counted)
+    try:
+        first = io._read("http://p", "q1", "pod", _body({"a": "1", "b": "2"}))
+        again = io._read("http://p", "q1", "pod", _body({"a": "1", "b": "2"}))
+        assert again is first
+        assert len(read) == 1
+        moved = io._read("http://p", "q1", "pod", _body({"a": "1", "b": "2.5"}))
+        assert moved == {"a": 1.0, "b": 2.5}
+        assert len(read) == 2
+        assert io._read("http://p", "q1", "kubernetes_pod", _body({"a": "1", "b": "2.5"})) == {}  # another label
+        assert io._read("http://other", "q1", "pod", _body({"a": "1", "b": "2.5"})) is not moved  # another server
+        size = len(_body({"a": "1", "b": "2.5"}))
+        monkeypatch.setattr(prometheus_io, "DECODED_BYTES", 2 * size)
+        io._read("http://p", "q2", "pod", _body({"c": "3", "d": "4"}))
+        assert len(io._decoded) == 2
+        assert io._decoded_bytes <= 2 * size
+        assert ("http://p", "q2", "pod") in io._decoded
+        assert ("http://p", "q1", "pod") not in io._decoded
+        assert io._decoded_bytes == sum(len(body) for body, _ in io._decoded.values())
+    finally:
+        io.close()
