@@ -214,3 +214,41 @@ def test_a_sharded_replica_asks_prometheus_for_the_pods_of_the_pools_it_runs():
     runtime.selectors = {"llm": {"pool-a": {"app": "a"}, "pool-b": {"app": "b"}, "pool-x": {}}}
     assert handlers.owned_pods(runtime, "llm") == {"a-0", "a-1", "b-0"}
     assert handlers.owned_pods(runtime, "other") == frozenset()
+
+
+def test_a_daemon_told_to_stop_while_it_waits_for_its_next_pass_exits_at_once():
+    """kopf stopping the daemon (pool deleted, operator shutting down) must not wait out a 60 s interval: the
+    daemon used to wait on its waker alone, until the interval ended or kopf cancelled it 10 s later."""
+    setter: FlagSetter[Any] = FlagSetter()
+    runtime = handlers.Runtime(config=OperatorConfig())
+    loops: list[asyncio.AbstractEventLoop] = []
+    reconciler = FakeReconciler(lambda: None)  # the pass does not stop it: the stop comes while it waits
+    runtime.reconciler = reconciler  # type: ignore[assignment]
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    body = {**BODY, "spec": {**BODY["spec"], "interval": "60s"}}
+    stopped_at: list[float] = []
+
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+
+        async def stop_later() -> None:
+            await asyncio.sleep(0.5)  # the first pass is done; the daemon waits for its next one
+            stopped_at.append(time.monotonic())
+            setter.set()
+
+        stopper = asyncio.create_task(stop_later())
+        await handlers.pool_loop(
+            name="llama",
+            namespace="llm",
+            body=kopf.Body(body),
+            memo=SimpleNamespace(runtime=runtime),
+            stopped=AsyncFlagWaiter(setter),
+        )
+        await stopper
+
+    started = time.monotonic()
+    asyncio.run(asyncio.wait_for(go(), timeout=8))
+    assert len(reconciler.snapshots) == 1
+    assert time.monotonic() - stopped_at[0] < 1.0
+    assert time.monotonic() - started < 2.0
+    assert runtime.wakers == {}

@@ -155,6 +155,11 @@ def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
 
+async def _wake_when_stopped(stopped: kopf.DaemonStopped, waker: asyncio.Event) -> None:
+    await stopped.wait()
+    waker.set()
+
+
 def _wake_shard(runtime: Runtime, loop: asyncio.AbstractEventLoop, index: int) -> None:
     """From the lease thread: wake, on the operator's loop, the daemons of the pools in shard `index`."""
 
@@ -184,6 +189,9 @@ async def pool_loop(
     shards, idle, seen_term = runtime.shards, False, None
     if shards is not None:  # the loop is known here, not in the (threaded) startup handler; the same each time
         shards.on_change = functools.partial(_wake_shard, runtime, asyncio.get_running_loop())
+    # kopf stopping the daemon (the pool deleted, the operator shutting down) ends the wait for the next pass
+    # at once, not at the end of the interval or at kopf's cancellation
+    stopping = asyncio.create_task(_wake_when_stopped(stopped, waker), name=f"sluice-stop-{namespace}/{name}")
     try:
         while not stopped:
             term = None if shards is None else shards.pool_term(namespace or "default", name)
@@ -240,6 +248,7 @@ async def pool_loop(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waker.wait(), timeout=max(0.0, due - time.monotonic()))
     finally:
+        stopping.cancel()
         runtime.wakers.pop((namespace, name), None)
         runtime.selectors.get(namespace, {}).pop(name, None)
         reconciler.forget(uid)
