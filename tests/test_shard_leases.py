@@ -136,3 +136,59 @@ def test_a_shard_given_up_is_cleared_only_once_its_calls_in_flight_have_ended_or
         clock.now += 8.0
         a.step()
         assert holders(api)[2] is None
+
+
+def test_shards_that_lapse_while_the_api_is_unreachable_are_lost_and_their_pools_woken() -> None:
+    """The API down: no round gets past its list, and no renewal fails with an answer. The shards' validity runs
+    out all the same; that is a loss like any other (their pools' daemons are woken to stop reporting them),
+    and taking them back later begins a new term."""
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    woken: list[int] = []
+    a.on_change = woken.append
+    a.step()
+    terms = {i: a.term(i) for i in range(4)}
+    woken.clear()
+    working = api.list_namespaced_lease
+
+    def unreachable(*_: object, **__: object) -> object:
+        raise ConnectionError("the API server is unreachable")
+
+    api.list_namespaced_lease = unreachable  # type: ignore[method-assign]
+    clock.now += 7.9  # within the 8 s of validity: nothing lost yet
+    with pytest.raises(ConnectionError):
+        a.step()
+    assert woken == []
+    clock.now += 0.2
+    with pytest.raises(ConnectionError):
+        a.step()
+    assert sorted(woken) == [0, 1, 2, 3]
+    assert all(what == "lost (lapsed without a renewal)" for _, _, what in a.transitions[-4:])
+    api.list_namespaced_lease = working  # type: ignore[method-assign]
+    clock.now += 1.0
+    a.step()  # the Leases are still its own (nobody took them): taken again, in new terms
+    assert a.held() == [0, 1, 2, 3]
+    assert all(a.term(i) != terms[i] for i in range(4))
+
+
+def test_a_renewal_without_an_answer_does_not_stop_the_other_shards_renewing() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    versions = {i: api.items[SHARD.format(i)]["metadata"]["resourceVersion"] for i in range(4)}
+    original = api.replace_namespaced_lease
+
+    def timing_out(name: str, *args: object, **kwargs: object) -> object:
+        if name == SHARD.format(0):
+            raise TimeoutError("read timed out")
+        return original(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    api.replace_namespaced_lease = timing_out  # type: ignore[method-assign]
+    clock.now += 3.5
+    a.step()
+    assert [i for i in range(4) if api.items[SHARD.format(i)]["metadata"]["resourceVersion"] != versions[i]] == [
+        1,
+        2,
+        3,
+    ]
+    assert a.held() == [0, 1, 2, 3]  # shard 0 still within its validity

@@ -137,6 +137,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 def cleanup(memo: Any, **_: Any) -> None:
     runtime = runtime_of(memo)
     if runtime.shards is not None:
+        runtime.shards.on_change = None  # the daemons and their loop are gone
         with contextlib.suppress(Exception):
             runtime.shards.stop()  # Leases cleared: a successor takes over at once
     if runtime.prom is not None:
@@ -187,7 +188,7 @@ async def pool_loop(
     uid = ""
     due = time.monotonic()
     shards, idle, seen_term = runtime.shards, False, None
-    if shards is not None:  # the loop is known here, not in the (threaded) startup handler; the same each time
+    if shards is not None and shards.on_change is None:  # the loop is known here, not in the threaded startup
         shards.on_change = functools.partial(_wake_shard, runtime, asyncio.get_running_loop())
     # kopf stopping the daemon (the pool deleted, the operator shutting down) ends the wait for the next pass
     # at once, not at the end of the interval or at kopf's cancellation
@@ -198,9 +199,11 @@ async def pool_loop(
             if shards is not None and term is None:
                 if not idle:  # its freshness, lag and weights are the new owner's to say, not stale ones here
                     metrics.forget(f"{namespace}/{name}")
-                idle = True  # another replica's shard (or none held yet): check again in a second
+                idle = True  # another replica's shard (or none held yet): check again in a second, or when woken
                 runtime.selectors.get(namespace, {}).pop(name, None)  # its pods are not asked for here
-                await asyncio.sleep(1.0)
+                waker.clear()  # (a shard taken wakes its pools: the first pass comes at once)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waker.wait(), timeout=1.0)
                 continue
             if idle or (seen_term is not None and term != seen_term):
                 # the shard came back, or was lost and taken again since the last pass (a new term): what this
@@ -231,6 +234,12 @@ async def pool_loop(
                 log.exception("pass failed for %s", snapshot.key)
                 metrics.passes.labels(snapshot.key, "error").inc()
             else:
+                if shards is not None and shards.pool_term(namespace or "default", name) != term:
+                    # the shard went away during the pass (its writes were fenced): what it saw is not this
+                    # replica's to report any more, and the new owner's gauges must not be outdone by these
+                    metrics.forget(f"{namespace}/{name}")
+                    idle = True
+                    continue
                 metrics.record(report)
                 wall = time.time() - (time.monotonic() - started)
                 metrics.timing(report.pool, started - due, started - submitted, interval, wall)

@@ -209,7 +209,8 @@ class ShardLeases:
             self._stop.wait(self.tick)
 
     def step(self) -> None:
-        """One round: list, renew, release, acquire, tidy up."""
+        """One round: held shards past their validity lost, then list, renew, release, acquire, tidy up."""
+        self._expire()
         items = self._list()
         now = self.clock()
         for name, lease in items.items():
@@ -347,6 +348,11 @@ class ShardLeases:
                     if self.clock() >= self._valid_until.get(index, 0.0):
                         self._lose(index, "renewal failed until the lease lapsed")
                 continue
+            except _Stopping:
+                raise
+            except Exception as failure:  # no answer (a timeout, a refused connection): the other shards still renew
+                log.warning("renewing %s: %s", name, failure)
+                continue
             self._renewed[name] = sent
             with self._lock:
                 self._valid_until[index] = sent + self.duration - self.margin
@@ -397,6 +403,16 @@ class ShardLeases:
         version = self._versions.get(name)
         self._write(name, self._body(name, "shard", None, version, False), False)
 
+    def _expire(self) -> None:
+        """Held shards whose validity ran out without a renewal (the API unreachable, a renewal timing out) are
+        lost: a transition like any other, so their pools' daemons are woken and stop reporting them now, and a
+        shard taken back later starts a new term. Runs first in every round, before anything that can fail."""
+        now = self.clock()
+        with self._lock:
+            lapsed = [i for i, until in self._valid_until.items() if now >= until and i not in self._releasing]
+        for index in lapsed:
+            self._lose(index, "lapsed without a renewal")
+
     def _lose(self, index: int, why: str) -> None:
         with self._lock:
             self._valid_until.pop(index, None)
@@ -409,8 +425,10 @@ class ShardLeases:
         if self.on_change is not None:
             try:
                 self.on_change(index)
-            except Exception:  # a closed loop at shutdown: the daemons are going anyway
+            except RuntimeError:  # a closed loop at shutdown: the daemons are going anyway
                 log.debug("shard %d: waking its pools failed", index, exc_info=True)
+            except Exception:  # never out of the lease round (it would stop half-way), but not quietly either
+                log.exception("shard %d: waking its pools failed", index)
 
 
 class FencedCluster:
