@@ -52,7 +52,7 @@ def failed_after_oom(stack: Stack, traffic: Traffic, background: Background, pod
     killed = time.monotonic()
     background.start(stack.inject(pod, {"oom": True})).result(timeout=10)
     time.sleep(WINDOW + 2)
-    return Window(pod, [s for s in traffic.samples if killed <= s.at <= killed + WINDOW])
+    return Window(pod, [s for s in traffic.finished() if killed <= s.at <= killed + WINDOW])
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,19 @@ class Window:
 
     @property
     def hit(self) -> list[Sample]:
-        """Requests whose first attempt failed before any response byte: sent to the dead pod (retried or not)."""
-        return [s for s in self.samples if s.attempts > 1 or (not s.ok and s.condition is not None)]
+        """Requests first sent to the dead pod whose first attempt failed before any response byte (retried or
+        not); a failure elsewhere (a client timeout under load, another pod's error) is not one."""
+        return [
+            s
+            for s in self.samples
+            if s.first == self.killed and (s.attempts > 1 or (not s.ok and s.condition is not None))
+        ]
 
     @property
     def unsaved(self) -> int:
-        """Requests that failed before any response byte: those a retry could have saved and did not."""
-        return sum(1 for s in self.samples if not s.ok and s.condition is not None)
+        """Requests first sent to the dead pod that failed before any response byte: a retry could have saved
+        them and did not."""
+        return sum(1 for s in self.hit if not s.ok and s.condition is not None)
 
     def __str__(self) -> str:
         failed = sum(1 for s in self.samples if not s.ok)

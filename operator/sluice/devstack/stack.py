@@ -546,6 +546,8 @@ class Sample:
     condition: str | None = None
     """How the last attempt failed before any response byte (an Envoy `retryOn` name); None: it did not, or it
     failed after the answer had started (never retried)."""
+    first: str = ""
+    """The pod its first attempt went to (`pod` is the last attempt's)."""
 
 
 @dataclass(frozen=True)
@@ -704,7 +706,7 @@ class Traffic:
             self.active[pod] -= 1
 
     async def _one(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str, revision: str) -> None:
-        policy, tried, attempts = self.retries, {pod}, 1
+        policy, tried, attempts, first = self.retries, {pod}, 1, pod
         rng = random.Random(hash((pod, time.monotonic())))
         while True:
             self.served[pod] += 1
@@ -722,16 +724,21 @@ class Traffic:
             pod, ip, revision = retry
             tried.add(pod)
             attempts += 1
-        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok, attempts, condition))
+        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok, attempts, condition, first))
+
+    def finished(self) -> list[Sample]:
+        """The samples so far, copied in one step: the traffic's loop appends from its own thread, and iterating
+        the deque while it does raises."""
+        return list(self.samples)
 
     def failures(self, since: float, until: float | None = None, retriable: bool = False) -> tuple[int, int]:
         """(failed, all) requests finished in the window; `retriable`: only the failures before any response
         byte (those a retry policy can turn into a retry)."""
-        recent = [s for s in self.samples if s.at >= since and (until is None or s.at <= until)]
+        recent = [s for s in self.finished() if s.at >= since and (until is None or s.at <= until)]
         return sum(1 for s in recent if not s.ok and (not retriable or s.condition is not None)), len(recent)
 
     def share(self, since: float, key: str = "pod") -> dict[str, float]:
-        recent = [s for s in self.samples if s.at >= since]
+        recent = [s for s in self.finished() if s.at >= since]
         counts: dict[str, int] = defaultdict(int)
         for sample in recent:
             counts[getattr(sample, key)] += 1
