@@ -80,9 +80,6 @@ IDLE_CLIENT_SECONDS = 600.0
 """A session (its keep-alive connections, its CA file) no query has used for this long is closed: what a rotated
 CA bundle or a changed timeout leaves behind."""
 
-DECODED_BYTES = 64 * 1024 * 1024
-"""Answer bodies kept to recognise an unchanged answer (`PromIO._read`): eight 16,000-pod answers are ~10 MB."""
-
 FRESHNESS_KEY = "sampleTime"
 """Name under which the freshness query's failure is reported (it is not a signal)."""
 
@@ -479,10 +476,6 @@ class PromIO:
         self._transports: dict[TransportKey, _Transport] = {}
         self._ca_files: dict[str, str] = {}
         """CA bundle -> the temporary file it was written to (one per bundle, whatever uses it)."""
-        self._decoded: dict[tuple[str, str, str], tuple[bytes, dict[str, float]]] = {}
-        """(Prometheus URL, query, pod label) -> its last answer's body and values (`_read`), oldest first, their
-        bodies at most `DECODED_BYTES` in all."""
-        self._decoded_bytes = 0
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sluice-prom")
         self._answers: dict[tuple[Any, ...], _Answer] = {}
@@ -562,26 +555,7 @@ class PromIO:
             body = _ask_prometheus(transport.client, query, f"{key[3]:g}s", headers)
         finally:
             self._release(transport)
-        return self._read(key[0], query, pod_label, body)
-
-    def _read(self, url: str, query: str, pod_label: str, body: bytes) -> dict[str, float]:
-        """`vector_values(body, pod_label)`, or the values read from the previous answer to the same query when
-        `body` is byte for byte that answer: a gauge asked twice between two scrapes answers the same (half of
-        the refresher's gauge answers at a 5 s scrape). Answers' values are shared and never modified."""
-        memo_key = (url, query, pod_label)
-        with self._lock:
-            known = self._decoded.get(memo_key)
-        if known is not None and known[0] == body:
-            return known[1]
-        values = vector_values(body, pod_label)
-        with self._lock:
-            replaced = self._decoded.pop(memo_key, None)
-            self._decoded[memo_key] = (body, values)
-            self._decoded_bytes += len(body) - (len(replaced[0]) if replaced is not None else 0)
-            while self._decoded_bytes > DECODED_BYTES and len(self._decoded) > 1:  # the oldest answers first
-                oldest = next(iter(self._decoded))
-                self._decoded_bytes -= len(self._decoded.pop(oldest)[0])
-        return values
+        return vector_values(body, pod_label)
 
     def _ca_file(self, pem: str) -> str:
         """The temporary file holding `pem`, written once per bundle (the lock is held)."""
