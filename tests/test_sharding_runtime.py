@@ -416,3 +416,35 @@ def test_a_shard_lost_between_two_passes_removes_its_pools_gauges_at_once_not_at
     assert len(reconciler.runs) == 1
     assert seen[0] is not None
     assert seen[1] is None, "the gauges outlived the shard"
+
+
+def test_a_shard_that_lapses_with_no_lease_round_removes_its_pools_gauges_when_it_lapses() -> None:
+    """No lease thread runs here (as if it had stalled): nothing reports the lapse, and the daemon waits out a
+    60 s interval. Its wait ends when the shard's validity does, so the gauges go then (they stayed until the
+    next pass)."""
+    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
+    index = shards.shard("llm", "llama")
+    shards._acquired(index, time.monotonic() - shards.duration + shards.margin + 2.0)  # valid 2 s more
+    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    seen: list[float | None] = []
+
+    def last_pass() -> float | None:
+        return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
+
+    async def watch(stop: Callable[[], None]) -> None:
+        while last_pass() is None:
+            await asyncio.sleep(0.05)
+        seen.append(last_pass())  # the pass, within the validity
+        await asyncio.sleep(3.0)  # the validity has ended meanwhile
+        seen.append(last_pass())
+        stop()
+
+    class Stays(Reconciler):
+        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+            self.runs.append((time.monotonic(), True))
+            return PassReport(pool=snapshot.key)
+
+    reconciler = run_daemon(shards, Stays, runtime, interval="60s", beside=watch)
+    assert len(reconciler.runs) == 1
+    assert seen[0] is not None
+    assert seen[1] is None, "the gauges outlived the shard's validity"

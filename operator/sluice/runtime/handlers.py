@@ -156,6 +156,26 @@ def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
 
+async def _wait_for_next_pass(
+    waker: asyncio.Event, due: float, shards: ShardLeases | None, namespace: str, name: str, term: int | None
+) -> None:
+    """Until `due` (monotonic) or a wake-up; with shards, also no longer than the shard's validity in `term`: a
+    shard that lapses with no lease round to say so (the lease thread stalled) is seen when it lapses, its gauges
+    gone then, not at the next pass."""
+    while (left := due - time.monotonic()) > 0:
+        timeout = left
+        if shards is not None:
+            valid = shards.valid_for(namespace, name, term)
+            if valid is None:
+                return
+            timeout = min(left, max(valid, 0.0) + 0.01)
+        try:
+            await asyncio.wait_for(waker.wait(), timeout=timeout)
+            return
+        except TimeoutError:
+            continue
+
+
 async def _wake_when_stopped(stopped: kopf.DaemonStopped, waker: asyncio.Event) -> None:
     await stopped.wait()
     waker.set()
@@ -254,8 +274,7 @@ async def pool_loop(
                 )
             due = submitted + interval  # the next pass is due one interval after this one began
             await asyncio.sleep(MIN_GAP)  # however late, and a wake-up before `due` is early, never late
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waker.wait(), timeout=max(0.0, due - time.monotonic()))
+            await _wait_for_next_pass(waker, due, shards, namespace or "default", name, term)
     finally:
         stopping.cancel()
         runtime.wakers.pop((namespace, name), None)

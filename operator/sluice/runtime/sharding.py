@@ -135,6 +135,16 @@ class ShardLeases:
     def holds_pool(self, namespace: str, name: str) -> bool:
         return self.holds(self.shard(namespace, name))
 
+    def valid_for(self, namespace: str, name: str, term: int | None) -> float | None:
+        """Seconds left of the validity of the pool's shard while it is held in `term`, else None: how long the
+        pool's daemon may wait before it must look again (its shard can lapse with no round to say so, the lease
+        thread stalled)."""
+        index = self.shard(namespace, name)
+        with self._lock:
+            if term is None or not self._holds(index) or self._term.get(index) != term:
+                return None
+            return self._valid_until[index] - self.clock()
+
     def held(self) -> list[int]:
         return [i for i in range(self.shards) if self.holds(i)]
 
