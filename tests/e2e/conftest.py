@@ -137,8 +137,11 @@ def replica(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]
 
 
 def audit_trail(stack: Stack) -> list[dict[str, str]]:
-    """The API emulator's audit log so far, one entry per request (and again once answered)."""
-    return [json.loads(line) for line in (stack.workdir / "audit.jsonl").read_text().splitlines()]
+    """The API emulator's audit log so far, one entry per request (and again once answered). A line the emulator
+    is still writing (no newline yet) is not an entry yet: reading the file while it grows used to fail on it."""
+    text = (stack.workdir / "audit.jsonl").read_text()
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines()]
 
 
 def operator_pid(entry: dict[str, str]) -> int | None:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
-from tests.e2e.conftest import BASE_PODS, Background, condition, module_stack, pool_manifest, wait_until
+from tests.e2e.conftest import BASE_PODS, Background, audit_trail, condition, module_stack, pool_manifest, wait_until
 
 helm = pytest.importorskip("helm_python")
 pytestmark = pytest.mark.slow
@@ -86,8 +86,7 @@ def start_operator_as_the_chart_deploys_it(stack: Stack) -> subprocess.Popen[byt
 
 def forbidden_calls(stack: Stack) -> list[dict[str, str]]:
     user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
-    lines = (stack.workdir / "audit.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e.get("user") == user and e.get("decision") == "forbid"]
+    return [e for e in audit_trail(stack) if e.get("user") == user and e.get("decision") == "forbid"]
 
 
 def test_helm_install_creates_every_rendered_object_and_its_release_secret(

@@ -21,6 +21,7 @@ from sluice.devstack.stack import ROOT, SHARED_ISTIO, PodSpec, Stack, Traffic, f
 from tests.e2e.conftest import (
     BASE_PODS,
     Background,
+    audit_trail,
     condition,
     operator_stack,
     pool_manifest,
@@ -427,8 +428,7 @@ def test_every_api_call_of_the_operator_is_allowed_by_the_chart_and_every_rule_i
     wait_until(lambda: stack.istio("envoyfilters", "sluice-llama-lb", "v1alpha3") is not None, 30, "the lb EnvoyFilter")
     wait_until(lambda: condition(pool(stack), "MetricsAvailable")["status"] == "True", 30, "metrics with the token")
     used: set[tuple[str, str, str]] = set()
-    for line in (stack.workdir / "audit.jsonl").read_text().splitlines():
-        entry = json.loads(line)
+    for entry in audit_trail(stack):
         agent = entry["userAgent"]
         if agent.startswith("sluice-operator") or "kopf" in agent:
             resource = entry["resource"] + (f"/{entry['subresource']}" if entry["subresource"] else "")
