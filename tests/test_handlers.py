@@ -232,7 +232,7 @@ def test_a_daemon_told_to_stop_while_it_waits_for_its_next_pass_exits_at_once():
         loops.append(asyncio.get_running_loop())
 
         async def stop_later() -> None:
-            await asyncio.sleep(0.5)  # the first pass is done; the daemon waits for its next one
+            await asyncio.sleep(1.5)  # the first pass and its 1 s gap are done; the daemon waits for its next one
             stopped_at.append(time.monotonic())
             setter.set()
 
@@ -250,5 +250,5 @@ def test_a_daemon_told_to_stop_while_it_waits_for_its_next_pass_exits_at_once():
     asyncio.run(asyncio.wait_for(go(), timeout=8))
     assert len(reconciler.snapshots) == 1
     assert time.monotonic() - stopped_at[0] < 1.0
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 3.0
     assert runtime.wakers == {}

@@ -192,3 +192,27 @@ def test_a_renewal_without_an_answer_does_not_stop_the_other_shards_renewing() -
         3,
     ]
     assert a.held() == [0, 1, 2, 3]  # shard 0 still within its validity
+
+
+def test_a_shard_that_lapses_during_a_round_is_not_renewed_in_its_term() -> None:
+    """The round began within the validity, but its list took long enough for the validity to end: the shard is
+    lost and taken back in a new term, not renewed as if it had been held all along (a pass of the old term
+    would have found its fence open again)."""
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    terms = {i: a.term(i) for i in range(4)}
+    listed = api.list_namespaced_lease
+
+    def slow_list(*args: object, **kwargs: object) -> object:
+        clock.now += 8.5  # the validity (8 s) ends while the list is on the wire
+        return listed(*args, **kwargs)  # type: ignore[arg-type]
+
+    api.list_namespaced_lease = slow_list  # type: ignore[method-assign]
+    a.step()
+    assert (
+        sorted(what for _, _, what in a.transitions if what.startswith("lost"))
+        == ["lost (lapsed without a renewal)"] * 4
+    )
+    assert a.held() == [0, 1, 2, 3]
+    assert all(a.term(i) != terms[i] for i in range(4))

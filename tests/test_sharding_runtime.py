@@ -146,10 +146,15 @@ def test_the_daemon_idles_until_the_shard_is_held_then_passes_inside_the_fence()
         granted.append(time.monotonic())
         shards._acquired(shards.shard("llm", "llama"), time.monotonic())
 
-    reconciler = run_daemon(shards, Reconciler, beside=grant_later)
+    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    reconciler = run_daemon(shards, Reconciler, runtime, beside=grant_later)
     ((ran_at, fenced_inside),) = reconciler.runs
     assert ran_at >= granted[0], "no pass before the shard was held"
     assert fenced_inside, "the pass ran with its writes fenced to the pool's shard"
+    # the 2.5 s spent idle is not lag: the first pass is due when the shard is taken (it reported 2.5 s late)
+    lag = runtime.registry.get_sample_value("sluice_pass_lag_seconds_sum")
+    assert lag is not None
+    assert lag < 0.5
 
 
 class FakeLeaseApi:
@@ -382,6 +387,9 @@ def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None
     reconciler = run_daemon(shards, LosesItsShard, runtime, interval="1s", beside=watch)
     assert len(reconciler.runs) == 1
     assert seen == [None, None]
+    # what the pass did is still counted here (counters stay where they were counted)
+    assert runtime.registry.get_sample_value("sluice_reconcile_total", {"pool": "llm/llama", "result": "ok"}) == 1
+    assert runtime.registry.get_sample_value("sluice_reconcile_duration_seconds_count") == 1
 
 
 def test_a_shard_lost_between_two_passes_removes_its_pools_gauges_at_once_not_at_the_next_interval() -> None:

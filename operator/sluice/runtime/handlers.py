@@ -168,7 +168,7 @@ async def _wait_for_next_pass(
             valid = shards.valid_for(namespace, name, term)
             if valid is None:
                 return
-            timeout = min(left, max(valid, 0.0) + 0.01)
+            timeout = min(left, max(valid, 0.0) + 0.1)
         try:
             await asyncio.wait_for(waker.wait(), timeout=timeout)
             return
@@ -232,6 +232,7 @@ async def pool_loop(
                 if runtime.cluster is not None:
                     runtime.cluster.resync()
                 idle = False
+                due = time.monotonic()  # the time it idled is not lag: the pass is due from now
             seen_term = term
             waker.clear()
             snapshot = runtime.snapshots.read(body, reconciler.written_at(str(body.metadata.get("uid") or "")))
@@ -254,15 +255,16 @@ async def pool_loop(
                 log.exception("pass failed for %s", snapshot.key)
                 metrics.passes.labels(snapshot.key, "error").inc()
             else:
-                if shards is not None and shards.pool_term(namespace or "default", name) != term:
-                    # the shard went away during the pass (its writes were fenced): what it saw is not this
-                    # replica's to report any more, and the new owner's gauges must not be outdone by these
+                # the shard went away during the pass (its writes were fenced): what it did is counted, but what
+                # it saw is not this replica's to report any more, and must not outdo the new owner's gauges
+                lost = shards is not None and shards.pool_term(namespace or "default", name) != term
+                metrics.record(report, gauges=not lost)
+                if lost:
                     metrics.forget(f"{namespace}/{name}")
                     idle = True
-                    continue
-                metrics.record(report)
-                wall = time.time() - (time.monotonic() - started)
-                metrics.timing(report.pool, started - due, started - submitted, interval, wall)
+                else:
+                    wall = time.time() - (time.monotonic() - started)
+                    metrics.timing(report.pool, started - due, started - submitted, interval, wall)
                 written = [f"{w.kind}:{w.action}" for w in report.writes if w.action not in ("unchanged", "refused")]
                 # a pass that changed the mesh at info; every pass at debug (1000 pools: 200 lines a second)
                 log.log(

@@ -172,11 +172,13 @@ class OperatorMetrics:
         """Pools whose canary series are on the page."""
         self.pod_series = pod_series
 
-    def record(self, report: PassReport) -> None:
-        """Update every series from one pass's report."""
+    def record(self, report: PassReport, gauges: bool = True) -> None:
+        """Update every series from one pass's report; `gauges` False: its counters and histograms only (a pass
+        whose shard went away: what it did is counted here, the pool's state is no longer this replica's)."""
         pool = report.pool
         self.duration.observe(report.seconds)
-        self.last_duration.labels(pool).set(report.seconds)
+        if gauges:
+            self.last_duration.labels(pool).set(report.seconds)
         self.passes.labels(pool, report.result).inc()
         if report.prometheus_seconds is not None:
             self.query_seconds.observe(report.prometheus_seconds)
@@ -187,7 +189,7 @@ class OperatorMetrics:
         self.status_writes.labels(pool, _status_result(report)).inc()
         for event in report.events:
             self.events.labels(pool, event.reason).inc()
-        if report.status is not None:
+        if report.status is not None and gauges:
             self._record_status(pool, report.status)
 
     def _record_status(self, pool: str, status: InferencePoolStatus) -> None:

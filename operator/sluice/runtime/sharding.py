@@ -345,6 +345,11 @@ class ShardLeases:
                 continue
             if self._renewed.get(name, -1e9) + self.renew_every > now:
                 continue
+            with self._lock:
+                lapsed = self.clock() >= self._valid_until.get(index, 0.0)
+            if lapsed:  # ran out during this round (a slow list, renewals before it hanging): not renewed in its term
+                self._lose(index, "lapsed without a renewal")
+                continue
             sent = self.clock()
             try:
                 self._write(
@@ -432,9 +437,10 @@ class ShardLeases:
     def _note(self, index: int, what: str) -> None:
         self.transitions.append((self.clock(), index, what))
         log.info("shard %d/%d %s by %s", index, self.shards, what, self.identity)
-        if self.on_change is not None:
+        hook = self.on_change  # read once: cleanup clears it from the loop's thread
+        if hook is not None:
             try:
-                self.on_change(index)
+                hook(index)
             except RuntimeError:  # a closed loop at shutdown: the daemons are going anyway
                 log.debug("shard %d: waking its pools failed", index, exc_info=True)
             except Exception:  # never out of the lease round (it would stop half-way), but not quietly either
