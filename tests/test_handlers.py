@@ -55,24 +55,35 @@ class FakeReconciler:
         return None
 
 
+def runtime_with(reconciler: FakeReconciler) -> handlers.Runtime:
+    runtime = handlers.Runtime(config=OperatorConfig())
+    runtime.reconciler = reconciler  # type: ignore[assignment]
+    runtime.metrics = OperatorMetrics(runtime.registry)
+    return runtime
+
+
+async def daemon(memo: SimpleNamespace, setter: FlagSetter[Any], interval: str = "1s") -> None:
+    """The pool's daemon as kopf runs it, until `setter` is set (kopf's `stopped`)."""
+    body = {**BODY, "spec": {**BODY["spec"], "interval": interval}}
+    await handlers.pool_loop(
+        name="llama", namespace="llm", body=kopf.Body(body), memo=memo, stopped=AsyncFlagWaiter(setter)
+    )
+
+
 def one_pass(during: Any = None) -> tuple[handlers.Runtime, FakeReconciler, SimpleNamespace]:
     """Run a pool's daemon for one pass (the fake reconciler stops it), calling `during(runtime)` inside it."""
     setter: FlagSetter[Any] = FlagSetter()
-    runtime = handlers.Runtime(config=OperatorConfig())
     loops: list[asyncio.AbstractEventLoop] = []
     reconciler = FakeReconciler(lambda: loops[0].call_soon_threadsafe(setter.set))
+    runtime = runtime_with(reconciler)
     if during is not None:
         real_run = reconciler.run
         reconciler.run = lambda snapshot, now: during(runtime) or real_run(snapshot, now)  # type: ignore[method-assign]
-    runtime.reconciler = reconciler  # type: ignore[assignment]
-    runtime.metrics = OperatorMetrics(runtime.registry)
     memo = SimpleNamespace(runtime=runtime)
 
     async def go() -> None:
         loops.append(asyncio.get_running_loop())
-        await handlers.pool_loop(
-            name="llama", namespace="llm", body=kopf.Body(BODY), memo=memo, stopped=AsyncFlagWaiter(setter)
-        )
+        await daemon(memo, setter)
 
     asyncio.run(asyncio.wait_for(go(), timeout=10))
     return runtime, reconciler, memo
@@ -180,22 +191,13 @@ def test_passes_start_one_interval_apart_however_long_each_takes():
     # The loop used to wait a whole interval after each pass ended: passes drifted by their own duration, and
     # the pass-lag metric reported that drift as the operator falling behind.
     setter: FlagSetter[Any] = FlagSetter()
-    runtime = handlers.Runtime(config=OperatorConfig())
     loops: list[asyncio.AbstractEventLoop] = []
     reconciler = SlowReconciler(lambda: loops[0].call_soon_threadsafe(setter.set), passes=3)
-    runtime.reconciler = reconciler  # type: ignore[assignment]
-    runtime.metrics = OperatorMetrics(runtime.registry)
-    body = {**BODY, "spec": {**BODY["spec"], "interval": "2s"}}
+    runtime = runtime_with(reconciler)
 
     async def go() -> None:
         loops.append(asyncio.get_running_loop())
-        await handlers.pool_loop(
-            name="llama",
-            namespace="llm",
-            body=kopf.Body(body),
-            memo=SimpleNamespace(runtime=runtime),
-            stopped=AsyncFlagWaiter(setter),
-        )
+        await daemon(SimpleNamespace(runtime=runtime), setter, interval="2s")
 
     asyncio.run(asyncio.wait_for(go(), timeout=20))
     gaps = [b - a for a, b in itertools.pairwise(reconciler.started)]
@@ -220,30 +222,18 @@ def test_a_daemon_told_to_stop_while_it_waits_for_its_next_pass_exits_at_once():
     """kopf stopping the daemon (pool deleted, operator shutting down) must not wait out a 60 s interval: the
     daemon used to wait on its waker alone, until the interval ended or kopf cancelled it 10 s later."""
     setter: FlagSetter[Any] = FlagSetter()
-    runtime = handlers.Runtime(config=OperatorConfig())
-    loops: list[asyncio.AbstractEventLoop] = []
     reconciler = FakeReconciler(lambda: None)  # the pass does not stop it: the stop comes while it waits
-    runtime.reconciler = reconciler  # type: ignore[assignment]
-    runtime.metrics = OperatorMetrics(runtime.registry)
-    body = {**BODY, "spec": {**BODY["spec"], "interval": "60s"}}
+    runtime = runtime_with(reconciler)
     stopped_at: list[float] = []
 
     async def go() -> None:
-        loops.append(asyncio.get_running_loop())
-
         async def stop_later() -> None:
             await asyncio.sleep(1.5)  # the first pass and its 1 s gap are done; the daemon waits for its next one
             stopped_at.append(time.monotonic())
             setter.set()
 
         stopper = asyncio.create_task(stop_later())
-        await handlers.pool_loop(
-            name="llama",
-            namespace="llm",
-            body=kopf.Body(body),
-            memo=SimpleNamespace(runtime=runtime),
-            stopped=AsyncFlagWaiter(setter),
-        )
+        await daemon(SimpleNamespace(runtime=runtime), setter, interval="60s")
         await stopper
 
     started = time.monotonic()

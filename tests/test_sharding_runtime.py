@@ -353,20 +353,35 @@ def test_pool_deletion_writes_through_the_fence() -> None:
     assert released == []
 
 
+def last_pass(runtime: handlers.Runtime) -> float | None:
+    return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
+
+
+def holding_the_pool(valid_for: float | None = None) -> tuple[ShardLeases, int, handlers.Runtime]:
+    """A replica holding pool llm/llama's shard (for `valid_for` more seconds, else a whole term), no lease thread."""
+    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
+    index = shards.shard("llm", "llama")
+    sent = time.monotonic() if valid_for is None else time.monotonic() - shards.duration + shards.margin + valid_for
+    shards._acquired(index, sent)
+    return shards, index, handlers.Runtime(config=OperatorConfig(shards=4))
+
+
+class Stays(Reconciler):
+    """Passes and goes on (the stub's own run stops the daemon after one pass)."""
+
+    def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+        self.runs.append((time.monotonic(), True))
+        return PassReport(pool=snapshot.key)
+
+
 def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None:
     """Its last-pass time, lag and weights here would go stale: `time() - sluice_last_pass_timestamp_seconds`
     would call a pool another replica runs behind, and `sluice_pools_behind` kept counting it. A pass during
     which the shard went away records nothing (it used to record its time, which outdid the new owner's under
     `max by (pool)`, until the daemon idled a second later)."""
-    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
-    index = shards.shard("llm", "llama")
-    shards._acquired(index, time.monotonic())
-    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    shards, index, runtime = holding_the_pool()
     seen: list[float | None] = []
     ran: list[float] = []
-
-    def last_pass() -> float | None:
-        return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
 
     class LosesItsShard(Reconciler):
         def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
@@ -379,9 +394,9 @@ def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None
         while not ran:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
-        seen.append(last_pass())  # right after the pass
+        seen.append(last_pass(runtime))  # right after the pass
         await asyncio.sleep(1.5)
-        seen.append(last_pass())  # once it idles
+        seen.append(last_pass(runtime))  # once it idles
         stop()
 
     reconciler = run_daemon(shards, LosesItsShard, runtime, interval="1s", beside=watch)
@@ -395,30 +410,19 @@ def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None
 def test_a_shard_lost_between_two_passes_removes_its_pools_gauges_at_once_not_at_the_next_interval() -> None:
     """The loss comes from the lease thread while the daemon waits out a 60 s interval: the pool's gauges here go
     within a second (they stayed until the next wake-up, up to an interval of another replica's pool)."""
-    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
-    index = shards.shard("llm", "llama")
-    shards._acquired(index, time.monotonic())
-    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    shards, index, runtime = holding_the_pool()
     seen: list[float | None] = []
 
-    def last_pass() -> float | None:
-        return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
-
     async def lose_while_waiting(stop: Callable[[], None]) -> None:
-        while last_pass() is None:
+        while last_pass(runtime) is None:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # the daemon is in its wait now
-        seen.append(last_pass())
+        seen.append(last_pass(runtime))
         threading.Thread(target=shards._lose, args=(index, "taken over")).start()
         await asyncio.sleep(1.0)
-        seen.append(last_pass())
+        seen.append(last_pass(runtime))
         stop()
         handlers._waker(runtime, "llm", "llama").set()  # out of its interval's wait, to see the stop
-
-    class Stays(Reconciler):  # passes and goes on (the stub's own run stops the daemon after one pass)
-        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
-            self.runs.append((time.monotonic(), True))
-            return PassReport(pool=snapshot.key)
 
     reconciler = run_daemon(shards, Stays, runtime, interval="60s", beside=lose_while_waiting)
     assert len(reconciler.runs) == 1
@@ -430,27 +434,16 @@ def test_a_shard_that_lapses_with_no_lease_round_removes_its_pools_gauges_when_i
     """No lease thread runs here (as if it had stalled): nothing reports the lapse, and the daemon waits out a
     60 s interval. Its wait ends when the shard's validity does, so the gauges go then (they stayed until the
     next pass)."""
-    shards = ShardLeases(k8s.ApiClient(), "llm", 4, identity="me")
-    index = shards.shard("llm", "llama")
-    shards._acquired(index, time.monotonic() - shards.duration + shards.margin + 2.0)  # valid 2 s more
-    runtime = handlers.Runtime(config=OperatorConfig(shards=4))
+    shards, _, runtime = holding_the_pool(valid_for=2.0)
     seen: list[float | None] = []
 
-    def last_pass() -> float | None:
-        return runtime.registry.get_sample_value("sluice_last_pass_timestamp_seconds", {"pool": "llm/llama"})
-
     async def watch(stop: Callable[[], None]) -> None:
-        while last_pass() is None:
+        while last_pass(runtime) is None:
             await asyncio.sleep(0.05)
-        seen.append(last_pass())  # the pass, within the validity
+        seen.append(last_pass(runtime))  # the pass, within the validity
         await asyncio.sleep(3.0)  # the validity has ended meanwhile
-        seen.append(last_pass())
+        seen.append(last_pass(runtime))
         stop()
-
-    class Stays(Reconciler):
-        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
-            self.runs.append((time.monotonic(), True))
-            return PassReport(pool=snapshot.key)
 
     reconciler = run_daemon(shards, Stays, runtime, interval="60s", beside=watch)
     assert len(reconciler.runs) == 1

@@ -124,6 +124,11 @@ class ShardLeases:
     def _holds(self, index: int) -> bool:
         return not self._closed and self.clock() < self._valid_until.get(index, 0.0) and index not in self._releasing
 
+    def _held_in(self, index: int, term: int | None) -> bool:
+        """Held now, and in `term` (a term is never reused, so an older pass's term no longer matches). Under the
+        lock."""
+        return term is not None and self._holds(index) and self._term.get(index) == term
+
     def term(self, index: int) -> int | None:
         """The shard's current term while it is held, else None."""
         with self._lock:
@@ -141,9 +146,7 @@ class ShardLeases:
         thread stalled)."""
         index = self.shard(namespace, name)
         with self._lock:
-            if term is None or not self._holds(index) or self._term.get(index) != term:
-                return None
-            return self._valid_until[index] - self.clock()
+            return self._valid_until[index] - self.clock() if self._held_in(index, term) else None
 
     def held(self) -> list[int]:
         return [i for i in range(self.shards) if self.holds(i)]
@@ -164,7 +167,7 @@ class ShardLeases:
         """Around one fenced call: refuses unless the shard is held in `term`, else gives the seconds left of the
         Lease's validity (the call's request timeout) and counts the call in flight until it returns."""
         with self._lock:
-            if term is None or not self._holds(index) or self._term.get(index) != term:
+            if not self._held_in(index, term):
                 raise ClusterError(409, f"shard {index} not held by this replica in term {term}: write withheld")
             seconds = self._valid_until[index] - self.clock()
             self._inflight[index] = self._inflight.get(index, 0) + 1
