@@ -216,3 +216,37 @@ def test_a_shard_that_lapses_during_a_round_is_not_renewed_in_its_term() -> None
     )
     assert a.held() == [0, 1, 2, 3]
     assert all(a.term(i) != terms[i] for i in range(4))
+
+
+def test_a_failing_wake_hook_is_logged_and_does_not_stop_the_round(caplog: pytest.LogCaptureFixture) -> None:
+    """Waking the pools is the hook's business; an error in it must neither end the lease round half-way (the
+    shards after it would go untaken) nor pass unseen."""
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    calls: list[int] = []
+
+    def broken(index: int) -> None:
+        calls.append(index)
+        raise ValueError("no such pool")
+
+    a.on_change = broken
+    with caplog.at_level("ERROR", logger="sluice"):
+        a.step()
+    assert a.held() == [0, 1, 2, 3]  # every shard taken although each wake-up raised
+    assert sorted(calls) == [0, 1, 2, 3]
+    failures = [r for r in caplog.records if "waking its pools failed" in r.getMessage()]
+    assert len(failures) == 4 and all(r.exc_info for r in failures)
+
+
+def test_a_wake_hook_meeting_a_closed_loop_at_shutdown_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+
+    def closed(index: int) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    a.on_change = closed
+    with caplog.at_level("WARNING", logger="sluice"):
+        a.step()
+    assert a.held() == [0, 1, 2, 3]
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
