@@ -318,12 +318,13 @@ def summary(story: Story) -> str:
         lines.append(
             f"  {'OK  ' if claim.held else 'FAIL'} {claim.text}" + (f"  [{claim.seconds:.1f}s]" if claim.held else "")
         )
-    ttfts = [s.ttft for s in story.traffic.finished() if s.ttft is not None]
-    ok = sum(1 for s in story.traffic.finished() if s.ok)
+    samples = story.traffic.finished()  # one copy: the traffic's thread may still be appending
+    ttfts = [s.ttft for s in samples if s.ttft is not None]
+    ok = sum(1 for s in samples if s.ok)
     if ttfts:
         ttfts.sort()
         lines.append(
-            f"  traffic: {len(story.traffic.finished())} requests, {ok} succeeded, TTFT p50 "
+            f"  traffic: {len(samples)} requests, {ok} succeeded, TTFT p50 "
             f"{ttfts[len(ttfts) // 2] * 1000:.0f} ms, p99 {ttfts[int(len(ttfts) * 0.99)] * 1000:.0f} ms"
         )
     usage = story.operator_usage
