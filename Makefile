@@ -69,8 +69,9 @@ bench-envoy: venv stack-deps
 	$(PY) -m sluice.bench.envoy $(BENCH_ENVOY_ARGS)
 
 # Real peers on a real data plane: real Envoy (least-request, sluice's weights through EDS) and the real vLLM router
-# (PyPI vllm-router, the test extra) in front of the engine-paced servers, one trace replayed; out/bench-real/.
-BENCH_REAL_ARGS ?= --requests 1500 --rate 10 --peers round_robin,power_of_two,consistent_hash,cache_aware
+# and the real SGLang router (PyPI vllm-router and sglang-router, the test extra) in front of the engine-paced servers,
+# one trace replayed (BENCH_REAL_ARGS="... --seeds 3" replays three); out/bench-real/.
+BENCH_REAL_ARGS ?= --requests 1500 --rate 10 --peers round_robin,power_of_two,consistent_hash,cache_aware --sglang-peers cache_aware
 bench-real: venv stack-deps
 	$(PY) -m sluice.bench.envoy --out out/bench-real $(BENCH_REAL_ARGS)
 

