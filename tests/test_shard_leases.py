@@ -235,7 +235,8 @@ def test_a_failing_wake_hook_is_logged_and_does_not_stop_the_round(caplog: pytes
     assert a.held() == [0, 1, 2, 3]  # every shard taken although each wake-up raised
     assert sorted(calls) == [0, 1, 2, 3]
     failures = [r for r in caplog.records if "waking its pools failed" in r.getMessage()]
-    assert len(failures) == 4 and all(r.exc_info for r in failures)
+    assert len(failures) == 4
+    assert all(r.exc_info for r in failures)
 
 
 def test_a_wake_hook_meeting_a_closed_loop_at_shutdown_is_quiet(caplog: pytest.LogCaptureFixture) -> None:

@@ -7,7 +7,16 @@ import subprocess
 import sys
 from collections import Counter
 
-from sluice.core.shards import LeaseView, decide, fair_share, shard_lease_name, shard_of
+from sluice.core.shards import (
+    LeaseView,
+    PoolTurn,
+    after_pass,
+    decide,
+    fair_share,
+    next_turn,
+    shard_lease_name,
+    shard_of,
+)
 
 
 def test_the_shard_of_a_pool_does_not_depend_on_the_process() -> None:
@@ -84,3 +93,41 @@ def test_a_replica_over_the_floor_gives_one_up_to_a_replica_with_none() -> None:
     leases: dict[int, LeaseView | None] = {0: view("a"), 1: view("a"), 2: view("b"), 3: view("b")}
     assert len(decide("a", 4, {0, 1}, leases, live_replicas=3, others={"b": 2, "c": 0}).release) == 1
     assert decide("a", 4, {0, 1}, leases, live_replicas=3, others={"b": 1, "c": 1}).release == []
+
+
+def test_a_pools_turns_idle_resume_and_lose_as_its_shard_comes_and_goes() -> None:
+    turn = PoolTurn()
+    # not held yet: idle, and its gauges go once (not at every idle check)
+    step = next_turn(turn, sharded=True, term=None)
+    assert (step.pass_now, step.forget_gauges, step.resume) == (False, True, False)
+    step = next_turn(step.turn, sharded=True, term=None)
+    assert (step.pass_now, step.forget_gauges, step.resume) == (False, False, False)
+    # taken: passes, and what the process remembered is stale (it idled)
+    step = next_turn(step.turn, sharded=True, term=1)
+    assert (step.pass_now, step.resume) == (True, True)
+    turn, lost = after_pass(step.turn, sharded=True, term_now=1)
+    assert not lost
+    step = next_turn(turn, sharded=True, term=1)
+    assert (step.pass_now, step.resume) == (True, False)  # the same term: nothing to forget
+    # lost and taken back between two passes: a new term, so the memory is stale although it never idled here
+    step = next_turn(step.turn, sharded=True, term=2)
+    assert (step.pass_now, step.resume) == (True, True)
+    # lost during a pass: reported as lost, then idle without forgetting the gauges a second time
+    turn, lost = after_pass(step.turn, sharded=True, term_now=None)
+    assert lost
+    assert turn.idle
+    step = next_turn(turn, sharded=True, term=None)
+    assert (step.pass_now, step.forget_gauges) == (False, False)
+    # retaken in another term during the pass: lost all the same (its writes were fenced to the old term)
+    assert after_pass(PoolTurn(seen=3), sharded=True, term_now=4) == (PoolTurn(idle=True, seen=3), True)
+
+
+def test_a_pool_held_from_its_first_pass_or_unsharded_never_resumes() -> None:
+    step = next_turn(PoolTurn(), sharded=True, term=1)
+    assert (step.pass_now, step.resume) == (True, False)
+    turn = PoolTurn()
+    for _ in range(3):
+        step = next_turn(turn, sharded=False, term=None)
+        assert (step.pass_now, step.resume, step.forget_gauges) == (True, False, False)
+        turn, lost = after_pass(step.turn, sharded=False, term_now=None)
+        assert not lost

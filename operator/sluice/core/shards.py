@@ -12,12 +12,15 @@ has them, per shard:
   hashed from the replica's identity, so replicas starting together go for different shards;
 - a replica acts on a shard only while `now < renewal sent + duration - margin`: it stops writing before any
   other replica can consider the Lease expired.
+A pool's daemon follows its shard from pass to pass (`next_turn`, `after_pass`): it idles while the shard is not
+held here, forgets what it remembered of the pool when the shard comes back or returns in a new term, and counts a
+pass during which the shard went away as lost.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SHARD_LABEL = "sluice.dev/shard-set"
 ROLE_LABEL = "sluice.dev/lease-role"
@@ -105,3 +108,40 @@ def decide(
 
 def _free(view: LeaseView | None, identity: str) -> bool:
     return view is None or view.free_for(identity)
+
+
+@dataclass(frozen=True)
+class PoolTurn:
+    """What a pool's daemon knows of its shard between passes: whether it idles (the shard is not held here) and
+    the term of its last pass. A term is taken anew at each acquisition, so a term that differs from the last
+    pass's means the shard was lost and taken back meanwhile."""
+
+    idle: bool = False
+    seen: int | None = None
+
+
+@dataclass(frozen=True)
+class TurnStep:
+    turn: PoolTurn
+    pass_now: bool
+    """Pass now (else idle: check again in a second, or when a shard taken wakes the pool)."""
+    forget_gauges: bool = False
+    """Going idle: the pool's freshness, lag and weights are the new owner's to say, not stale ones here."""
+    resume: bool = False
+    """The shard came back, or was lost and taken again since the last pass: what this process remembers of the
+    pool may be stale (forget it, read the cluster again) and the pass is due from now (idling is not lag)."""
+
+
+def next_turn(turn: PoolTurn, sharded: bool, term: int | None) -> TurnStep:
+    """Before a pass: `term` is the pool's shard's term now (None: not held here; always None unsharded)."""
+    if sharded and term is None:
+        return TurnStep(PoolTurn(idle=True, seen=turn.seen), pass_now=False, forget_gauges=not turn.idle)
+    resume = turn.idle or (turn.seen is not None and term != turn.seen)
+    return TurnStep(PoolTurn(idle=False, seen=term), pass_now=True, resume=resume)
+
+
+def after_pass(turn: PoolTurn, sharded: bool, term_now: int | None) -> tuple[PoolTurn, bool]:
+    """After a pass begun in `turn.seen`: whether the shard went away during it (its writes were fenced; what it
+    saw is not this replica's to report), and the turn that follows (idle if so)."""
+    lost = sharded and term_now != turn.seen
+    return (replace(turn, idle=True) if lost else turn), lost

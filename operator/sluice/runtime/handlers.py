@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics, start_
 from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
+from sluice.core.shards import PoolTurn, after_pass, next_turn
 from sluice.io.kube import KubeCluster, load_api_client
 from sluice.io.ports import Cluster, ObjectKey, WriteResult
 from sluice.io.prometheus import PromIO
@@ -207,7 +208,8 @@ async def pool_loop(
     await stopped.wait(runtime.config.first_pass_delay)
     uid = ""
     due = time.monotonic()
-    shards, idle, seen_term = runtime.shards, False, None
+    shards, turn = runtime.shards, PoolTurn()
+    sharded = shards is not None
     if shards is not None and shards.on_change is None:  # the loop is known here, not in the threaded startup
         shards.on_change = functools.partial(_wake_shard, runtime, asyncio.get_running_loop())
     # kopf stopping the daemon (the pool deleted, the operator shutting down) ends the wait for the next pass
@@ -216,24 +218,21 @@ async def pool_loop(
     try:
         while not stopped:
             term = None if shards is None else shards.pool_term(namespace or "default", name)
-            if shards is not None and term is None:
-                if not idle:  # its freshness, lag and weights are the new owner's to say, not stale ones here
-                    metrics.forget(f"{namespace}/{name}")
-                idle = True  # another replica's shard (or none held yet): check again in a second, or when woken
+            step = next_turn(turn, sharded, term)
+            turn = step.turn
+            if step.forget_gauges:
+                metrics.forget(f"{namespace}/{name}")
+            if not step.pass_now:  # another replica's shard (or none held yet): check again in a second, or woken
                 runtime.selectors.get(namespace, {}).pop(name, None)  # its pods are not asked for here
                 waker.clear()  # (a shard taken wakes its pools: the first pass comes at once)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waker.wait(), timeout=1.0)
                 continue
-            if idle or (seen_term is not None and term != seen_term):
-                # the shard came back, or was lost and taken again since the last pass (a new term): what this
-                # process remembers of the pool may be stale
+            if step.resume:
                 reconciler.forget(uid)
                 if runtime.cluster is not None:
                     runtime.cluster.resync()
-                idle = False
-                due = time.monotonic()  # the time it idled is not lag: the pass is due from now
-            seen_term = term
+                due = time.monotonic()
             waker.clear()
             snapshot = runtime.snapshots.read(body, reconciler.written_at(str(body.metadata.get("uid") or "")))
             uid = snapshot.meta.uid or ""
@@ -255,13 +254,13 @@ async def pool_loop(
                 log.exception("pass failed for %s", snapshot.key)
                 metrics.passes.labels(snapshot.key, "error").inc()
             else:
-                # the shard went away during the pass (its writes were fenced): what it did is counted, but what
-                # it saw is not this replica's to report any more, and must not outdo the new owner's gauges
-                lost = shards is not None and shards.pool_term(namespace or "default", name) != term
+                # the shard went away during the pass: what it did is counted, but what it saw must not outdo
+                # the new owner's gauges
+                now_term = None if shards is None else shards.pool_term(namespace or "default", name)
+                turn, lost = after_pass(turn, sharded, now_term)
                 metrics.record(report, gauges=not lost)
                 if lost:
                     metrics.forget(f"{namespace}/{name}")
-                    idle = True
                 else:
                     wall = time.time() - (time.monotonic() - started)
                     metrics.timing(report.pool, started - due, started - submitted, interval, wall)
