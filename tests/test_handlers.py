@@ -242,3 +242,29 @@ def test_a_daemon_told_to_stop_while_it_waits_for_its_next_pass_exits_at_once():
     assert time.monotonic() - stopped_at[0] < 1.0
     assert time.monotonic() - started < 3.0
     assert runtime.wakers == {}
+
+
+def test_a_daemon_told_to_stop_during_the_gap_after_a_pass_does_not_wait_it_out(monkeypatch):
+    """The gap between two passes of a pool (MIN_GAP, here 5 s) is no reason to keep kopf waiting on a stop."""
+    monkeypatch.setattr(handlers, "MIN_GAP", 5.0)
+    setter: FlagSetter[Any] = FlagSetter()
+    loops: list[asyncio.AbstractEventLoop] = []
+    stopped_at: list[float] = []
+
+    def stop_soon() -> None:  # from the pass's thread: the stop lands 0.3 s later, inside the gap
+        def stop() -> None:
+            stopped_at.append(time.monotonic())
+            setter.set()
+
+        loops[0].call_soon_threadsafe(lambda: loops[0].call_later(0.3, stop))
+
+    reconciler = FakeReconciler(stop_soon)
+    runtime = runtime_with(reconciler)
+
+    async def go() -> None:
+        loops.append(asyncio.get_running_loop())
+        await daemon(SimpleNamespace(runtime=runtime), setter, interval="60s")
+
+    asyncio.run(asyncio.wait_for(go(), timeout=10))
+    assert len(reconciler.snapshots) == 1
+    assert time.monotonic() - stopped_at[0] < 2.0

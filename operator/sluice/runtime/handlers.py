@@ -274,7 +274,7 @@ async def pool_loop(
                     f" wrote {written}" if written else "",
                 )
             due = submitted + interval  # the next pass is due one interval after this one began
-            await asyncio.sleep(MIN_GAP)  # however late, and a wake-up before `due` is early, never late
+            await stopped.wait(MIN_GAP)  # however late (a wake-up before `due` is early, never late); a stop ends it
             await _wait_for_next_pass(waker, due, shards, namespace or "default", name, term)
     finally:
         stopping.cancel()
