@@ -19,7 +19,8 @@ generator on loopback replays one trace (`sluice.bench.trace`, the same for ever
 connection pool, the model named, the session id as `X-Session-ID` and body `user` for all) and measures TTFT from
 the SSE stream. The same trace is then run through the simulation, and the report shows the simulated-vs-real gap
 per strategy (the routers' policies against the simulation's models of them).
-Servers are restarted between strategies so each starts idle. Everything binds to loopback and stops at the end.
+Servers are restarted between strategies so each starts idle, and left idle for the signals' window first (their
+series go on in Prometheus across restarts). Everything binds to loopback and stops at the end.
 With `--seeds N` the whole run is repeated on N traces (seeds `--seed` ... `--seed + N - 1`) and the report opens
 with sluice's P99 ratio to least-request per seed, real and simulated, and their median [min–max] over the seeds:
 single runs of one strategy differ by about ±20 %, so one trace cannot say whether the two agree.
@@ -37,6 +38,7 @@ import signal
 import statistics
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
 from sluice.bench.trace import Arrival, make_trace
 from sluice.core.observed import ObservedPod
+from sluice.devstack.modelserver import SERVED_BY
 from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import WriteResult
@@ -200,10 +203,13 @@ async def sluice_loop(
         prom.close()
 
 
-async def stream_request(http: aiohttp.ClientSession, url: str, arrival: Arrival) -> tuple[float | None, bool]:
+async def stream_request(
+    http: aiohttp.ClientSession, url: str, arrival: Arrival
+) -> tuple[float | None, bool, str | None]:
     """One streamed completion of the trace, the same for every router: the session id as `X-Session-ID` and as
     the body's `user` (what vLLM router's `consistent_hash` keys on), and a per-session first word, so prefix-aware
-    policies see sessions; the modelserver counts the words as tokens."""
+    policies see sessions; the modelserver counts the words as tokens. Returns the TTFT, whether the answer
+    completed, and the hardware class of the server that answered (its `X-Served-By` header)."""
     prompt = f"s{arrival.session} " + "w " * max(0, arrival.prompt - 1)
     body = {
         "model": "llama",  # the servers' model (SGLang router refuses a completion without one)
@@ -212,17 +218,18 @@ async def stream_request(http: aiohttp.ClientSession, url: str, arrival: Arrival
         "stream": True,
         "user": f"session-{arrival.session}",
     }
-    started, ttft = time.monotonic(), None
+    started, ttft, server = time.monotonic(), None, None
     try:
         async with http.post(url, json=body, headers={"X-Session-ID": str(arrival.session)}) as answer:
+            server = answer.headers.get(SERVED_BY)
             if answer.status != 200:
-                return None, False
+                return None, False, server
             async for line in answer.content:
                 if ttft is None and line.startswith(b"data:"):
                     ttft = time.monotonic() - started
     except (aiohttp.ClientError, TimeoutError):
-        return ttft, False
-    return ttft, True
+        return ttft, False, server
+    return ttft, True, server
 
 
 async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
@@ -231,12 +238,13 @@ async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
 
     async def one(http: aiohttp.ClientSession, index: int) -> None:
         started = time.monotonic()
-        ttft, ok = await stream_request(http, url, trace[index])
+        ttft, ok, server = await stream_request(http, url, trace[index])
         results.append(
             {
                 "i": index,
                 "ttft": ttft,
                 "ok": ok,
+                "server": server,
                 "e2e": time.monotonic() - started,
                 "tokens": trace[index].output if ok else 0,
                 "start": started,
@@ -291,6 +299,8 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, An
         return values[min(len(values) - 1, int(p * len(values)))] if values else None
 
     span = max(r["start"] + r["e2e"] for r in measured) - min(r["start"] for r in measured) if measured else 1.0
+    servers = Counter(str(r.get("server")) for r in measured)
+    by_server = {name: sorted(r["ttft"] * 1000 for r in ok if str(r.get("server")) == name) for name in sorted(servers)}
     return {
         "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else None,
         "ttft_p50_ms": q(ttfts, 0.5),
@@ -301,11 +311,17 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, An
         "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
         "completed": len(ok),
         "failed": len(measured) - len(ok),
+        "share": {name: n / len(measured) for name, n in sorted(servers.items())} if measured else {},
+        "ttft_p99_ms_by_server": {name: q(values, 0.99) for name, values in by_server.items()},
     }
 
 
-def restart_servers(stack: Stack) -> None:
-    """Every strategy starts with idle servers: stop the ones this run started, start fresh ones."""
+def restart_servers(stack: Stack, quiet: float) -> None:
+    """Every strategy starts with idle servers: stop the ones this run started, start fresh ones, and let them sit
+    idle for `quiet` seconds. The servers keep their names and addresses, so Prometheus' series go on across runs:
+    without the quiet time the first passes of sluice read the previous strategy's load in their window (a CPU pod
+    planned at 1000 and the A100 at 1, the run's 15 worst TTFTs all on the CPU pod in its first 4 s), which the
+    simulation, starting idle, never sees."""
     for name in list(stack.pods):
         state = stack.pods.pop(name)
         if state.process is not None and state.process.poll() is None:
@@ -314,6 +330,12 @@ def restart_servers(stack: Stack) -> None:
     for spec in SERVERS:
         stack.add_server(spec)
     stack.wait_ready([s.name for s in SERVERS])
+    time.sleep(quiet)
+
+
+def quiet_seconds(window: float) -> float:
+    """Idle time before each strategy's load: the signals' window and two scrapes (1 s apart) past it."""
+    return window + 2.0
 
 
 ROUTERS = ("vllm-router", "sglang-router")
@@ -340,10 +362,12 @@ def router_argv(router: str, command: str, policy: str, port: int, metrics: int)
     return [command, *common, "--worker-urls", *(f"http://{s.ip}:8000" for s in SERVERS)]
 
 
-def run_router(stack: Stack, router: str, command: str, policy: str, trace: list[Arrival]) -> dict[str, Any]:
+def run_router(
+    stack: Stack, router: str, command: str, policy: str, trace: list[Arrival], quiet: float
+) -> dict[str, Any]:
     """A real peer router (PyPI `vllm-router` or `sglang-router`) with `policy` in front of fresh servers, the same
     trace replayed through it."""
-    restart_servers(stack)
+    restart_servers(stack, quiet)
     port, metrics = free_port(), free_port()
     process = stack._spawn(router_argv(router, command, policy, port, metrics), f"{router}-{policy}.log")
     try:
@@ -358,7 +382,7 @@ def run_router(stack: Stack, router: str, command: str, policy: str, trace: list
 def run_strategy(
     stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
 ) -> dict[str, Any]:
-    restart_servers(stack)
+    restart_servers(stack, quiet_seconds(args.window))
     envoy_dir = workdir / strategy
     envoy_dir.mkdir(parents=True, exist_ok=True)
     idle_eds(envoy_dir)
@@ -366,7 +390,10 @@ def run_strategy(
     lb = "ROUND_ROBIN" if strategy == "round-robin" else "LEAST_REQUEST"
     (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(envoy_config(envoy_dir, listen, admin, lb)))
     envoy = stack._spawn(
-        [str(ENVOY), "-c", str(envoy_dir / "envoy.yaml"), "--use-dynamic-base-id", "--log-level", "warn"],
+        [
+            *(str(ENVOY), "-c", str(envoy_dir / "envoy.yaml"), "--use-dynamic-base-id", "--log-level", "warn"),
+            *(("--concurrency", str(args.envoy_concurrency)) if args.envoy_concurrency else ()),
+        ],
         f"envoy-{strategy}.log",
     )
     stack._wait_http(f"http://127.0.0.1:{admin}/ready", 30, "Envoy")
@@ -392,6 +419,9 @@ def run_strategy(
         envoy.wait(timeout=10)
     row = figures(results)
     row["weights"] = timeline[-1][1] if timeline else None
+    # every request (arrival index, start, TTFT, server) and every published weight set, for diagnosis
+    (envoy_dir / "requests.json").write_text(json.dumps(sorted(results, key=lambda r: r["i"])) + "\n")
+    (envoy_dir / "weights.json").write_text(json.dumps(timeline) + "\n")
     return row
 
 
@@ -464,6 +494,21 @@ def gap_lines(real: dict[str, dict[str, Any]], simulated: dict[str, dict[str, An
     return lines
 
 
+def share_lines(real: dict[str, dict[str, Any]], simulated: dict[str, dict[str, Any]]) -> list[str]:
+    """Per strategy: each server's share of the requests, real and simulated, and the real P99 TTFT on it."""
+    names = [s.hardware for s in SERVERS]
+    lines = ["| strategy | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for strategy, row in real.items():
+        sim = simulated.get(peer_model(strategy), {}).get("share", {})
+        cells = []
+        for name in names:
+            share, p99 = row.get("share", {}).get(name, 0.0), row.get("ttft_p99_ms_by_server", {}).get(name)
+            cell = f"{share:.1%} (P99 {_ms(p99)})"
+            cells.append(cell + (f"; simulated {sim.get(name, 0.0):.1%}" if sim else ""))
+        lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def spread(values: list[float]) -> str:
     """Median [min–max] of per-seed figures (min–max is the order-statistic interval the simulation reports too)."""
     if not values:
@@ -525,6 +570,13 @@ def main(argv: list[str] | None = None) -> int:
         "needed for the ratio)",
     )
     parser.add_argument(
+        "--envoy-concurrency",
+        type=int,
+        default=0,
+        help="Envoy's worker threads (each has its own load balancer; active counts are shared); 0: Envoy's default, "
+        "one per core",
+    )
+    parser.add_argument(
         "--peers", default="", help="comma-separated vLLM router policies to run too (round_robin,power_of_two,...)"
     )
     parser.add_argument(
@@ -556,7 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     runs_per_seed = len(strategies) + len(peers)
     longest = max(trace[-1].at for _, trace in plans.values())
     stack = Stack(
-        out / "stack", namespace="bench", deadline_seconds=int(120 + len(seeds) * runs_per_seed * (longest + 90))
+        out / "stack",
+        namespace="bench",
+        deadline_seconds=int(120 + len(seeds) * runs_per_seed * (longest + 90 + quiet_seconds(args.window))),
     )
     stack.workdir.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
@@ -572,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seed {seed} {strategy}: {json.dumps(shown)}", flush=True)
             for router, policy in peers:
                 name = f"{router} {policy}"
-                real[name] = run_router(stack, router, commands[router], policy, trace)
+                real[name] = run_router(stack, router, commands[router], policy, trace, quiet_seconds(args.window))
                 print(f"seed {seed} {name}: {json.dumps(real[name])}", flush=True)
             runs.append({"seed": seed, "real": real})
     finally:
@@ -583,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         models = {PEER_MODELS[p] for _, p in peers if p in PEER_MODELS}
         for strategy in [*strategies, *sorted(models)]:
             row = summarise(Simulation(scenario, strategy, trace).run())
-            simulated[strategy] = {k: row[k] for k in COLUMNS}
+            simulated[strategy] = {k: row[k] for k in (*COLUMNS, "share")}
         with_ratios(run["real"])
         with_ratios(simulated)
         run["simulated"] = simulated
@@ -618,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
             "### How far the simulation is from the real run",
             "",
             *gap_lines(real, simulated),
+            "",
+            "### Where the requests went (share of requests per server; real P99 TTFT on each)",
+            "",
+            *share_lines(real, simulated),
         ]
     report = "\n".join(lines) + "\n"
     (out / "report.md").write_text(report)

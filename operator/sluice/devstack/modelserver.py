@@ -16,6 +16,7 @@ when the engine's step produces its first token, and tokens stream as the engine
   method,status}` with statuses grouped as `2xx`/`4xx`/`5xx` for every API request;
 - what the peer routers call: `GET /v1/models`, `GET /get_load` (`{"load": running + waiting}`, for vLLM router's
   `power_of_two`), `POST /v1/completions/render` (the prompt's token ids, for its `cache_aware`);
+- every answer carries `X-Served-By: <hardware class>`;
 - `GET /health`; `POST /admin/faults` to inject faults: `errorRate` (HTTP 500 before the engine finishes the
   request — as with real vLLM it shows only in `http_requests_total{status="5xx"}`, not in
   `vllm:request_success_total`), `slowdown` (multiplies modelled latency), `loraFailureRate` (adapter loads fail),
@@ -52,6 +53,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
 STREAM_CHUNK_SECONDS = 0.02  # tokens are flushed at most this often
 TICK_SECONDS = 0.005  # the longest the engine waits before looking at new arrivals again
+SERVED_BY = "X-Served-By"  # the answering server's hardware class, on every answer
 
 
 @dataclass
@@ -120,6 +122,7 @@ class ModelServer:
         self, hardware: str, model: str, seed: int | None = None, performance_model: str = DEFAULT_MODEL
     ) -> None:
         self.engine = RealTimeEngine(hardware, performance_model)
+        self.hardware = hardware
         self.model = model
         self.faults = Faults()
         self.random = random.Random(seed)
@@ -192,7 +195,13 @@ class ModelServer:
         app.router.add_post("/v1/completions/render", self.render)
         app.router.add_post("/admin/faults", self.set_faults)
         app.on_startup.append(self._start_ticker)
+        app.on_response_prepare.append(self._served_by)
         return app
+
+    async def _served_by(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every answer names the server's hardware class, so a benchmark behind a router can count where
+        requests went (Envoy and the peer routers pass response headers through)."""
+        response.headers[SERVED_BY] = self.hardware
 
     async def _start_ticker(self, app: web.Application) -> None:
         async def tick() -> None:
