@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from sluice.runtime.sharding import _Stopping
+from sluice.io.kube import load_api_client
+from sluice.runtime.sharding import ShardLeases, _Stopping
 from tests.test_sharding_runtime import Clock, FakeLeaseApi, faked
 
 SHARD = "sluice-shard-{}-of-4"
@@ -154,7 +162,9 @@ def test_shards_that_lapse_while_the_api_is_unreachable_are_lost_and_their_pools
     def unreachable(*_: object, **__: object) -> object:
         raise ConnectionError("the API server is unreachable")
 
+    renew = api.replace_namespaced_lease
     api.list_namespaced_lease = unreachable  # type: ignore[method-assign]
+    api.replace_namespaced_lease = unreachable  # type: ignore[method-assign]
     clock.now += 7.9  # within the 8 s of validity: nothing lost yet
     with pytest.raises(ConnectionError):
         a.step()
@@ -165,6 +175,7 @@ def test_shards_that_lapse_while_the_api_is_unreachable_are_lost_and_their_pools
     assert sorted(woken) == [0, 1, 2, 3]
     assert all(what == "lost (lapsed without a renewal)" for _, _, what in a.transitions[-4:])
     api.list_namespaced_lease = working  # type: ignore[method-assign]
+    api.replace_namespaced_lease = renew  # type: ignore[method-assign]
     clock.now += 1.0
     a.step()  # the Leases are still its own (nobody took them): taken again, in new terms
     assert a.held() == [0, 1, 2, 3]
@@ -251,3 +262,108 @@ def test_a_wake_hook_meeting_a_closed_loop_at_shutdown_is_quiet(caplog: pytest.L
         a.step()
     assert a.held() == [0, 1, 2, 3]
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+
+
+def test_held_shards_are_renewed_when_the_list_fails() -> None:
+    """A renewal needs only the resourceVersion this replica last wrote (a 409 says someone else wrote since):
+    a list that times out against a busy API server must not cost the shards already held."""
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    terms = {i: a.term(i) for i in range(4)}
+
+    def busy(*_: object, **__: object) -> object:
+        raise TimeoutError("read timed out")
+
+    api.list_namespaced_lease = busy  # type: ignore[method-assign]
+    for _ in range(4):  # 14 s of failed lists, past the 8 s validity of the first renewal
+        clock.now += 3.5
+        with pytest.raises(TimeoutError):
+            a.step()
+    assert a.held() == [0, 1, 2, 3]
+    assert {i: a.term(i) for i in range(4)} == terms, "renewed in their terms, not lost and retaken"
+    assert not [what for _, _, what in a.transitions if what.startswith("lost")]
+
+
+def test_a_renewal_taken_over_while_the_list_fails_is_lost_by_its_conflict() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    api.items[SHARD.format(2)]["metadata"]["resourceVersion"] = "taken"  # another replica wrote it since
+
+    def busy(*_: object, **__: object) -> object:
+        raise TimeoutError("read timed out")
+
+    api.list_namespaced_lease = busy  # type: ignore[method-assign]
+    clock.now += 3.5
+    with pytest.raises(TimeoutError):
+        a.step()
+    assert a.held() == [0, 1, 3]
+    assert [what for _, i, what in a.transitions if i == 2 and what.startswith("lost")] == [
+        "lost (conflict on renewal)"
+    ]
+
+
+def test_a_renewal_waits_for_its_answer_no_longer_than_the_validity_left() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.step()
+    timeouts: list[float] = []
+    original = api.replace_namespaced_lease
+
+    def timed(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("sluice-shard-"):
+            timeouts.append(float(kwargs["_request_timeout"]))  # type: ignore[arg-type]
+        return original(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    api.replace_namespaced_lease = timed  # type: ignore[method-assign]
+    clock.now += 7.0  # 1 s of validity left
+    a.step()
+    assert len(timeouts) == 4
+    assert all(0 < t <= 1.0 for t in timeouts)
+
+
+def test_a_lease_call_without_an_answer_is_sent_once(tmp_path: Path) -> None:
+    """Through the real client against a loopback server that accepts and never answers: with `retries=0` the
+    HTTP client does not send the call again (its default sends it four times, each with the full timeout,
+    which outlasts the Lease)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        leases = ShardLeases(load_api_client(str(kubeconfig), retries=0), "llm", 4, identity="a", call_timeout=0.3)
+        with pytest.raises(Exception, match="timed out"):
+            leases.step()
+        time.sleep(0.5)  # a retry, if any, would connect now
+    finally:
+        done.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert len(accepted) == 1

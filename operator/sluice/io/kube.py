@@ -123,9 +123,12 @@ class PodSource(Protocol):
     def select(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]: ...
 
 
-def load_api_client(kubeconfig: str | None = None, connections: int | None = None) -> k8s.ApiClient:
+def load_api_client(
+    kubeconfig: str | None = None, connections: int | None = None, retries: int | None = None
+) -> k8s.ApiClient:
     """In-cluster configuration when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config);
-    `connections`: keep at least that many open (the client's default is 5 per CPU)."""
+    `connections`: keep at least that many open (the client's default is 5 per CPU); `retries`: how often a
+    request that got no answer is sent again by the HTTP client (its default is 3, each with the full timeout)."""
     configuration = k8s.Configuration()
     try:
         k8s_config.load_incluster_config(client_configuration=configuration)
@@ -133,6 +136,8 @@ def load_api_client(kubeconfig: str | None = None, connections: int | None = Non
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     if connections is not None:
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
+    if retries is not None:
+        configuration.retries = retries
     return k8s.ApiClient(configuration)
 
 

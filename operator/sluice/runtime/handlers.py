@@ -53,6 +53,10 @@ from sluice.runtime.snapshots import SnapshotReader
 
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
+UNHELD_RECHECK = 30.0
+"""How long the daemon of a pool whose shard this replica does not hold waits before it looks again, unless
+woken: a shard taken wakes its pools (`_wake_shard`), so this is only a safety net. (At 1 s, the 1,500 daemons
+of the shards another replica holds at 3,000 pools woke 1,500 times a second for nothing.)"""
 ISTIO_RESYNC_SECONDS = 600.0
 """How long an Istio object this process applied or found as wanted is trusted without a GET: the watch of the
 Istio kinds (`istio_event`) drops the trust as soon as someone else changes or deletes it; this bounds what a
@@ -120,7 +124,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom, refresh)
     if config.shards > 1:
         runtime.shards = ShardLeases(
-            load_api_client(config.kubeconfig), config.lease_namespace, config.shards, config.identity
+            load_api_client(config.kubeconfig, retries=0), config.lease_namespace, config.shards, config.identity
         )
         runtime.reconciler = Reconciler(FencedCluster(runtime.cluster, runtime.shards), runtime.prom, refresh)
         runtime.shards.start()
@@ -222,11 +226,11 @@ async def pool_loop(
             turn = step.turn
             if step.forget_gauges:
                 metrics.forget(f"{namespace}/{name}")
-            if not step.pass_now:  # another replica's shard (or none held yet): check again in a second, or woken
+            if not step.pass_now:  # another replica's shard (or none held yet): woken when this replica takes it
                 runtime.selectors.get(namespace, {}).pop(name, None)  # its pods are not asked for here
-                waker.clear()  # (a shard taken wakes its pools: the first pass comes at once)
+                waker.clear()  # (the hook was set before the first look: a shard taken after it wakes its pools)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waker.wait(), timeout=1.0)
+                    await asyncio.wait_for(waker.wait(), timeout=UNHELD_RECHECK)
                 continue
             if step.resume:
                 reconciler.forget(uid)

@@ -1,18 +1,21 @@
 """Shard ownership through `coordination.k8s.io/v1` Leases, and the fence that keeps a replica's writes inside it.
 
-With `--shards N` (N > 1) every replica runs one `ShardLeases` thread: each tick (1 s) it lists the shard set's
-Leases once, renews its own member Lease and the shard Leases it holds (every `renew_every` < duration / 3), and
-acquires or releases shards as `sluice.core.shards.decide` says. Every update carries the resourceVersion it
-listed, so two replicas racing for one Lease get one success and one 409. A pool's daemon passes only while its
-shard is held (`pool_term`); inside a pass, `FencedCluster` refuses every write unless the shard is still held in
-the term the pass began in (a term begins at each acquisition) and the Lease is still valid (`renewal sent +
-duration - margin`), checked right before each request, which is sent with a timeout within what is left of that
-validity; so a replica that lost its Lease mid-pass writes nothing after it, even once it has taken it back. A
-surplus shard is given up in two steps: the fence closes at once, the Lease is cleared `margin` seconds later,
-once the shard's fenced calls in flight have ended (or its validity has: their request timeouts end with it).
-On shutdown the fence closes, the loop stops, the fenced calls in flight end (bounded by their timeouts), then
-every held Lease is cleared, so a successor takes over at once; a replica that dies (SIGKILL) is replaced after
-its Leases expire (duration + one tick).
+With `--shards N` (N > 1) every replica runs one `ShardLeases` thread: each tick (1 s) it renews the shard
+Leases it holds (every `renew_every` < duration / 3) with the resourceVersion it last wrote, so a renewal needs no
+list and a list that fails against a busy API server costs no shard already held; then it lists the shard set's
+Leases once, renews its own member Lease, and acquires or releases shards as `sluice.core.shards.decide` says.
+Every update carries a resourceVersion, so two replicas racing for one Lease get one success and one 409. Each
+call waits for its answer `call_timeout` at most (a renewal: no longer than what is left of the validity) and is
+sent once: the API client is built with `retries=0`, and the next tick tries again while the Lease is valid.
+A pool's daemon passes only while its shard is held (`pool_term`); inside a pass, `FencedCluster` refuses every
+write unless the shard is still held in the term the pass began in (a term begins at each acquisition) and the Lease
+is still valid (`renewal sent + duration - margin`), checked right before each request, which is sent with a timeout
+within what is left of that validity; so a replica that lost its Lease mid-pass writes nothing after it, even once
+it has taken it back. A surplus shard is given up in two steps: the fence closes at once, the Lease is cleared
+`margin` seconds later, once the shard's fenced calls in flight have ended (or its validity has: their request
+timeouts end with it). On shutdown the fence closes, the loop stops, the fenced calls in flight end (bounded by
+their timeouts), then every held Lease is cleared, so a successor takes over at once; a replica that dies (SIGKILL)
+is replaced after its Leases expire (duration + one tick).
 Verbs used on leases: list, create, update, delete (expired member Leases of replicas that are gone).
 """
 
@@ -74,6 +77,7 @@ class ShardLeases:
         renew_every: float = 3.0,
         margin: float = 2.0,
         tick: float = 1.0,
+        call_timeout: float = TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -84,6 +88,7 @@ class ShardLeases:
         self.namespace, self.shards, self.prefix = namespace, shards, prefix
         self.identity = identity or f"{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.duration, self.renew_every, self.margin, self.tick = duration, renew_every, margin, tick
+        self.call_timeout = call_timeout
         self.clock, self.wall = clock, wall
         """`clock` times the terms; `wall` stamps renewTime, which must change for a renewal to change the record
         (an update that changes nothing is a no-op: the resourceVersion stays, and others see the Lease age)."""
@@ -196,7 +201,9 @@ class ShardLeases:
             self._closed = True
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=TIMEOUT + self.tick)  # at most one Lease call is in flight after `_stop`
+            self._thread.join(
+                timeout=self.call_timeout + self.tick
+            )  # at most one Lease call is in flight after `_stop`
         with self._lock:
             until = max(self._valid_until.values(), default=0.0)
             while not all(self._quiet(i, self.clock()) for i in self._valid_until) and self.clock() < until:
@@ -209,7 +216,7 @@ class ShardLeases:
             with contextlib.suppress(Exception):
                 self._clear(shard_lease_name(self.prefix, index, self.shards))
         with contextlib.suppress(Exception):
-            self.api.delete_namespaced_lease(self.member, self.namespace, _request_timeout=TIMEOUT)
+            self.api.delete_namespaced_lease(self.member, self.namespace, _request_timeout=self.call_timeout)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -222,8 +229,9 @@ class ShardLeases:
             self._stop.wait(self.tick)
 
     def step(self) -> None:
-        """One round: held shards past their validity lost, then list, renew, release, acquire, tidy up."""
+        """One round: held shards past their validity lost, renew, then list, check, release, acquire, tidy up."""
         self._expire()
+        self._renew_shards()
         items = self._list()
         now = self.clock()
         for name, lease in items.items():
@@ -235,7 +243,7 @@ class ShardLeases:
         self._member_round(items, now)
         live, others = self._live_members(items, now)
         self._finish_releases(now)
-        self._renew_shards(items, now)
+        self._check_shards(items)
         views = {
             i: self._view(items.get(shard_lease_name(self.prefix, i, self.shards)), now) for i in range(self.shards)
         }
@@ -257,7 +265,7 @@ class ShardLeases:
             self.namespace,
             label_selector=f"{SHARD_LABEL}={self.prefix}",
             _preload_content=False,
-            _request_timeout=TIMEOUT,
+            _request_timeout=self.call_timeout,
         )
         items = json.loads(cast(Any, answer).data).get("items", [])
         return {item["metadata"]["name"]: item for item in items}
@@ -291,16 +299,17 @@ class ShardLeases:
             meta["resourceVersion"] = version
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
-    def _write(self, name: str, body: dict[str, Any], create: bool) -> str:
+    def _write(self, name: str, body: dict[str, Any], create: bool, timeout: float | None = None) -> str:
         if self._stop.is_set() and body["spec"].get("holderIdentity"):
             raise _Stopping(name)  # after `stop` only clearing writes go out
+        wait = self.call_timeout if timeout is None else timeout
         if create:
             answer = self.api.create_namespaced_lease(
-                self.namespace, cast(Any, body), _preload_content=False, _request_timeout=TIMEOUT
+                self.namespace, cast(Any, body), _preload_content=False, _request_timeout=wait
             )
         else:
             answer = self.api.replace_namespaced_lease(
-                name, self.namespace, cast(Any, body), _preload_content=False, _request_timeout=TIMEOUT
+                name, self.namespace, cast(Any, body), _preload_content=False, _request_timeout=wait
             )
         written = json.loads(cast(Any, answer).data)
         version = str(written["metadata"]["resourceVersion"])
@@ -322,7 +331,7 @@ class ShardLeases:
             role = (lease["metadata"].get("labels") or {}).get(ROLE_LABEL)
             if role == "member" and name != self.member and now - self._seen[name][1] > 3 * self.duration:
                 with contextlib.suppress(ApiException):
-                    self.api.delete_namespaced_lease(name, self.namespace, _request_timeout=TIMEOUT)
+                    self.api.delete_namespaced_lease(name, self.namespace, _request_timeout=self.call_timeout)
 
     def _live_members(self, items: dict[str, dict[str, Any]], now: float) -> tuple[int, dict[str, int]]:
         """How many replicas are live (this one too), and the others' identities (with a zero shard count)."""
@@ -336,31 +345,28 @@ class ShardLeases:
                 others[str(holder)] = 0
         return 1 + len(others), others
 
-    def _renew_shards(self, items: dict[str, dict[str, Any]], now: float) -> None:
+    def _renew_shards(self) -> None:
+        """Renew the held shards that are due, each with the resourceVersion this replica last wrote (or last
+        listed under its own name): a 409 means another replica wrote the Lease since, and the shard is lost."""
+        now = self.clock()
         with self._lock:
             mine = [i for i in self._valid_until if i not in self._releasing]
         for index in mine:
             name = shard_lease_name(self.prefix, index, self.shards)
-            lease = items.get(name)
-            holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
-            if lease is None or holder != self.identity:
-                self._lose(index, f"taken by {holder or 'nobody'}")
-                continue
             if self._renewed.get(name, -1e9) + self.renew_every > now:
                 continue
             with self._lock:
-                lapsed = self.clock() >= self._valid_until.get(index, 0.0)
-            if lapsed:  # ran out during this round (a slow list, renewals before it hanging): not renewed in its term
+                left = self._valid_until.get(index, 0.0) - self.clock()
+            if left <= 0:  # ran out during this round (renewals before it hanging): not renewed in its term
                 self._lose(index, "lapsed without a renewal")
                 continue
             sent = self.clock()
+            body = self._body(name, "shard", self.identity, self._versions.get(name), False)
             try:
-                self._write(
-                    name, self._body(name, "shard", self.identity, lease["metadata"]["resourceVersion"], False), False
-                )
+                self._write(name, body, False, timeout=min(self.call_timeout, left))
             except ApiException as failure:
-                if failure.status == 409:
-                    self._lose(index, "conflict on renewal")
+                if failure.status in (404, 409):
+                    self._lose(index, "conflict on renewal" if failure.status == 409 else "deleted")
                 else:
                     log.warning("renewing %s: %s %s", name, failure.status, failure.reason)
                     if self.clock() >= self._valid_until.get(index, 0.0):
@@ -374,6 +380,26 @@ class ShardLeases:
             self._renewed[name] = sent
             with self._lock:
                 self._valid_until[index] = sent + self.duration - self.margin
+
+    def _check_shards(self, items: dict[str, dict[str, Any]]) -> None:
+        """After the list: a held shard whose Lease another replica holds (or nobody does) is lost, and so is one
+        whose validity ran out while the list was on the wire (it must be taken back in a new term, not renewed
+        as if held all along). The version listed under this replica's name is the one the next renewal sends
+        (a renewal whose answer was lost may have landed)."""
+        with self._lock:
+            mine = [i for i in self._valid_until if i not in self._releasing]
+        for index in mine:
+            name = shard_lease_name(self.prefix, index, self.shards)
+            lease = items.get(name)
+            holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+            if lease is None or holder != self.identity:
+                self._lose(index, f"taken by {holder or 'nobody'}")
+                continue
+            self._versions[name] = str(lease["metadata"]["resourceVersion"])
+            with self._lock:
+                lapsed = self.clock() >= self._valid_until.get(index, 0.0)
+            if lapsed:
+                self._lose(index, "lapsed without a renewal")
 
     def _acquire(self, index: int, view: LeaseView | None) -> None:
         if self._stop.is_set():
