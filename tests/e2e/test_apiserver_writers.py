@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
+from sluice.devstack.apiserver import LIST_CHUNK
 from sluice.devstack.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -254,3 +255,27 @@ def test_an_open_watch_of_a_quiet_resource_outlives_a_history_full_of_other_reso
     follower.join(timeout=15)
     assert not errors, errors
     assert ("ADDED", "after-the-churn") in seen
+
+
+def test_a_long_list_is_streamed_in_chunks_and_reads_whole_in_kubectl_and_the_client(api: Stack) -> None:
+    """Over `LIST_CHUNK` items a list is sent in chunks (the emulator's loop serves other requests between two);
+    kubectl and the official client read it as one list, every item once, in the store's order."""
+    assert api.core is not None
+    api.kubectl("create", "namespace", "bulk")
+    count = LIST_CHUNK * 2 + 17
+    for i in range(count):
+        api.core.create_namespaced_config_map("bulk", {"metadata": {"name": f"cm-{i:04d}"}, "data": {"i": str(i)}})
+    answer = api.core.list_namespaced_config_map("bulk", _preload_content=False)
+    assert answer.headers.get("Transfer-Encoding") == "chunked"
+    body = json.loads(answer.data)
+    assert body["kind"] == "ConfigMapList"
+    assert body["metadata"]["resourceVersion"].isdigit()
+    names = [item["metadata"]["name"] for item in body["items"]]
+    assert names == [f"cm-{i:04d}" for i in range(count)]
+    assert all(item["apiVersion"] == "v1" for item in body["items"])
+    listed = json.loads(api.kubectl("get", "configmaps", "-n", "bulk", "-o", "json").stdout)
+    assert [item["metadata"]["name"] for item in listed["items"]] == names
+    typed = api.core.list_namespaced_config_map("bulk")
+    assert [item.metadata.name for item in typed.items] == names
+    small = api.core.list_namespaced_config_map("bulk", label_selector="none=none", _preload_content=False)
+    assert small.headers.get("Content-Length") is not None, "a short list keeps its Content-Length"

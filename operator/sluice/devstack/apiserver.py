@@ -49,6 +49,9 @@ ADMIN_TOKEN = "local-stack"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 # kube-apiserver's MaxRequestBodyBytes: twice etcd's 1.5 MiB, because JSON is larger than the stored protobuf.
 MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
+LIST_CHUNK = 200
+"""Items encoded per turn of the event loop in a list: 48,000 pods encoded in one go held every other request
+(Lease renewals among them) for seconds; longer lists are streamed in chunks of this many."""
 
 _kmock_parse_path = kmock_parsing.parse_path
 
@@ -131,7 +134,8 @@ class ApiServer(kmock.KubernetesScaffold):
     audit: list[dict[str, str]] = attrs.field(factory=list)
     audit_path: Path | None = None
     audit_file: AuditFile | None = attrs.field(default=None, init=False)
-    changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+    changed: asyncio.Event = attrs.field(factory=asyncio.Event)
+    """Set by the next write, then replaced: a watcher takes it before it reads the history, and waits on it."""
     openapi_cache: dict[str, Any] = attrs.field(factory=dict)
     authenticator: apirbac.Authenticator = attrs.field(factory=apirbac.Authenticator)
     rbac: apirbac.Rbac = attrs.field(init=False)
@@ -444,14 +448,14 @@ class ApiServer(kmock.KubernetesScaffold):
             items = store.select(rtype, namespace, params.get("labelSelector"), params.get("fieldSelector"))
             if wants_table:
                 return aiohttp.web.json_response(as_table(rtype, items, str(store.revision)))
-            return aiohttp.web.json_response(
-                {
-                    "apiVersion": rtype.api_version(version),
-                    "kind": f"{rtype.kind}List",
-                    "metadata": {"resourceVersion": str(store.revision)},
-                    "items": [self._versioned(obj, rtype, version) for obj in items],
-                }
-            )
+            head = {
+                "apiVersion": rtype.api_version(version),
+                "kind": f"{rtype.kind}List",
+                "metadata": {"resourceVersion": str(store.revision)},
+            }
+            if len(items) > LIST_CHUNK:
+                return await self._stream_list(raw, head, items, rtype, version)
+            return aiohttp.web.json_response({**head, "items": [self._versioned(obj, rtype, version) for obj in items]})
         if verb == "get":
             obj = store.get(rtype, namespace, request.name)
             if wants_table:
@@ -607,15 +611,38 @@ class ApiServer(kmock.KubernetesScaffold):
             raise ApiError(400, "BadRequest", "the body must be a JSON object")
         return body
 
+    async def _stream_list(
+        self, raw: Any, head: dict[str, Any], items: list[dict[str, Any]], rtype: ResourceType, version: str
+    ) -> aiohttp.web.StreamResponse:
+        """A long list sent in chunks of `LIST_CHUNK` items, the event loop free between two (kube-apiserver
+        streams lists too). The items are the store's objects as selected: a write replaces an object, never
+        changes it in place, so the list stays the snapshot of its resourceVersion while it is sent."""
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(raw)
+        opening = json.dumps(head)
+        await response.write(f'{opening[:-1]}, "items": ['.encode())
+        for start in range(0, len(items), LIST_CHUNK):
+            chunk = ", ".join(
+                json.dumps(self._versioned(obj, rtype, version)) for obj in items[start : start + LIST_CHUNK]
+            )
+            await response.write(((", " if start else "") + chunk).encode())
+            await asyncio.sleep(0)  # the other requests' turn
+        await response.write(b"]}")
+        await response.write_eof()
+        return response
+
     @staticmethod
     def _versioned(obj: dict[str, Any], rtype: ResourceType, version: str) -> dict[str, Any]:
         return {**obj, "apiVersion": rtype.api_version(version)}
 
     async def _notify(self, rtype: ResourceType) -> None:
+        """Wake the watchers. Never waits: with a lock here (an asyncio.Condition), every write queued behind
+        every watcher's re-acquisition, one per turn of the loop, and at 3,000 pools writes were answered minutes
+        late (Lease renewals among them)."""
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self.sync_discovery()
-        async with self.changed:
-            self.changed.notify_all()
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
 
     async def _watch(
         self, request: Any, rtype: ResourceType, namespace: str | None, raw: Any
@@ -656,9 +683,11 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             if since in ("", "0") or params.get("sendInitialEvents") in ("true", "1"):
                 last = self.store.revision
-                for obj in self.store.select(rtype, namespace, labels, fields):
+                for sent, obj in enumerate(self.store.select(rtype, namespace, labels, fields)):
                     if visible(obj):
                         await send("ADDED", obj)
+                    if sent % LIST_CHUNK == LIST_CHUNK - 1:
+                        await asyncio.sleep(0)  # as a long list: the other requests' turn
                 if bookmarks and params.get("sendInitialEvents") in ("true", "1"):
                     await bookmark({"k8s.io/initial-events-end": "true"})
             else:
@@ -673,6 +702,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 # The watch has seen everything up to the revision it read the history at, other resources'
                 # events included: its position moves with the store's, so a quiet resource's watch never falls
                 # behind a history that other resources' writes fill.
+                changed = self.changed  # taken before the history is read: a write after the read sets it
                 seen_up_to = self.store.revision
                 try:
                     events = self.store.events_since(rtype, last)
@@ -687,9 +717,8 @@ class ApiServer(kmock.KubernetesScaffold):
                     await bookmark()
                     next_bookmark = loop.time() + self.bookmark_interval
                 wait = min(5.0, deadline - loop.time(), next_bookmark - loop.time() if bookmarks else 5.0)
-                async with self.changed:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.0, wait))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=max(0.0, wait))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         with contextlib.suppress(ConnectionResetError):
