@@ -222,3 +222,36 @@ def test_sharded_replicas_run_with_shards_and_may_only_use_leases_in_their_names
         ("coordination.k8s.io", "leases", verb) for verb in ("list", "create", "update", "delete")
     }
     assert not any(r[1] == "leases" for r in rules_of(render({})))
+
+
+def test_sharded_lease_calls_get_a_priority_level_of_their_own() -> None:
+    """With shards, a FlowSchema puts exactly the operator's Lease calls (its service account, the verbs it uses,
+    the release namespace) in `leader-election`; none without shards or when turned off."""
+    docs = render({"shards": 4, "replicas": 3})
+    (schema,) = by_kind(docs, "FlowSchema")
+    spec = schema["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}
+    assert spec["matchingPrecedence"] == 200
+    (rule,) = spec["rules"]
+    (account,) = by_kind(docs, "ServiceAccount")
+    assert rule["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "serviceAccount": {"name": account["metadata"]["name"], "namespace": "sluice-system"},
+        }
+    ]
+    (resources,) = rule["resourceRules"]
+    assert resources["namespaces"] == ["sluice-system"]
+    granted = {r[2] for r in rules_of(docs) if r[1] == "leases"}
+    assert set(resources["verbs"]) == granted, "the schema covers the Lease verbs the operator is granted, no more"
+    assert not by_kind(render({}), "FlowSchema")
+    assert not by_kind(
+        render(
+            {
+                "shards": 4,
+                "replicas": 3,
+                "leasePriority": {"enabled": False, "priorityLevel": "x", "matchingPrecedence": 200},
+            }
+        ),
+        "FlowSchema",
+    )
