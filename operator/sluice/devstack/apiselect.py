@@ -6,6 +6,7 @@ Tables and gets the CRD's additionalPrinterColumns).
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -38,28 +39,41 @@ def _split_selector(text: str) -> list[str]:
     return parts
 
 
-def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
-    if not selector:
-        return True
+@functools.lru_cache(maxsize=1024)
+def _label_terms(selector: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
+    """A label selector parsed once (a list of 3,000 objects matched it 3,000 times): (operator, key, values)."""
+    terms: list[tuple[str, str, frozenset[str]]] = []
     for raw_term in _split_selector(selector):
         term = raw_term.strip()
         if match := _SET_EXPR.match(term):
-            key, op, values = match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",")}
-            present = key in labels and labels[key] in values
-            if (op == "in" and not present) or (op == "notin" and key in labels and labels[key] in values):
-                return False
+            terms.append((match.group(2), match.group(1), frozenset(v.strip() for v in match.group(3).split(","))))
         elif "!=" in term:
             key, value = (s.strip() for s in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
+            terms.append(("!=", key, frozenset({value})))
         elif "=" in term:
             key, value = (s.strip() for s in re.split(r"==?", term, maxsplit=1))
-            if labels.get(key) != value:
-                return False
+            terms.append(("=", key, frozenset({value})))
         elif term.startswith("!"):
-            if term[1:].strip() in labels:
+            terms.append(("!", term[1:].strip(), frozenset()))
+        else:
+            terms.append(("exists", term, frozenset()))
+    return tuple(terms)
+
+
+def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
+    if not selector:
+        return True
+    for op, key, values in _label_terms(selector):
+        if op in {"in", "="}:
+            if labels.get(key) not in values:
                 return False
-        elif term not in labels:
+        elif op in {"notin", "!="}:
+            if key in labels and labels[key] in values:
+                return False
+        elif op == "!":
+            if key in labels:
+                return False
+        elif key not in labels:
             return False
     return True
 
