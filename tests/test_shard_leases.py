@@ -367,3 +367,20 @@ def test_a_lease_call_without_an_answer_is_sent_once(tmp_path: Path) -> None:
             conn.close()
         listener.close()
     assert len(accepted) == 1
+
+
+def test_a_member_lease_renewal_without_an_answer_does_not_stop_the_round() -> None:
+    """The member Lease only tells the others this replica is live: its write timing out must not keep the
+    round from taking the shards (at 3,000 pools every round stopped there while the API server lagged)."""
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    original_create = api.create_namespaced_lease
+
+    def timing_out(namespace: str, body: dict[str, object], **kwargs: object) -> object:
+        if body["metadata"]["name"] == a.member:  # type: ignore[index]
+            raise TimeoutError("read timed out")
+        return original_create(namespace, body, **kwargs)  # type: ignore[arg-type]
+
+    api.create_namespaced_lease = timing_out  # type: ignore[method-assign]
+    a.step()
+    assert a.held() == [0, 1, 2, 3]

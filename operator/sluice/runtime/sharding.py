@@ -201,9 +201,8 @@ class ShardLeases:
             self._closed = True
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(
-                timeout=self.call_timeout + self.tick
-            )  # at most one Lease call is in flight after `_stop`
+            # at most one Lease call is in flight after `_stop`
+            self._thread.join(timeout=self.call_timeout + self.tick)
         with self._lock:
             until = max(self._valid_until.values(), default=0.0)
             while not all(self._quiet(i, self.clock()) for i in self._valid_until) and self.clock() < until:
@@ -327,6 +326,10 @@ class ShardLeases:
             self._renewed[self.member] = now
         except ApiException as failure:
             log.warning("member lease %s: %s %s", self.member, failure.status, failure.reason)
+        except _Stopping:
+            raise
+        except Exception as failure:  # no answer: the shards are still checked and taken this round
+            log.warning("member lease %s: %s", self.member, failure)
         for name, lease in items.items():  # replicas that are gone: their member Leases expired long ago
             role = (lease["metadata"].get("labels") or {}).get(ROLE_LABEL)
             if role == "member" and name != self.member and now - self._seen[name][1] > 3 * self.duration:
