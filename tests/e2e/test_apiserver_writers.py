@@ -87,6 +87,9 @@ def test_kubectl_replace_with_a_stale_resource_version_is_a_409_conflict(api: St
         result.stderr
     )
     assert get(api, "stale")["spec"]["interval"] == "6s"
+    audit = [json.loads(line) for line in (api.workdir / "audit.jsonl").read_text().splitlines()]
+    refused = [e for e in audit if e.get("stage") == "ResponseComplete" and e["name"] == "stale" and e["code"] == "409"]
+    assert [e["message"] for e in refused] == [CONFLICT.format(name="stale")], "the audit says why it was refused"
 
 
 def test_patches_as_kopf_sends_them_and_a_stale_precondition(api: Stack) -> None:

@@ -313,13 +313,13 @@ class ApiServer(kmock.KubernetesScaffold):
                 self._authorize_create_on_apply(request, rtype, user)
             response = await self._serve(request, rtype, raw, user)
         except ApiError as failure:
-            self._audit_outcome(request, rtype, user, failure.code)
+            self._audit_outcome(request, rtype, user, failure.code, message=failure.message)
             return aiohttp.web.json_response(failure.status(), status=failure.code)
         self._audit_outcome(request, rtype, user, response.status, _created_name(response))
         return response
 
     def _audit_outcome(
-        self, request: Any, rtype: ResourceType, user: apirbac.User, code: int, created: str = ""
+        self, request: Any, rtype: ResourceType, user: apirbac.User, code: int, created: str = "", message: str = ""
     ) -> None:
         """A second entry for a write that was allowed, once it is answered: its response code (stage
         ResponseComplete, as kube-apiserver's audit has it), in the order the writes took effect."""
@@ -339,6 +339,8 @@ class ApiServer(kmock.KubernetesScaffold):
             "userAgent": request.headers.get("User-Agent", ""),
             "code": str(code),
         }
+        if message:  # kube-apiserver's responseStatus.message: why a write was refused
+            entry["message"] = message
         if code == 403:
             return  # refused before it was served: the RequestReceived entry already says so
         if self.audit_file is None:
