@@ -348,12 +348,16 @@ class ShardLeases:
                 others[str(holder)] = 0
         return 1 + len(others), others
 
+    def _kept(self) -> list[int]:
+        """The shards this replica holds and is not giving up (their validity not checked)."""
+        with self._lock:
+            return [i for i in self._valid_until if i not in self._releasing]
+
     def _renew_shards(self) -> None:
         """Renew the held shards that are due, each with the resourceVersion this replica last wrote (or last
         listed under its own name): a 409 means another replica wrote the Lease since, and the shard is lost."""
         now = self.clock()
-        with self._lock:
-            mine = [i for i in self._valid_until if i not in self._releasing]
+        mine = self._kept()
         for index in mine:
             name = shard_lease_name(self.prefix, index, self.shards)
             if self._renewed.get(name, -1e9) + self.renew_every > now:
@@ -389,8 +393,7 @@ class ShardLeases:
         whose validity ran out while the list was on the wire (it must be taken back in a new term, not renewed
         as if held all along). The version listed under this replica's name is the one the next renewal sends
         (a renewal whose answer was lost may have landed)."""
-        with self._lock:
-            mine = [i for i in self._valid_until if i not in self._releasing]
+        mine = self._kept()
         for index in mine:
             name = shard_lease_name(self.prefix, index, self.shards)
             lease = items.get(name)
