@@ -317,9 +317,10 @@ def test_prometheus_outage_freezes_weights_then_resumes(stack: Stack, traffic: T
 
 def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traffic: Traffic) -> None:
     stack.add_pod(PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.20.5"))
-    # One candidate pod takes all the traffic at the last step and runs near the 2 s TTFT bound when the machine
-    # is loaded (a full test run rolled it back once, rightly): this test is about the restart, not capacity.
-    canary = {"candidateRevision": "v2", "analysis": {"maxTtftP95": "10s"}}
+    # One candidate pod takes half the traffic (all of it at the last step) against the stable revision's several
+    # pods, so under a loaded machine it runs near the absolute 2 s TTFT bound and past 1.5x the stable p95 (full
+    # test runs rolled it back on each, rightly): this test is about the restart, not capacity, so both are loose.
+    canary = {"candidateRevision": "v2", "analysis": {"maxTtftP95": "10s", "maxTtftRatioToStable": 20}}
     stack.patch_pool("llama", {"spec": {"canary": canary}})
     at_50 = wait_until(
         lambda: (pool(stack)["status"].get("canary") or {}).get("weight") == 50 and pool(stack),
