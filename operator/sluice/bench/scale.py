@@ -219,6 +219,7 @@ def start_prometheus(stack: Stack, exporter_port: int, parts: int) -> str:
             "--log.level=warn",
         ],
         "prometheus.log",
+        service=True,
     )
     url = f"http://127.0.0.1:{port}"
     stack._wait_http(f"{url}/-/ready", 60, "Prometheus")

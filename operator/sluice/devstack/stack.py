@@ -101,6 +101,8 @@ class Stack:
         self.namespace = namespace
         self.deadline = time.monotonic() + deadline_seconds
         self.processes: list[subprocess.Popen[bytes]] = []
+        self._services: list[subprocess.Popen[bytes]] = []
+        """The API server and Prometheus: `close` stops them after everything else."""
         self.pods: dict[str, PodState] = {}
         self.kubeconfig = workdir / "kubeconfig"
         self.api_url = ""
@@ -130,28 +132,46 @@ class Stack:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _spawn(self, args: list[str], log: str, kubeconfig: Path | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], log: str, kubeconfig: Path | None = None, service: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """Start a process in its own session, output to `log` in the workdir. `service`: a server the others use
+        (the API server, Prometheus), stopped last by `close`."""
         handle = (self.workdir / log).open("ab")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
         process = subprocess.Popen(
             args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env
         )
         self.processes.append(process)
+        if service:
+            self._services.append(process)
         return process
 
     def close(self) -> None:
-        for process in reversed(self.processes):
+        """Stop every process: first those that use the API server and Prometheus (operators, routers, model
+        servers, in reverse order of start), and only once they are gone those two, so a client shutting down
+        (an operator clearing its shard Leases, finishing a pass) still has its servers."""
+        services = [p for p in self.processes if p in self._services]
+        clients = [p for p in self.processes if p not in self._services]
+        for wave in (clients, services):
+            self._stop(list(reversed(wave)))
+        self.processes.clear()
+        self._services.clear()
+
+    @staticmethod
+    def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+        """SIGTERM to every process group at once, then wait for each (SIGKILL after 10 s)."""
+        for process in processes:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
+        for process in processes:
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=5)
-        self.processes.clear()
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -180,7 +200,7 @@ class Stack:
         args += self.apiserver_args
         log_path = self.workdir / "apiserver.log"
         log_path.unlink(missing_ok=True)
-        process = self._spawn(args, "apiserver.log")
+        process = self._spawn(args, "apiserver.log", service=True)
         self._wait_for(
             lambda: "ready " in log_path.read_text() if log_path.exists() else False, 30, "API emulator", process
         )
@@ -234,6 +254,7 @@ class Stack:
                 "--log.level=warn",
             ],
             "prometheus.log",
+            service=True,
         )
         self.prometheus_url = f"http://127.0.0.1:{port}"
         self._wait_http(f"{self.prometheus_url}/-/ready", 30, "Prometheus")

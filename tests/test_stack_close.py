@@ -1,0 +1,59 @@
+"""The local stack stops its clients before the servers they use (real processes, loopback only)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from sluice.devstack.stack import Stack
+
+SERVER = """
+import socket, sys, time
+listener = socket.create_server(("127.0.0.1", 0))
+open(sys.argv[1], "w").write(str(listener.getsockname()[1]))
+listener.settimeout(0.2)
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    try:
+        listener.accept()[0].close()
+    except TimeoutError:
+        pass
+"""
+
+CLIENT = """
+import signal, socket, sys, time
+port = int(sys.argv[1])
+def shutdown(*_):
+    time.sleep(0.5)  # an operator finishing its pass and clearing its Leases
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        verdict = "server answered"
+    except OSError as failure:
+        verdict = f"server gone: {failure}"
+    open(sys.argv[2], "w").write(verdict)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, shutdown)
+open(sys.argv[3], "w").write("ready")
+time.sleep(60)
+"""
+
+
+def _wait_for(path: Path) -> str:
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        if path.exists() and path.read_text():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path.name} never written")
+
+
+def test_close_stops_the_clients_while_their_servers_still_answer(tmp_path: Path) -> None:
+    stack = Stack(tmp_path)
+    stack._spawn([sys.executable, "-c", SERVER, str(tmp_path / "port")], "server.log", service=True)
+    port = _wait_for(tmp_path / "port")
+    stack._spawn([sys.executable, "-c", CLIENT, port, str(tmp_path / "verdict"), str(tmp_path / "ready")], "client.log")
+    _wait_for(tmp_path / "ready")
+    stack.close()
+    assert (tmp_path / "verdict").read_text() == "server answered"
+    assert stack.processes == []
