@@ -197,3 +197,42 @@ def test_a_namespaced_install_runs_the_operator_with_roles_in_the_watched_namesp
     account = f"--as=system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
     elsewhere = stack.kubectl("auth", "can-i", "patch", "inferencepools", "-n", "default", account, check=False)
     assert elsewhere.stdout.strip() == "no"
+
+
+def test_a_sharded_upgrade_runs_the_operator_on_its_shard_leases_in_the_release_namespace(
+    stack: Stack, helm_config: Any, chart_dir: Path
+) -> None:
+    """`shards: 2` through Helm: the chart's FlowSchema is accepted, and the operator it deploys takes both shard
+    Leases in the release namespace and runs the pool with the Lease verbs the chart grants and no others."""
+    stack.stop_operator()
+    release = helm_config.upgrade(
+        helm.Chart.load(str(chart_dir)),
+        RELEASE,
+        values(watchNamespaces=["llm"], shards=2),
+        namespace=NAMESPACE,
+        timeout=60,
+    )
+    assert release["status"] == "deployed"
+    schema = get(stack, "flowschema", f"{RELEASE}-sluice-leases")
+    assert schema is not None
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == "leader-election"
+    (subject,) = schema["spec"]["rules"][0]["subjects"]
+    assert subject["serviceAccount"] == {"name": f"{RELEASE}-sluice", "namespace": NAMESPACE}
+    before = (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
+    start_operator_as_the_chart_deploys_it(stack)
+    wait_until(
+        lambda: (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
+        60,
+        "a pass by the sharded operator",
+    )
+    leases = (get(stack, "leases", "-n", NAMESPACE) or {}).get("items", [])
+    holders = {
+        x["metadata"]["name"]: x["spec"].get("holderIdentity") for x in leases if "-shard-" in x["metadata"]["name"]
+    }
+    assert len(holders) == 2, holders
+    assert all(holders.values()), holders
+    assert forbidden_calls(stack) == []
+    user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
+    lease_calls = {e["verb"] for e in audit_trail(stack) if e.get("user") == user and e["resource"] == "leases"}
+    assert lease_calls <= {"list", "create", "update", "delete"}, lease_calls
+    assert {"list", "create"} <= lease_calls

@@ -152,6 +152,19 @@ BUILTINS = [
         has_status=True,
     ),
     ResourceType("networking.k8s.io", ["v1"], "networkpolicies", "NetworkPolicy", True, "networkpolicy", ["netpol"]),
+    # API Priority and Fairness objects are stored and served; the emulator does not queue requests by them
+    ResourceType(
+        "flowcontrol.apiserver.k8s.io", ["v1"], "flowschemas", "FlowSchema", False, "flowschema", has_status=True
+    ),
+    ResourceType(
+        "flowcontrol.apiserver.k8s.io",
+        ["v1"],
+        "prioritylevelconfigurations",
+        "PriorityLevelConfiguration",
+        False,
+        "prioritylevelconfiguration",
+        has_status=True,
+    ),
     ResourceType("rbac.authorization.k8s.io", ["v1"], "roles", "Role", True, "role"),
     ResourceType("rbac.authorization.k8s.io", ["v1"], "rolebindings", "RoleBinding", True, "rolebinding"),
     ResourceType("rbac.authorization.k8s.io", ["v1"], "clusterroles", "ClusterRole", False, "clusterrole"),
