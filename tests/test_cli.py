@@ -227,3 +227,14 @@ def test_json_logs_are_json_lines_only() -> None:
     lines = _log_lines("info", json_logs=True)
     assert len(lines) == 2, lines
     assert [json.loads(line)["message"] for line in lines] == ["an info line", "a warning line"]
+
+
+def test_the_readme_plan_example_is_what_the_command_prints():
+    """README's `sluice plan` example, run as written: its explanation is the command's, line for line."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("$ .venv/bin/python -m sluice plan -f examples/pools/heterogeneous.yaml")
+    block = readme[start : readme.index("```", start)].splitlines()
+    command = block[0].removeprefix("$ .venv/bin/python -m sluice ").removesuffix(" >/dev/null").split()
+    result = sluice(*command)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == block[1:]

@@ -202,7 +202,7 @@ def test_passes_start_one_interval_apart_however_long_each_takes():
     asyncio.run(asyncio.wait_for(go(), timeout=20))
     gaps = [b - a for a, b in itertools.pairwise(reconciler.started)]
     assert len(gaps) == 2
-    assert all(1.9 <= gap < 2.3 for gap in gaps), gaps
+    assert all(1.9 <= gap < 2.45 for gap in gaps), gaps  # the old loop: 2.6 s (the interval and the pass)
 
 
 def test_a_sharded_replica_asks_prometheus_for_the_pods_of_the_pools_it_runs():

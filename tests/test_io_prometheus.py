@@ -176,7 +176,7 @@ def test_no_pass_waits_behind_a_refresh_while_the_previous_answer_is_within_stal
         began = time.monotonic()
         read = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
         waited = time.monotonic() - began
-        assert waited < 0.5
+        assert waited < 1.0  # a refresh now takes 1.5 s
         assert read.collected_at == T0  # the previous answer, with the time it was asked
         assert read.pods["a"].queue_length == 3.0
     finally:

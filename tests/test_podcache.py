@@ -171,7 +171,7 @@ def test_a_reseed_under_way_does_not_hold_the_other_passes():
     cluster.pod_cache = PodCache(reseed_seconds=300, clock=clock)
     cluster.pods("llm", {"app": "a"})
     clock.now += 300
-    core.during_list = lambda: time.sleep(0.5)
+    core.during_list = lambda: time.sleep(2.0)
     with ThreadPoolExecutor(max_workers=4) as workers:
         started = time.monotonic()
         reseeding = workers.submit(cluster.pods, "llm", {"app": "a"})
@@ -180,7 +180,7 @@ def test_a_reseed_under_way_does_not_hold_the_other_passes():
         done = [f.result() - started for f in others]
         reseeding.result()
     assert len(core.lists) == 2
-    assert max(done) < 0.4, "the other passes read the cache while one pass reseeded it"
+    assert max(done) < 1.0, "the other passes read the cache while one pass reseeded it (2 s)"
 
 
 def test_a_seed_drops_the_pods_neither_listed_nor_touched_by_the_watch_since_it_began():

@@ -320,7 +320,9 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
     # One candidate pod takes half the traffic (all of it at the last step) against the stable revision's several
     # pods, so under a loaded machine it runs near the absolute 2 s TTFT bound and past 1.5x the stable p95 (full
     # test runs rolled it back on each, rightly): this test is about the restart, not capacity, so both are loose.
-    canary = {"candidateRevision": "v2", "analysis": {"maxTtftP95": "10s", "maxTtftRatioToStable": 20}}
+    # The 50 % step is the first and lasts a minute: the restart lands inside it however slow the machine is.
+    analysis = {"maxTtftP95": "10s", "maxTtftRatioToStable": 20}
+    canary = {"candidateRevision": "v2", "steps": [50, 100], "stepInterval": "60s", "analysis": analysis}
     stack.patch_pool("llama", {"spec": {"canary": canary}})
     at_50 = wait_until(
         lambda: (pool(stack)["status"].get("canary") or {}).get("weight") == 50 and pool(stack),
@@ -329,25 +331,29 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
     )
     step_started = at_50["status"]["canary"]["stepStartedAt"]
     stack.stop_operator(kill=True)
+    killed_at = pool(stack)["status"]["lastReconcileTime"]  # the killed operator's last word
     time.sleep(3)
     stack.start_operator()
     resumed = wait_until(
-        lambda: pool(stack)["status"]["lastReconcileTime"] > at_50["status"]["lastReconcileTime"] and pool(stack),
+        lambda: pool(stack)["status"]["lastReconcileTime"] > killed_at and pool(stack),
         30,
         "a pass by the restarted operator",
     )
     canary = resumed["status"]["canary"]
-    assert canary["phase"] in ("Progressing", "Promoted")
-    assert canary["weight"] >= 50, canary
-    if canary["phase"] == "Progressing" and canary["weight"] == 50:
-        assert canary["stepStartedAt"] == step_started  # the same step, not restarted
+    assert (canary["phase"], canary["weight"], canary["stepIndex"]) == ("Progressing", 50, 0), canary
+    assert canary["stepStartedAt"] == step_started  # the same step, not restarted
     assert not any(e["reason"] == "CanaryRestarted" for e in stack.events())
+    stack.patch_pool("llama", {"spec": {"canary": {"stepInterval": "5s"}}})
     wait_until(
         lambda: pool(stack)["status"]["canary"]["phase"] == "Promoted",
         60,
         "promotion after the restart",
         show=lambda: pool(stack)["status"]["canary"],
     )
+    reasons = {e["reason"] for e in stack.events()}
+    assert {"CanaryStarted", "CanaryAdvanced", "CanaryPromoted"} <= reasons
+    # the pool's own rollout settings again, for the tests after this one
+    stack.patch_pool("llama", {"spec": {"canary": {"steps": [10, 50, 100], "stepInterval": "10s"}}})
 
 
 def test_the_operator_serves_its_own_metrics(stack: Stack) -> None:
@@ -369,9 +375,11 @@ def test_the_operator_serves_its_own_metrics(stack: Stack) -> None:
 
 
 def test_events_explain_what_happened(stack: Stack) -> None:
-    reasons = {e["reason"] for e in stack.events()}
-    assert {"CanaryStarted", "CanaryAdvanced", "CanaryPromoted", "MetricsUnavailable", "ObjectNotManaged"} <= reasons
-    for event in stack.events():
+    # Each Event's own test checks it is emitted (the canary, outage and unmanaged-object tests); here: all of
+    # them are on the pool.
+    events = stack.events()
+    assert events
+    for event in events:
         assert event["involvedObject"]["kind"] == "InferencePool"
 
 
