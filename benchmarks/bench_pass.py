@@ -42,32 +42,36 @@ SPEC = {
 PODS = 16
 
 
+class Signals:
+    """Every pod's signals drawn within ±10 % of their level at each pass."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: datetime) -> Any:
+        def j(value: float) -> float:
+            return value * self.rng.uniform(0.9, 1.1)
+
+        readings = {
+            name: PodSignals(
+                ttft_seconds=j(0.3),
+                ttft_p95_seconds=j(0.9),
+                kv_cache_usage=j(0.5),
+                queue_length=j(2.0),
+                running_requests=j(8.0),
+                request_rate=j(4.0),
+                error_rate=0.0,
+            )
+            for name in pods
+        }
+        return SignalSnapshot(collected_at=now, pods=readings, answered_at={"errorRate": now})
+
+
 def measure(passes: int, seed: int) -> float:
     """ms of CPU per pass, after a warm-up, in this process (the code on its PYTHONPATH)."""
-    rng = random.Random(seed)
-
-    class Signals:
-        def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: datetime) -> Any:
-            def j(value: float) -> float:
-                return value * rng.uniform(0.9, 1.1)
-
-            readings = {
-                name: PodSignals(
-                    ttft_seconds=j(0.3),
-                    ttft_p95_seconds=j(0.9),
-                    kv_cache_usage=j(0.5),
-                    queue_length=j(2.0),
-                    running_requests=j(8.0),
-                    request_rate=j(4.0),
-                    error_rate=0.0,
-                )
-                for name in pods
-            }
-            return SignalSnapshot(collected_at=now, pods=readings, answered_at={"errorRate": now})
-
     labels = {"app": "p", "sluice.dev/hardware-class": "a100", "sluice.dev/revision": "v1"}
     pods = [ObservedPod(name=f"p-{i:02d}", ip=f"10.0.0.{i + 1}", labels=labels) for i in range(PODS)]
-    reconciler = Reconciler(MemoryCluster(pod_list=pods), Signals())  # type: ignore[arg-type]
+    reconciler = Reconciler(MemoryCluster(pod_list=pods), Signals(seed))
     body = {"metadata": {"name": "p", "namespace": "bench", "uid": "u1", "generation": 1}, "spec": SPEC}
     reader = SnapshotReader()
     now = datetime(2026, 12, 1, tzinfo=UTC)
