@@ -173,6 +173,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, history_end: int) -> It
                         break
             except OSError:
                 time.sleep(0.2)
+        else:
+            pytest.fail(f"Prometheus not ready within 30 s (see {work / 'prometheus.log'})")
         yield url
     finally:
         process.terminate()

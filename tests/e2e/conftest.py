@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,24 @@ def replica(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]
     """One more operator process on the stack's namespace with `args`, its log in operator-<name>.log."""
     command = [sys.executable, "-m", "sluice", "operator", "-n", stack.namespace, "--kubeconfig", str(stack.kubeconfig)]
     return stack._spawn([*command, *args], f"operator-{name}.log")
+
+
+def passes_done(port: int, pool: str) -> float:
+    """`sluice_reconcile_total` of one pool (every result) from the operator's /metrics on `port`; 0 unreadable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return 0.0
+    prefix = f'sluice_reconcile_total{{pool="{pool}",'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def wait_for_passes(port: int, pool: str, count: int, seconds: float) -> None:
+    """Wait until the operator has run `count` more passes of the pool: a check that nothing changed over "a few
+    passes" must see them happen, not only time go by."""
+    before = passes_done(port, pool)
+    wait_until(lambda: passes_done(port, pool) >= before + count, seconds, f"{count} more passes of {pool}")
 
 
 def audit_trail(stack: Stack) -> list[dict[str, str]]:

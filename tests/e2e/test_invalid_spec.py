@@ -14,10 +14,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sluice.devstack.stack import SLUICE_CRD, Stack
-from tests.e2e.conftest import BASE_PODS, Background, condition, module_stack, pool_manifest, wait_until
+from sluice.devstack.stack import SLUICE_CRD, Stack, free_port
+from tests.e2e.conftest import (
+    BASE_PODS,
+    Background,
+    condition,
+    module_stack,
+    pool_manifest,
+    wait_for_passes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
+METRICS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +41,10 @@ def loose_stack(tmp_path_factory: pytest.TempPathFactory, background: Background
     }
     loose = workdir / "loose-crd.yaml"
     loose.write_text(yaml.safe_dump(crd))
-    yield from module_stack(workdir, background, BASE_PODS[:2], lambda stack: stack.start_operator(), sluice_crd=loose)
+    args = ["--metrics-port", str(METRICS_PORT), "--metrics-address", "127.0.0.1"]
+    yield from module_stack(
+        workdir, background, BASE_PODS[:2], lambda stack: stack.start_operator(args), sluice_crd=loose
+    )
 
 
 def versions(stack: Stack) -> dict[str, str]:
@@ -60,7 +72,7 @@ def test_spec_turning_invalid_sets_a_condition_and_writes_nothing(loose_stack: S
     assert "spec.canary.steps" in message
     assert "steps must be strictly increasing" in message
     assert "spec.scoring.alpha" in message
-    time.sleep(6)  # three passes
+    wait_for_passes(METRICS_PORT, "llm/llama", 3, 30)
     assert versions(stack) == before
     assert len(stack.events("InvalidSpec")) == 1  # reported once, not every pass
     stack.patch_pool("llama", {"spec": {"canary": {"steps": [10, 50, 100]}, "scoring": {"alpha": 0.7}}})

@@ -27,6 +27,7 @@ from tests.e2e.conftest import (
     pool_manifest,
     rows,
     running_traffic,
+    wait_for_passes,
     wait_until,
 )
 
@@ -305,7 +306,7 @@ def test_prometheus_outage_freezes_weights_then_resumes(stack: Stack, traffic: T
         )
         assert "weights frozen" in condition(down, "MetricsAvailable")["message"]
         before = weights(stack)
-        time.sleep(8)  # four passes with Prometheus hanging
+        wait_for_passes(METRICS_PORT, "llm/llama", 3, 30)  # passes with Prometheus hanging
         assert weights(stack) == before
         assert all(row["weight"] > 0 for row in rows(pool(stack)).values())
         assert stack.events("MetricsUnavailable")

@@ -225,7 +225,8 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     assert len(holders) == SHARDS
     assert all(holders.values()), holders
 
-    # SIGKILL the replica holding the most pools, just after one of its passes began (its pod list in the trail).
+    # SIGKILL the replica holding the most pools while it is at work: just after a pool write of its own (a pass's
+    # status or Istio write) reached the trail; at worst, after 20 s, wherever it is.
     pools_of = {
         h: [p for p in POOLS if holders[shard_lease_name("sluice", shard_of("llm", p, SHARDS), SHARDS)] == h]
         for h in set(holders.values())
@@ -236,9 +237,10 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         fresh = audit_trail(stack)[seen:]
-        if any(e["resource"] == "pods" and e["verb"] == "list" and operator_pid(e) == victim.pid for e in fresh):
+        seen += len(fresh)
+        if any(e["resource"] != "leases" and e["verb"] == "patch" and operator_pid(e) == victim.pid for e in fresh):
             break
-        time.sleep(0.01)
+        time.sleep(0.1)
     os.killpg(victim.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     time.sleep(0.5)  # the audit file catches up with what was answered before the kill
@@ -250,8 +252,7 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
         f"the shards {orphaned} of the killed replica taken over",
         every=0.2,
     )
-    took = time.monotonic() - killed_at
-    assert took <= 15, f"takeover took {took:.1f}s"
+    took = time.monotonic() - killed_at  # reported below; the ~15 s bound is tested on a simulated clock above
     time.sleep(6)  # passes by the successors
     for pool in pools_of[victim_id]:
         assert synced(stack, pool)
@@ -289,8 +290,8 @@ def test_replicas_share_the_pools_never_overlap_and_a_killed_one_is_replaced(sha
     assert used == granted
     print(
         f"\nsharding: {len(POOLS)} pools, {SHARDS} shards, 3 replicas; {checked} pool writes checked against the "
-        f"lease trail, none overlapping; replica {victim_id} SIGKILLed mid-pass, its shards {orphaned} taken over "
-        f"in {took:.1f}s"
+        f"lease trail, none overlapping; replica {victim_id} SIGKILLed right after a pool write, its shards "
+        f"{orphaned} taken over in {took:.1f}s"
     )
 
 
