@@ -137,22 +137,29 @@ def replica(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]
     return stack._spawn([*command, *args], f"operator-{name}.log")
 
 
-def passes_done(port: int, pool: str) -> float:
-    """`sluice_reconcile_total` of one pool (every result) from the operator's /metrics on `port`; 0 unreadable."""
+def passes_done(port: int, pool: str) -> float | None:
+    """`sluice_reconcile_total` of one pool (every result) from the operator's /metrics on `port`; None when the
+    page cannot be read or has no such series yet."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
     except OSError:
-        return 0.0
+        return None
     prefix = f'sluice_reconcile_total{{pool="{pool}",'
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)]
+    return sum(counts) if counts else None
 
 
 def wait_for_passes(port: int, pool: str, count: int, seconds: float) -> None:
     """Wait until the operator has run `count` more passes of the pool: a check that nothing changed over "a few
-    passes" must see them happen, not only time go by."""
-    before = passes_done(port, pool)
-    wait_until(lambda: passes_done(port, pool) >= before + count, seconds, f"{count} more passes of {pool}")
+    passes" must see them happen, not only time go by. The baseline is a reading, never a default."""
+    before = wait_until(lambda: passes_done(port, pool), 15, f"the passes of {pool} on the operator's /metrics")
+
+    def done() -> bool:
+        now = passes_done(port, pool)
+        return now is not None and now >= before + count
+
+    wait_until(done, seconds, f"{count} more passes of {pool}")
 
 
 def audit_trail(stack: Stack) -> list[dict[str, str]]:

@@ -353,8 +353,10 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
     )
     reasons = {e["reason"] for e in stack.events()}
     assert {"CanaryStarted", "CanaryAdvanced", "CanaryPromoted"} <= reasons
-    # the pool's own rollout settings again, for the tests after this one
-    stack.patch_pool("llama", {"spec": {"canary": {"steps": [10, 50, 100], "stepInterval": "10s"}}})
+    # the pool's own rollout settings again (examples/local/pool.yaml), for the tests after this one
+    pool_analysis = {"maxTtftP95": "2s", "maxTtftRatioToStable": None}  # null: removed, the default again
+    restored = {"steps": [10, 50, 100], "stepInterval": "10s", "analysis": pool_analysis}
+    stack.patch_pool("llama", {"spec": {"canary": restored}})
 
 
 def test_the_operator_serves_its_own_metrics(stack: Stack) -> None:

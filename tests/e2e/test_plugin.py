@@ -111,7 +111,8 @@ def test_pause_resume_skip_step_and_promote_through_the_plugin(stack: Stack, tra
     record = canary(stack)["lastOperation"]
     assert (record["op"], record["result"]) == ("promote", "Applied")
     # Forced or not depends on whether a check passed at the new step before the promote (the unit tests pin both
-    # cases down); the plugin prints what the record says either way.
+    # cases down); the plugin says which, as the record does.
+    assert ("(forced: analysis skipped)" in promoted.stdout) == record.get("forced", False)
     assert record["by"].endswith("@sluice-local")  # user@context, as the kubeconfig names them
     assert canary(stack)["phase"] == "Promoted"
     again = kubectl_sluice(stack, "retry", "llama", "-n", "llm")

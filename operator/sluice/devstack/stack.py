@@ -102,6 +102,7 @@ class Stack:
         self.deadline = time.monotonic() + deadline_seconds
         self.processes: list[subprocess.Popen[bytes]] = []
         self._services: list[subprocess.Popen[bytes]] = []
+        self._closing = False
         """The API server and Prometheus: `close` stops them after everything else."""
         self.pods: dict[str, PodState] = {}
         self.kubeconfig = workdir / "kubeconfig"
@@ -136,7 +137,9 @@ class Stack:
         self, args: list[str], log: str, kubeconfig: Path | None = None, service: bool = False
     ) -> subprocess.Popen[bytes]:
         """Start a process in its own session, output to `log` in the workdir. `service`: a server the others use
-        (the API server, Prometheus), stopped last by `close`."""
+        (the API server, Prometheus), stopped last by `close`. Refused once `close` has begun."""
+        if self._closing:
+            raise RuntimeError(f"the stack is closing: {args[0]} not started")
         handle = (self.workdir / log).open("ab")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
         process = subprocess.Popen(
@@ -151,12 +154,15 @@ class Stack:
         """Stop every process: first those that use the API server and Prometheus (operators, routers, model
         servers, in reverse order of start), and only once they are gone those two, so a client shutting down
         (an operator clearing its shard Leases, finishing a pass) still has its servers."""
+        self._closing = True  # nothing starts from now on (the kubelet would restart the model servers it sees exit)
         services = [p for p in self.processes if p in self._services]
         clients = [p for p in self.processes if p not in self._services]
-        for wave in (clients, services):
-            self._stop(list(reversed(wave)))
-        self.processes.clear()
-        self._services.clear()
+        try:
+            self._stop(list(reversed(clients)))
+        finally:  # an interrupted first wave still stops the servers (they run in sessions of their own)
+            self._stop(list(reversed(services)))
+            self.processes.clear()
+            self._services.clear()
 
     @staticmethod
     def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -394,7 +400,7 @@ class Stack:
     async def kubelet(self) -> None:
         """Probe readiness with real inference, record crashes, restart servers. Runs until the stack stops."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
-            while not self._kubelet_stop.is_set() and self.remaining() > 0:
+            while not self._kubelet_stop.is_set() and not self._closing and self.remaining() > 0:
                 for state in list(self.pods.values()):
                     if state.deleted or state.process is None:
                         continue
