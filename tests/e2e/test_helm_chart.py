@@ -84,6 +84,17 @@ def start_operator_as_the_chart_deploys_it(stack: Stack) -> subprocess.Popen[byt
     return stack.operator
 
 
+def start_operator_and_wait_for_a_pass(stack: Stack, what: str) -> None:
+    """Start the operator as the chart deploys it and wait until it has stamped the llama pool's status."""
+    before = (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
+    start_operator_as_the_chart_deploys_it(stack)
+    wait_until(
+        lambda: (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
+        60,
+        what,
+    )
+
+
 def forbidden_calls(stack: Stack) -> list[dict[str, str]]:
     user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
     return [e for e in audit_trail(stack) if e.get("user") == user and e.get("decision") == "forbid"]
@@ -186,13 +197,7 @@ def test_a_namespaced_install_runs_the_operator_with_roles_in_the_watched_namesp
     )
     assert get(stack, "clusterrole", f"{RELEASE}-sluice") is None
     assert get(stack, "role", f"{RELEASE}-sluice", "-n", "llm") is not None
-    before = (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
-    start_operator_as_the_chart_deploys_it(stack)
-    wait_until(
-        lambda: (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
-        60,
-        "a pass by the operator watching only llm",
-    )
+    start_operator_and_wait_for_a_pass(stack, "a pass by the operator watching only llm")
     assert forbidden_calls(stack) == []
     account = f"--as=system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
     elsewhere = stack.kubectl("auth", "can-i", "patch", "inferencepools", "-n", "default", account, check=False)
@@ -218,13 +223,7 @@ def test_a_sharded_upgrade_runs_the_operator_on_its_shard_leases_in_the_release_
     assert schema["spec"]["priorityLevelConfiguration"]["name"] == "leader-election"
     (subject,) = schema["spec"]["rules"][0]["subjects"]
     assert subject["serviceAccount"] == {"name": f"{RELEASE}-sluice", "namespace": NAMESPACE}
-    before = (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
-    start_operator_as_the_chart_deploys_it(stack)
-    wait_until(
-        lambda: (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
-        60,
-        "a pass by the sharded operator",
-    )
+    start_operator_and_wait_for_a_pass(stack, "a pass by the sharded operator")
     leases = (get(stack, "leases", "-n", NAMESPACE) or {}).get("items", [])
     holders = {
         x["metadata"]["name"]: x["spec"].get("holderIdentity") for x in leases if "-shard-" in x["metadata"]["name"]
