@@ -64,7 +64,7 @@ class Story:
     async def expect(self, text: str, check: Callable[[dict[str, Any]], str | None], seconds: float) -> bool:
         """Wait until `check(pool)` returns a detail string (the claim holds) or the time is up."""
         begin = time.monotonic()
-        detail = ""
+        pool: dict[str, Any] = {}
         while time.monotonic() - begin < seconds:
             pool = await asyncio.to_thread(self.stack.pool, "llama")
             with contextlib.suppress(KeyError, TypeError, IndexError):
@@ -75,9 +75,22 @@ class Story:
                     self.say(f"OK   {text} ({found}; {claim.seconds:.1f}s)")
                     return True
             await asyncio.sleep(0.5)
+        detail = last_seen(pool)
         self.claims.append(Claim(text, False, detail, seconds))
-        self.say(f"FAIL {text} (not seen within {seconds:.0f}s)")
+        self.say(f"FAIL {text} (not seen within {seconds:.0f}s; last seen: {detail})")
         return False
+
+
+def last_seen(pool: dict[str, Any]) -> str:
+    """What a failed claim last saw: each pod's state, weight and reason, and the conditions that were not True."""
+    status = pool.get("status") or {}
+    pods = [
+        f"{row['pod']} {row.get('state')} w={row.get('weight')} ({str(row.get('reason', ''))[:80]})"
+        for row in status.get("endpoints", [])
+    ]
+    conditions = status.get("conditions", [])
+    off = [f"{c['type']}={c['status']} ({c.get('reason')})" for c in conditions if c["status"] != "True"]
+    return "; ".join(pods + off) or "no status"
 
 
 def rows(pool: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -316,7 +329,8 @@ def summary(story: Story) -> str:
     lines = ["", "summary:"]
     for claim in story.claims:
         lines.append(
-            f"  {'OK  ' if claim.held else 'FAIL'} {claim.text}" + (f"  [{claim.seconds:.1f}s]" if claim.held else "")
+            f"  {'OK  ' if claim.held else 'FAIL'} {claim.text}"
+            + (f"  [{claim.seconds:.1f}s]" if claim.held else f"  (last seen: {claim.detail})")
         )
     samples = story.traffic.finished()  # one copy: the traffic's thread may still be appending
     ttfts = [s.ttft for s in samples if s.ttft is not None]
