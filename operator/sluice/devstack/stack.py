@@ -102,8 +102,9 @@ class Stack:
         self.deadline = time.monotonic() + deadline_seconds
         self.processes: list[subprocess.Popen[bytes]] = []
         self._services: list[subprocess.Popen[bytes]] = []
-        self._closing = False
         """The API server and Prometheus: `close` stops them after everything else."""
+        self._closing = False
+        """Set by `close`: nothing is started from then on."""
         self.pods: dict[str, PodState] = {}
         self.kubeconfig = workdir / "kubeconfig"
         self.api_url = ""
