@@ -2,7 +2,8 @@
 
     python -m sluice.devstack.demo [--keep] [--workdir out/demo]
 
-1. a heterogeneous pool (2x A100, RTX 4090, CPU) is applied with kubectl; weights settle A100 > 4090 > CPU;
+1. a heterogeneous pool (2x A100, RTX 4090, CPU) is applied with kubectl; the A100s weigh most, the CPU no more
+   than the 4090 (`capacity_order`);
 2. one A100 starts failing half its requests: it is zeroed within a few passes, then recovers along the ramp;
 3. the 4090 is OOMKilled: the kubelet reports it, sluice zeroes it at once and brings it back after its restart;
 4. a good candidate revision v2 is promoted step by step (10 -> 50 -> 100 %);
@@ -93,6 +94,20 @@ def last_seen(pool: dict[str, Any]) -> str:
     return "; ".join(pods + off) or "no status"
 
 
+def capacity_order(pool: dict[str, Any]) -> str | None:
+    """The first claim, on fresh signals: every A100 weighs more than the RTX 4090 and the CPU, the CPU no more than
+    the 4090, every pod routed. Not 4090 > CPU strictly: a slower pod joins the plan only once the faster ones'
+    latency level reaches its idle TTFT (docs/design.md, *Shares, water-filled*), so while the A100s carry the
+    load the 4090 and the CPU both hold the minimum weight."""
+    w = {name: row["weight"] for name, row in rows(pool).items()}
+    if condition(pool, "MetricsAvailable")["status"] != "True" or len(w) != 4:
+        return None
+    slower = max(w["llama-4090-0"], w["llama-cpu-0"])
+    if min(w["llama-a100-0"], w["llama-a100-1"]) > slower and w["llama-4090-0"] >= w["llama-cpu-0"] > 0:
+        return f"weights {w}"
+    return None
+
+
 def rows(pool: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {row["pod"]: row for row in pool.get("status", {}).get("endpoints", [])}
 
@@ -154,19 +169,11 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
         story.say("kubectl apply -f examples/local/pool.yaml")
         load = asyncio.create_task(traffic.run(stack.remaining()))
 
-        def settled(pool: dict[str, Any]) -> str | None:
-            r = rows(pool)
-            w = {name: r[name]["weight"] for name in r}
-            fresh = condition(pool, "MetricsAvailable")["status"] == "True"
-            if (
-                fresh
-                and len(w) == 4
-                and min(w["llama-a100-0"], w["llama-a100-1"]) > w["llama-4090-0"] > w["llama-cpu-0"] > 0
-            ):
-                return f"weights {w}"
-            return None
-
-        await story.expect("weights follow capacity and TTFT: A100 > RTX 4090 > CPU", settled, 60)
+        await story.expect(
+            "weights follow capacity and TTFT: the A100s above the RTX 4090 and the CPU, the CPU not above the 4090",
+            capacity_order,
+            60,
+        )
         await story.expect(
             "the Istio objects exist and are in sync",
             lambda p: "IstioSynced=True" if condition(p, "IstioSynced")["status"] == "True" else None,
