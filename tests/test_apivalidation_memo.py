@@ -4,7 +4,6 @@ a changed one always is, so what changed is still validated."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +11,8 @@ import pytest
 from sluice.devstack import apivalidation
 from sluice.devstack.apistore import parse_apply_body
 from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
+from sluice.devstack.stack import SHARED_ISTIO
 
-ISTIO_CRDS = Path(__file__).resolve().parents[2] / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"
 ENTRY: dict[str, Any] = {
     "apiVersion": "networking.istio.io/v1",
     "kind": "ServiceEntry",
@@ -29,9 +28,9 @@ ENTRY: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def istio() -> SchemaRegistry:
-    if not ISTIO_CRDS.exists():
-        pytest.fail(f"Istio CRDs not found at {ISTIO_CRDS}")
-    return SchemaRegistry().load(ISTIO_CRDS)
+    if not SHARED_ISTIO.exists():
+        pytest.fail(f"Istio CRDs not found at {SHARED_ISTIO}")
+    return SchemaRegistry().load(SHARED_ISTIO)
 
 
 def test_an_unchanged_object_is_not_evaluated_again(istio, monkeypatch):

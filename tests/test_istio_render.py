@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sluice.core.reconcile import Plan
 from sluice.devstack.apivalidation import SchemaRegistry
+from sluice.devstack.stack import SHARED_ISTIO
 from sluice.istio.render import (
     PoolRef,
     cluster_name,
@@ -18,7 +18,6 @@ from sluice.istio.render import (
 )
 from tests.helpers import pod, run, sig, spec
 
-ISTIO_CRDS = Path(__file__).resolve().parents[2] / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"
 POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
 PODS = [pod("v1-a", "a100", "v1"), pod("v1-b", "rtx4090", "v1"), pod("v2-a", "a100", "v2")]
 SIGNALS = {"v1-a": sig(ttft=0.04), "v1-b": sig(ttft=0.08), "v2-a": sig(ttft=0.04, rps=2)}
@@ -27,9 +26,9 @@ CANARY = {"stableRevision": "v1", "candidateRevision": "v2"}
 
 @pytest.fixture(scope="module")
 def istio() -> SchemaRegistry:
-    if not ISTIO_CRDS.exists():
-        pytest.fail(f"Istio CRDs not found at {ISTIO_CRDS}")
-    return SchemaRegistry().load(ISTIO_CRDS)
+    if not SHARED_ISTIO.exists():
+        pytest.fail(f"Istio CRDs not found at {SHARED_ISTIO}")
+    return SchemaRegistry().load(SHARED_ISTIO)
 
 
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
