@@ -1,7 +1,7 @@
 """The demo's first claim, on the states a pool of 2x A100, RTX 4090 and CPU really goes through.
 
 The weights that hold, and the cold A100's, are ones the operator wrote in demo runs: at low load the A100s carry
-every request and the 4090 and the CPU both hold the minimum weight (a slower pod joins the plan only once the
+nearly every request and the 4090 and the CPU both hold the minimum weight (a slower pod joins the plan only once the
 faster ones' latency level reaches its idle TTFT); a cold A100 whose first requests were slow can hold it too for
 a few passes. The other states that fail are the violations the claim is there to catch.
 """
@@ -34,6 +34,8 @@ def pool(a100_0: int, a100_1: int, rtx4090: int, cpu: int, metrics: str = "True"
         ((1000, 1000, 1, 54), False),  # the CPU above the 4090
         ((1000, 1, 1, 1), False),  # a cold A100 not (yet) above the others
         ((1000, 1000, 400, 0), False),  # the CPU not routed
+        ((1000, 1000, 1000, 1000), False),  # round robin's equal weights
+        ((1, 1, 1, 1), False),
     ],
 )
 def test_the_first_claim_follows_the_plan(weights: tuple[int, int, int, int], holds: bool) -> None:

@@ -130,10 +130,10 @@ def test_a_bad_revision_is_caught_in_shadow_and_rolled_back_before_serving_any_u
 
 def test_a_good_revision_passes_its_shadow_and_goes_live(stack: Stack, traffic: Traffic) -> None:
     stack.add_pod(GOOD)
-    # The shadow's length timed from outside the operator: from a moment known to precede the mirror (the apply,
-    # then the start of each look at the route that did not find it) to the first look that finds v3 live. The
-    # operator's own verdict ("passed after Ns") is read from the clock it keeps, so it cannot tell a clock
-    # started before the mirror was rendered; this can.
+    # The shadow's length timed from outside the operator: from a moment known to precede the mirror on the route
+    # (the apply, then the start of each look at the route that did not find it) to the first look that finds v3
+    # live. The operator's own verdict ("passed after Ns") is read from the clock it keeps, so it cannot tell a
+    # clock started well before the mirror was rendered; this can, to within the looks' own spacing (~1-2 s).
     not_yet = time.monotonic()
     stack.kubectl("apply", "-f", "-", stdin=manifest(stack, "v3"))
 
@@ -156,8 +156,10 @@ def test_a_good_revision_passes_its_shadow_and_goes_live(stack: Stack, traffic: 
     verdict = re.match(r"passed after (\d+)s", live["shadowVerdict"])
     assert verdict is not None, live["shadowVerdict"]
     assert int(verdict.group(1)) >= 12
-    # the whole 12 s with the mirror in place (0.5 s allowed for the pass's own write after its clock reading)
-    assert shadowed >= 11.5, f"live {shadowed:.1f} s after the mirror was rendered; the shadow lasts 12 s"
+    # A lower bound: the pass that renders the mirror starts the shadow's clock when it begins and applies the
+    # route after reading Prometheus (up to the pool's `timeout`, 2 s), so the mirror may appear up to ~2 s after
+    # the clock started; 9.5 s allows that and 0.5 s more. A clock started 8 s early measured 4.7 s here.
+    assert shadowed >= 9.5, f"live {shadowed:.1f} s after the mirror first appeared; the shadow lasts 12 s"
     mirrored_in_shadow = traffic.mirrored[GOOD.name]
     assert mirrored_in_shadow > 0
     wait_until(lambda: "mirrors" not in route(stack), 10, "no mirror once live")

@@ -142,7 +142,8 @@ def test_two_replicas_racing_for_one_lease_get_one_success(shard_stack: Stack) -
 
 def sharded(stack: Stack, name: str) -> subprocess.Popen[bytes]:
     # `--status-refresh 0`: every pass writes its pool's status (the signals move at every scrape), so the trace
-    # has a pool write of every pass to check against the Leases, and a replica is always killed mid-work
+    # has a pool write of every pass to check against the Leases, and the victim is killed right after a pool
+    # write of its own rather than after the 20 s fallback
     flags = ["--shards", str(SHARDS), "--lease-namespace", "llm", "--identity", f"replica-{name}"]
     flags += ["--status-refresh", "0"]
     return replica(stack, name, flags)

@@ -98,7 +98,9 @@ def capacity_order(pool: dict[str, Any]) -> str | None:
     """The first claim, on fresh signals: every A100 weighs more than the RTX 4090 and the CPU, the CPU no more than
     the 4090, every pod routed. Not 4090 > CPU strictly: a slower pod joins the plan only once the faster ones'
     latency level reaches its idle TTFT (docs/design.md, *Shares, water-filled*), so while the A100s carry the
-    load the 4090 and the CPU both hold the minimum weight."""
+    load the 4090 and the CPU both hold the minimum weight. The plan orders shares; a weight also carries Envoy's
+    in-flight factor, so once both slower pods are planned the CPU can out-weigh the 4090 for a pass: the claim
+    asks for one pass in its 60 s, not for every pass."""
     w = {name: row["weight"] for name, row in rows(pool).items()}
     if condition(pool, "MetricsAvailable")["status"] != "True" or len(w) != 4:
         return None
@@ -170,7 +172,7 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
         load = asyncio.create_task(traffic.run(stack.remaining()))
 
         await story.expect(
-            "weights follow capacity and TTFT: the A100s above the RTX 4090 and the CPU, the CPU not above the 4090",
+            "capacity-aware weights: the A100s above the RTX 4090 and the CPU, the CPU not above the 4090",
             capacity_order,
             60,
         )
