@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from kubernetes import client as k8s
 
-from sluice.io.kube import KubeCluster
+from sluice.io.kube import ClusterError, KubeCluster
 from sluice.runtime.podcache import PodCache
 
 
@@ -191,3 +192,51 @@ def test_a_seed_drops_the_pods_neither_listed_nor_touched_by_the_watch_since_it_
     cache.put("llm", pod("a-3", {"app": "a"}))  # created after the list was read
     cache.finish_seed("llm", [pod("a-2", {"app": "a"})])
     assert [p.name for p in cache.select("llm", {})] == ["a-2", "a-3"]
+
+
+def test_a_reseed_that_fails_leaves_the_cache_answering_and_is_tried_again_after_the_relist_gap():
+    """A failed reseed list (the API server busy) must not fail the pass — the watch keeps the cache current; the
+    reseed only drops pods deleted while the watch was down — nor stop the namespace's later reseeds."""
+    clock = Clock()
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"}), pod("a-2", {"app": "a"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = PodCache(reseed_seconds=300, relist_gap=30, clock=clock)
+    cluster.pods("llm", {"app": "a"})
+    clock.now += 300
+
+    def unavailable() -> None:
+        raise k8s.ApiException(status=503, reason="Service Unavailable")
+
+    core.during_list = unavailable
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1", "a-2"]
+    assert len(core.lists) == 2
+    core.during_list = None
+    core.items = [pod("a-2", {"app": "a"})]  # a-1 went while the watch was down
+    clock.now += 29
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1", "a-2"]
+    assert len(core.lists) == 2  # not at every pass: a busy API server is not asked again at once
+    clock.now += 1
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-2"]
+    assert len(core.lists) == 3
+    clock.now += 299
+    cluster.pods("llm", {"app": "a"})
+    assert len(core.lists) == 3  # the next reseed 300 s after the one that succeeded
+
+
+def test_a_first_seed_that_fails_fails_the_pass_and_the_next_pass_lists_again():
+    cluster = KubeCluster(k8s.ApiClient())
+    core = CountingCore([pod("a-1", {"app": "a"})])
+    cluster.core = core  # type: ignore[assignment]
+    cluster.pod_cache = cache = PodCache()
+
+    def unavailable() -> None:
+        raise k8s.ApiException(status=503, reason="Service Unavailable")
+
+    core.during_list = unavailable
+    with pytest.raises(ClusterError):
+        cluster.pods("llm", {"app": "a"})
+    assert not cache.seeded("llm")
+    core.during_list = None
+    assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1"]
+    assert len(core.lists) == 2

@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import copy
 import json
+import logging
 import os
 import threading
 import time
@@ -45,6 +46,7 @@ from sluice.istio.ownership import (
     release,
 )
 
+log = logging.getLogger(__name__)
 FIELD_MANAGER = "sluice"
 APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")
@@ -117,6 +119,8 @@ class PodSource(Protocol):
     def due(self, namespace: str) -> bool: ...
 
     def begin_seed(self, namespace: str) -> None: ...
+
+    def abandon_seed(self, namespace: str) -> None: ...
 
     def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None: ...
 
@@ -215,6 +219,8 @@ class KubeCluster:
                 try:
                     if cache.due(namespace):
                         self._seed(cache, namespace)
+                except ClusterError as failure:  # the watch keeps the cache current: answer from it, retry later
+                    log.warning("listing %s's pods again failed (%s): the pod watch's view is used", namespace, failure)
                 finally:
                     lock.release()
             return cache.select(namespace, match_labels)
@@ -226,8 +232,13 @@ class KubeCluster:
 
     def _seed(self, cache: PodSource, namespace: str) -> None:
         cache.begin_seed(namespace)
-        answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
-        cache.finish_seed(namespace, _json(answer).get("items", []))
+        try:
+            answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
+            items = _json(answer).get("items", [])
+        except Exception:
+            cache.abandon_seed(namespace)
+            raise
+        cache.finish_seed(namespace, items)
 
     def secret_key(self, namespace: str, name: str, key: str) -> str:
         try:

@@ -21,6 +21,8 @@ its last seed at the earliest) when the watch delivers a listing event (kopf mar
 with event type None) for a namespace already seeded; a seed drops the pods neither in its list nor touched by the
 watch since it began. One pass lists; the others read the cache meanwhile. Known limit: a pod deleted while the
 watch was down stays here until the next seed of its namespace (at most 5 min; kopf's own indexes keep it).
+A reseed whose list fails leaves the cache as the watch keeps it and is tried again `relist_gap` later; a first
+seed that fails fails the pass (there is nothing to answer from) and the next pass lists again.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class PodCache:
         self._pending: dict[str, float] = {}
         self._relisted: dict[str, float] = {}
         """Namespace -> when the watch last delivered a listing event for it after it was seeded."""
+        self._failed: dict[str, float] = {}
+        """Namespace -> when its last reseed failed: not due again within `relist_gap` of it."""
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], ObservedPod] = {}
         self._by_label: dict[tuple[str, str, str], set[str]] = {}
@@ -64,7 +68,10 @@ class PodCache:
             began = self._began.get(namespace)
             if began is None or namespace in self._seeding:
                 return False
-            age = self.clock() - began
+            now = self.clock()
+            if now - self._failed.get(namespace, float("-inf")) < self.relist_gap:
+                return False
+            age = now - began
             relisted = self._relisted.get(namespace, float("-inf")) > began
             return age >= self.reseed_seconds or (relisted and age >= self.relist_gap)
 
@@ -73,6 +80,14 @@ class PodCache:
         with self._lock:
             self._seeding.setdefault(namespace, set())
             self._pending[namespace] = self.clock()
+
+    def abandon_seed(self, namespace: str) -> None:
+        """The seeding list failed: the namespace is as it was (what the watch said meanwhile is applied already);
+        a seeded one is due again `relist_gap` later, not at every pass."""
+        with self._lock:
+            self._seeding.pop(namespace, None)
+            self._pending.pop(namespace, None)
+            self._failed[namespace] = self.clock()
 
     def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None:
         """The namespace's listed pods, except those the watch touched since `begin_seed` (its word is newer);
@@ -89,6 +104,7 @@ class PodCache:
                 self._remove(namespace, name)
             self._seeded.add(namespace)
             self._began[namespace] = self._pending.pop(namespace, self.clock())
+            self._failed.pop(namespace, None)
 
     def put(self, namespace: str, pod: dict[str, Any], listing: bool = False) -> None:
         """Add or replace a pod from its object (as the watch delivered it); `listing`: from a listing of the
