@@ -36,6 +36,14 @@ def test_the_shard_of_a_pool_does_not_depend_on_the_process() -> None:
     assert runs.pop().strip() == str([shard_of("llm", f"pool-{i}", 7) for i in range(50)])
 
 
+def test_the_shard_of_a_pool_is_fixed_across_versions() -> None:
+    """Replicas of two versions run side by side during a rolling upgrade: a pool's shard must not depend on the
+    version. The values: the first 8 bytes of SHA-256 of "namespace/name", big-endian, modulo the shard count,
+    taken from coreutils (`printf 'llm/pool-0' | sha256sum` -> af5207597a9a162f...), not from this code."""
+    assert [shard_of("llm", f"pool-{i}", 7) for i in range(5)] == [2, 0, 5, 4, 3]
+    assert [shard_of("llm", f"pool-{i}", 4) for i in range(5)] == [3, 1, 0, 3, 2]
+
+
 def test_pools_spread_evenly_over_the_shards() -> None:
     counts = Counter(shard_of(f"ns-{i % 13}", f"pool-{i}", 4) for i in range(4000))
     assert set(counts) == {0, 1, 2, 3}
