@@ -152,6 +152,8 @@ def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(pro
         reused = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))
         assert len(prometheus.seen) == 8  # shared, the 503 included (not sent again at once)
         assert reused.collected_at == first.collected_at == T0  # the time the shared answer was asked
+        # each signal says which answer it read: the same one twice is how a pass knows a reading is repeated
+        assert reused.answered_at["errorRate"] == first.answered_at["errorRate"] == T0
         # Half an interval after it was asked, the refresher asks again without any pass (the failing query
         # waits out its backoff: one interval).
         prometheus.wait_for(8 + 7, seconds=3)
@@ -159,6 +161,8 @@ def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(pro
         time.sleep(0.1)
         later = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.4))
         assert T0 + timedelta(seconds=0.9) <= later.collected_at <= T0 + timedelta(seconds=1.4)
+        assert later.answered_at["errorRate"] >= T0 + timedelta(seconds=0.9)  # the refreshed answer: a new reading
+        assert "requestRate" not in later.answered_at  # failed: no answer read
         assert later.pods["a"].queue_length == 3.0
     finally:
         io.close()
