@@ -203,3 +203,56 @@ def test_kubectl_sluice_status_says_where_rows_are_aggregated() -> None:
     text = render_status(body)
     assert f"rows: {SAMPLE} of 300 pods listed ({300 - SAMPLE} plainly Routable pods aggregated" in text
     assert "every row: kubectl sluice plan" in text
+
+
+def _healthy(n: int) -> InferencePoolStatus:
+    pods, signals = fleet(n)
+    status = plan_pass(spec(), 1, observed(pods, signals, at(0)), None, at(0)).status
+    assert all(plainly_routable(row) for row in status.endpoints)
+    return status
+
+
+def test_each_thing_worth_reporting_keeps_its_pod_a_row_of_its_own() -> None:
+    """One pod per condition that makes a row worth keeping, set by hand on an otherwise healthy pool: each one
+    keeps its own row (the predicate under test is not used to pick them)."""
+    status = _healthy(300)
+    marks = {
+        "floor_held": {"floor_held": True},
+        "failures": {"consecutive_failures": 2},
+        "missing": {"missing_signals": ["ttftSeconds"]},
+        "unknown class": {"class_known": False},
+        "zeroed": {"state": "Zeroed", "weight": 0},
+        "recovering": {"state": "Recovering"},
+        "frozen": {"verdict": "frozen"},
+    }
+    rows = list(status.endpoints)
+    marked: dict[str, str] = {}
+    for i, (what, update) in enumerate(marks.items()):
+        index = 20 + 37 * i  # spread over the pool, away from the weight sample's ends
+        rows[index] = rows[index].model_copy(update=update)
+        marked[what] = rows[index].pod
+    stored = stored_form(status.model_copy(update={"endpoints": rows}))
+    listed = {row.pod for row in stored.endpoints}
+    assert {what for what, name in marked.items() if name not in listed} == set()
+    assert stored.endpoint_summary is not None
+    assert stored.endpoint_summary.listed == len(marks) + SAMPLE
+
+
+def test_over_the_row_cap_the_most_serious_rows_are_kept_whatever_their_names() -> None:
+    status = _healthy(300)
+    rows = [row.model_copy(update={"verdict": "frozen"}) for row in status.endpoints]  # none plainly Routable
+    last = sorted(row.pod for row in rows)[-5:]  # the names a cap by name would drop first
+    rows = [row.model_copy(update={"state": "Zeroed", "weight": 0}) if row.pod in last else row for row in rows]
+    stored = stored_form(status.model_copy(update={"endpoints": rows}))
+    assert len(stored.endpoints) == MAX_ROWS
+    assert set(last) <= {row.pod for row in stored.endpoints}
+
+
+def test_the_sample_of_plain_rows_holds_the_lowest_and_the_highest_weights() -> None:
+    status = _healthy(300)
+    weights = {row.pod: row.weight for row in status.endpoints}
+    assert len(set(weights.values())) > SAMPLE  # varied enough that the two ends differ
+    stored = stored_form(status)
+    shown = [row.weight for row in stored.endpoints]
+    assert min(shown) == min(weights.values())
+    assert max(shown) == max(weights.values())
