@@ -586,3 +586,33 @@ def test_the_status_writes_metric_says_written_deferred_skipped_and_failed_apart
     loop.cluster.failures["write_status"] = ClusterError(500, "etcd unavailable")
     metrics.record(loop.run(30))  # the refresh is due, the write fails
     assert (counted("written"), counted("skipped"), counted("deferred"), counted("failed")) == (1, 1, 1, 1)
+
+
+class ErringProm(FakeProm):
+    """Pod "a" fails half of its requests."""
+
+    def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+        healthy = super().read_signals(spec, namespace, pods, auth, now)
+        failing = healthy.pods["a"].model_copy(update={"error_rate": 0.5, "request_rate": 5.0})
+        return healthy.model_copy(update={"pods": {**healthy.pods, "a": failing}})
+
+
+def test_a_stored_status_newer_than_the_last_pass_here_is_what_the_next_pass_builds_on():
+    """Another replica ran the pool meanwhile (a shard handed over and back, an HA failover) and zeroed pod "a":
+    this process's own last pass is older, so the stored status is the one to continue from — "a" stays out of
+    the ServiceEntry through its quiet period, though its signals are healthy again."""
+    here, there = Loop(), Loop()
+    here.run(0)
+    there.run(0)
+    there.prom = there.reconciler.signals = ErringProm()
+    there.run(10)
+    assert {row["pod"]: row["state"] for row in there.status["endpoints"]}["a"] == "Zeroed"
+
+    def endpoints() -> set[str]:
+        entry = here.cluster.objects[("llm", "ServiceEntry", "sluice-llama")]
+        return {e["address"] for e in entry["spec"]["endpoints"]}
+
+    assert endpoints() == {"10.0.0.1", "10.0.0.2"}
+    here.status = there.status  # what the watch now delivers
+    here.run(15)
+    assert endpoints() == {"10.0.0.2"}
