@@ -199,6 +199,25 @@ def test_the_operator_refuses_bad_shard_settings_before_starting(argv, message, 
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flag", "seconds"), [([], 30.0), (["--status-refresh", "120"], 120.0), (["--status-refresh", "0"], 0.0)]
+)
+def test_the_status_refresh_reaches_the_operator_config(flag: list[str], seconds: float) -> None:
+    from sluice.cli import build_parser, operator_config  # noqa: PLC0415
+
+    assert operator_config(build_parser().parse_args(["operator", *flag])).status_refresh == seconds
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "soon"])
+def test_a_status_refresh_that_is_not_seconds_is_refused(value: str, capsys) -> None:
+    from sluice.cli import main  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as exited:
+        main(["operator", "--status-refresh", value])
+    assert exited.value.code == 2
+    assert "--status-refresh" in capsys.readouterr().err
+
+
 def _log_lines(level: str, json_logs: bool = False) -> list[str]:
     """What a fresh operator process prints for one info and one warning line of sluice's at `level`."""
     script = (

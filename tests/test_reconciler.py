@@ -133,6 +133,22 @@ def test_an_unchanged_status_is_still_written_as_a_heartbeat_after_a_minute():
     assert loop.run(66).status_written
 
 
+def test_the_heartbeat_is_due_at_a_minute_exactly():
+    loop = Loop()
+    loop.run(0)
+    assert not loop.run(59).status_written
+    assert loop.run(60).status_written
+
+
+def test_a_status_refresh_longer_than_a_minute_spaces_the_heartbeat_too():
+    loop = Loop()
+    loop.reconciler.status_refresh = timedelta(seconds=120)
+    loop.run(0)
+    assert not loop.run(60).status_written
+    assert not loop.run(119).status_written
+    assert loop.run(120).status_written
+
+
 def test_a_status_whose_observations_alone_moved_is_written_once_the_stored_one_is_the_refresh_old():
     loop = Loop()
     loop.run(0)
