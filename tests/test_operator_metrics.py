@@ -89,6 +89,20 @@ def test_pass_timing_is_operator_wide_and_counts_the_pools_that_are_behind() -> 
     assert value(metrics, "sluice_pass_lag_last_seconds", pool="llm/a") is None
 
 
+def test_a_pass_started_early_counts_as_on_time_and_one_interval_late_is_not_yet_behind() -> None:
+    """A wake-up before the pass was due (a pod restarted) gives a negative lag: 0, not a negative sample in the
+    histogram; "behind" is a pass more than one interval late."""
+    metrics = OperatorMetrics()
+    metrics.timing("llm/a", lag=-1.0, queued=-0.5, interval=5.0, started_at=1000.0)
+    assert value(metrics, "sluice_pass_lag_last_seconds", pool="llm/a") == 0.0
+    assert value(metrics, "sluice_pass_lag_seconds_sum") == 0.0
+    assert value(metrics, "sluice_pass_queue_seconds_sum") == 0.0
+    metrics.timing("llm/a", lag=5.0, queued=0.0, interval=5.0, started_at=1005.0)
+    assert value(metrics, "sluice_pools_behind") == 0
+    metrics.timing("llm/a", lag=5.01, queued=0.0, interval=5.0, started_at=1010.0)
+    assert value(metrics, "sluice_pools_behind") == 1
+
+
 def test_per_pod_series_can_be_left_out() -> None:
     metrics = OperatorMetrics(pod_series=False)
     metrics.record(report([{"pod": "a", "weight": 5, "state": "Routable"}]))
@@ -100,7 +114,17 @@ def test_a_pass_like_the_last_sets_nothing_new_and_the_next_change_shows() -> No
     metrics = OperatorMetrics()
     steady = [{"pod": "a", "weight": 5, "state": "Routable"}, {"pod": "b", "weight": 7, "state": "Routable"}]
     metrics.record(report(steady))
+    touched: list[tuple[str, ...]] = []
+    for gauge in (metrics.weight, metrics.endpoints, metrics.metrics_available):
+        labels = gauge.labels
+
+        def spy(*names: str, _labels=labels, **named: str):  # type: ignore[no-untyped-def]
+            touched.append(names)
+            return _labels(*names, **named)
+
+        gauge.labels = spy  # type: ignore[method-assign]
     metrics.record(report(steady))
+    assert touched == []  # the same pass again: no gauge looked up, nothing set
     assert value(metrics, "sluice_endpoint_weight", pool="llm/llama", pod="b", revision="") == 7
     metrics.record(
         report([{"pod": "a", "weight": 5, "state": "Routable"}, {"pod": "b", "weight": 0, "state": "Zeroed"}])
