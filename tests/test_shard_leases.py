@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -384,3 +385,49 @@ def test_a_member_lease_renewal_without_an_answer_does_not_stop_the_round() -> N
     api.create_namespaced_lease = timing_out  # type: ignore[method-assign]
     a.step()
     assert a.held() == [0, 1, 2, 3]
+
+
+def test_the_member_lease_of_a_replica_gone_for_three_lease_durations_is_deleted() -> None:
+    api, clock_a, clock_b = FakeLeaseApi(), Clock(), Clock()
+    a = faked(api=api, identity="a", clock=clock_a)
+    b = faked(api=api, identity="b", clock=clock_b)
+    a.step()
+    b.step()  # b's member Lease is written; then b is gone
+    gone = b.member
+    for _ in range(31):  # rounds a second apart; a first sees b's record 1 s in: 30 s later, three durations old
+        clock_a.now += 1.0
+        a.step()
+    assert gone in api.items
+    for _ in range(4):  # deleted at the next round that renews a's own member Lease (every 3 s)
+        clock_a.now += 1.0
+        a.step()
+    assert gone not in api.items
+    assert a.member in api.items
+
+
+class StoppedWhileCreating(FakeLeaseApi):
+    """Runs `during` (once) while a shard Lease's create is on the wire: stored, not yet answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.during: Any = None
+
+    def create_namespaced_lease(self, namespace: str, body: dict[str, Any], **kwargs: Any) -> Any:
+        answer = super().create_namespaced_lease(namespace, body, **kwargs)
+        if self.during is not None and "-shard-" in body["metadata"]["name"]:
+            during, self.during = self.during, None
+            during()
+        return answer
+
+
+def test_a_shard_taken_by_a_write_answered_after_stop_is_given_back() -> None:
+    api = StoppedWhileCreating()
+    a = faked(api=api, identity="a", clock=Clock())
+    api.during = a.stop
+    with contextlib.suppress(_Stopping):
+        a.step()
+    taken = [name for _, verb, name, _ in api.calls if verb == "create" and "-shard-" in name]
+    assert len(taken) == 1  # no other shard taken once stopped
+    assert len(holders(api)) == 1
+    assert all(holder is None for holder in holders(api).values())
+    assert a.held() == []
