@@ -177,11 +177,10 @@ def test_no_pass_waits_behind_a_refresh_while_the_previous_answer_is_within_stal
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         prometheus.delay = 3.0  # Prometheus slows down: every refresh now takes longer than an interval
         time.sleep(1.2)
-        began = time.monotonic()
         read = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
-        waited = time.monotonic() - began
-        assert waited < 1.0  # a pass waiting behind the refresh asked at ~0.5 s would wait until ~3.5 s
-        assert read.collected_at == T0  # the previous answer, with the time it was asked
+        # the previous answer, with the time it was asked: a pass waiting behind the refresh asked at ~0.5 s
+        # would have read that one (at ~3.5 s)
+        assert read.collected_at == T0
         assert read.pods["a"].queue_length == 3.0
     finally:
         prometheus.delay = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -172,16 +173,22 @@ def test_a_reseed_under_way_does_not_hold_the_other_passes():
     cluster.pod_cache = PodCache(reseed_seconds=300, clock=clock)
     cluster.pods("llm", {"app": "a"})
     clock.now += 300
-    core.during_list = lambda: time.sleep(2.0)
+    listing, release = threading.Event(), threading.Event()
+
+    def held_list() -> None:  # the reseed's list stays on the wire until the other passes have answered
+        listing.set()
+        assert release.wait(timeout=30)
+
+    core.during_list = held_list
     with ThreadPoolExecutor(max_workers=4) as workers:
-        started = time.monotonic()
         reseeding = workers.submit(cluster.pods, "llm", {"app": "a"})
-        time.sleep(0.1)
-        others = [workers.submit(lambda: (cluster.pods("llm", {"app": "a"}), time.monotonic())[1]) for _ in range(3)]
-        done = [f.result() - started for f in others]
-        reseeding.result()
+        assert listing.wait(timeout=30)
+        others = [workers.submit(cluster.pods, "llm", {"app": "a"}) for _ in range(3)]
+        answered = [[p.name for p in f.result(timeout=30)] for f in others]  # would time out behind the list
+        release.set()
+        reseeding.result(timeout=30)
+    assert answered == [["a-1"]] * 3
     assert len(core.lists) == 2
-    assert max(done) < 1.0, "the other passes read the cache while one pass reseeded it (2 s)"
 
 
 def test_a_seed_drops_the_pods_neither_listed_nor_touched_by_the_watch_since_it_began():
