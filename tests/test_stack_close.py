@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from sluice.devstack.stack import Stack
+from sluice.devstack.stack import PodSpec, PodState, Stack
 
 SERVER = """
 import socket, sys, time
@@ -57,3 +59,22 @@ def test_close_stops_the_clients_while_their_servers_still_answer(tmp_path: Path
     stack.close()
     assert (tmp_path / "verdict").read_text() == "server answered"
     assert stack.processes == []
+
+
+def test_a_kubelet_due_to_restart_a_server_as_the_stack_closes_ends_without_an_error(tmp_path: Path) -> None:
+    """`close` can begin while the kubelet is between its check of the closing flag and a restart: the restart
+    is refused (nothing starts once closing) and the kubelet ends quietly, not with that refusal."""
+    stack = Stack(tmp_path)
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    exited.wait(timeout=20)
+    crashed = PodState(PodSpec("crashed", "a100", "v1", "127.0.40.1"), process=exited)  # reported first
+    due = PodState(PodSpec("due", "a100", "v1", "127.0.40.2"), process=exited, restart_at=0.0)  # then restarted
+
+    def report_and_close(state: PodState) -> None:  # `close` begins while the kubelet reports the crash
+        stack._closing = True
+
+    stack._report = report_and_close  # type: ignore[method-assign]
+    stack.pods = {"crashed": crashed, "due": due}
+    asyncio.run(asyncio.wait_for(stack.kubelet(), timeout=20))
+    assert due.process is exited  # not restarted
+    stack.close()

@@ -85,6 +85,10 @@ class PodState:
     deleted: bool = False
 
 
+class StackClosing(RuntimeError):
+    """A process asked of a stack that is closing: nothing starts once `close` has begun."""
+
+
 class Stack:
     """Start with `with Stack(workdir) as stack:`; everything started is stopped on exit."""
 
@@ -140,7 +144,7 @@ class Stack:
         """Start a process in its own session, output to `log` in the workdir. `service`: a server the others use
         (the API server, Prometheus), stopped last by `close`. Refused once `close` has begun."""
         if self._closing:
-            raise RuntimeError(f"the stack is closing: {args[0]} not started")
+            raise StackClosing(f"the stack is closing: {args[0]} not started")
         handle = (self.workdir / log).open("ab")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
         process = subprocess.Popen(
@@ -420,7 +424,10 @@ class Stack:
                         await asyncio.to_thread(self._report, state)
                     elif state.restart_at is not None and time.monotonic() >= state.restart_at:
                         state.restart_at = None
-                        await asyncio.to_thread(self._start_server, state)
+                        try:
+                            await asyncio.to_thread(self._start_server, state)
+                        except StackClosing:  # `close` began since the loop's check: nothing more to run
+                            return
                     elif code is None and not state.ready and await self._probe(http, state.spec.ip):
                         state.ready = True
                         await asyncio.to_thread(self._report, state)
