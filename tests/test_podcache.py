@@ -201,6 +201,11 @@ def test_a_seed_drops_the_pods_neither_listed_nor_touched_by_the_watch_since_it_
     assert [p.name for p in cache.select("llm", {})] == ["a-2", "a-3"]
 
 
+def unavailable() -> None:
+    """A pod list the API server refuses (busy)."""
+    raise k8s.ApiException(status=503, reason="Service Unavailable")
+
+
 def test_a_reseed_that_fails_leaves_the_cache_answering_and_is_tried_again_after_the_relist_gap():
     """A failed reseed list (the API server busy) must not fail the pass — the watch keeps the cache current; the
     reseed only drops pods deleted while the watch was down — nor stop the namespace's later reseeds."""
@@ -211,9 +216,6 @@ def test_a_reseed_that_fails_leaves_the_cache_answering_and_is_tried_again_after
     cluster.pod_cache = PodCache(reseed_seconds=300, relist_gap=30, clock=clock)
     cluster.pods("llm", {"app": "a"})
     clock.now += 300
-
-    def unavailable() -> None:
-        raise k8s.ApiException(status=503, reason="Service Unavailable")
 
     core.during_list = unavailable
     assert [p.name for p in cluster.pods("llm", {"app": "a"})] == ["a-1", "a-2"]
@@ -236,9 +238,6 @@ def test_a_first_seed_that_fails_fails_the_pass_and_the_next_pass_lists_again():
     core = CountingCore([pod("a-1", {"app": "a"})])
     cluster.core = core  # type: ignore[assignment]
     cluster.pod_cache = cache = PodCache()
-
-    def unavailable() -> None:
-        raise k8s.ApiException(status=503, reason="Service Unavailable")
 
     core.during_list = unavailable
     with pytest.raises(ClusterError):

@@ -137,13 +137,20 @@ def replica(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]
     return stack._spawn([*command, *args], f"operator-{name}.log")
 
 
+def operator_page(port: int) -> str | None:
+    """The operator's /metrics page on `port`; None while it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        return None
+
+
 def passes_done(port: int, pool: str) -> float | None:
     """`sluice_reconcile_total` of one pool (every result) from the operator's /metrics on `port`; None when the
     page cannot be read or has no such series yet."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
+    text = operator_page(port)
+    if text is None:
         return None
     prefix = f'sluice_reconcile_total{{pool="{pool}",'
     counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)]

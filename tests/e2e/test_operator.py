@@ -23,6 +23,7 @@ from tests.e2e.conftest import (
     Background,
     audit_trail,
     condition,
+    operator_page,
     operator_stack,
     pool_manifest,
     rows,
@@ -360,15 +361,9 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
 
 
 def test_the_operator_serves_its_own_metrics(stack: Stack) -> None:
-    import urllib.request  # noqa: PLC0415
-
     def scrape() -> str | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as answer:
-                text = answer.read().decode()
-        except OSError:
-            return None
-        return text if "sluice_reconcile_total{" in text else None
+        text = operator_page(METRICS_PORT)
+        return text if text is not None and "sluice_reconcile_total{" in text else None
 
     text = wait_until(scrape, 30, "the operator's metrics endpoint")
     assert 'sluice_reconcile_total{pool="llm/llama",result="ok"}' in text
