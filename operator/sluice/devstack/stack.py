@@ -6,8 +6,9 @@ Local-stack tool. What runs:
   `pod` and `namespace` labels as a Kubernetes scrape config would add;
 - one simulated vLLM server per pod (`modelserver`), each on its own 127.0.0.x address and port 8000;
 - a small kubelet: it registers each pod in the API with its IP and labels, marks it Ready only after a real
-  1-token completion succeeds, and when a server process dies records the termination (exit status 137 is
-  reported as OOMKilled), bumps the restart count and restarts it;
+  1-token completion succeeds, and when a server process dies records the termination (`OOMKilled` only when the
+  simulated cgroup OOM killer fired, i.e. the `oom_kill` count in the pod's memory.events file went up; otherwise
+  `Error` with the exit code, 137 for a SIGKILL), bumps the restart count and restarts it;
 - the operator (`python -m sluice operator`), its own process;
 - `Traffic`: a bounded load generator that routes each request the way Envoy would with the objects sluice
   published: a revision split from the VirtualService, then weighted least-request (`w / (active + 1)`) over the
@@ -83,6 +84,29 @@ class PodState:
     last_termination: dict[str, Any] | None = None
     restart_at: float | None = None
     deleted: bool = False
+    oom_kills_at_start: int = 0
+    """The `oom_kill` count of the pod's memory.events file when its server last started."""
+
+
+def read_oom_kills(memory_events: Path) -> int:
+    """The `oom_kill` count of a cgroup v2 `memory.events` file (0 when it does not exist yet)."""
+    with contextlib.suppress(FileNotFoundError):
+        for line in memory_events.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return 0
+
+
+def termination_reason(status: int, oom_kills_before: int, oom_kills_after: int) -> tuple[str, int]:
+    """A real kubelet's `terminated.reason` and `exitCode` for a container that exited with `status` (a
+    `Popen.returncode`: -N for signal N): `OOMKilled` only when the runtime saw the cgroup's OOM killer fire while
+    it ran (its `oom_kill` count went up); otherwise `Completed` for 0 and `Error` for anything else, a SIGKILL
+    from a liveness probe or `kill -9` included (exit code 128 + 9 = 137)."""
+    exit_code = status if status >= 0 else 128 - status
+    if oom_kills_after > oom_kills_before:
+        return "OOMKilled", exit_code
+    return ("Completed" if exit_code == 0 else "Error"), exit_code
 
 
 class StackClosing(RuntimeError):
@@ -357,6 +381,7 @@ class Stack:
 
     def _start_server(self, state: PodState) -> None:
         spec = state.spec
+        state.oom_kills_at_start = read_oom_kills(self._memory_events(spec))
         state.process = self._spawn(
             [
                 sys.executable,
@@ -372,10 +397,16 @@ class Stack:
                 spec.app,
                 "--error-rate",
                 str(spec.error_rate),
+                "--memory-events",
+                str(self._memory_events(spec)),
             ],
             f"pod-{spec.name}.log",
         )
         state.ready = False
+
+    def _memory_events(self, spec: PodSpec) -> Path:
+        """The pod's cgroup v2 `memory.events` stand-in: its server records there the OOM kills it suffers."""
+        return self.workdir / f"pod-{spec.name}.memory.events"
 
     def _report(self, state: PodState) -> None:
         """Write the pod's status to the API, as a kubelet does."""
@@ -411,9 +442,10 @@ class Stack:
                         continue
                     code = state.process.poll()
                     if code is not None and state.restart_at is None:
-                        reason = "OOMKilled" if code in (137, -9) else "Error"
+                        oom_kills = read_oom_kills(self._memory_events(state.spec))
+                        reason, exit_code = termination_reason(code, state.oom_kills_at_start, oom_kills)
                         state.last_termination = {
-                            "exitCode": code if code >= 0 else 128 - code,
+                            "exitCode": exit_code,
                             "reason": reason,
                             "startedAt": now_iso(),
                             "finishedAt": now_iso(),
