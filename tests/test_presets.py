@@ -34,16 +34,16 @@ def test_tgi_declares_it_has_no_ttft_and_no_kv_cache():
     assert "ttft" not in plan.queries
 
 
-def test_no_engine_has_a_standard_lora_failure_metric():
+def test_lora_failures_come_only_from_an_engine_that_counts_its_adapter_loads():
+    """SGLang counts the answers of its /load_lora_adapter route; vLLM's HTTP metrics leave that route out
+    (its instrumentator excludes every handler matching /load) and the others have no such metric."""
     for engine in PRESETS:
-        assert (
-            "loraFailureRate"
-            in build_queries(
-                spec(engine=engine, metrics={"queries": {"ttft": "x"}}) if engine == "custom" else spec(engine=engine),
-                "llm",
-                PODS,
-            ).unsupported
-        )
+        pool = spec(engine=engine, metrics={"queries": {"ttft": "x"}}) if engine == "custom" else spec(engine=engine)
+        unsupported = build_queries(pool, "llm", PODS).unsupported
+        assert ("loraFailureRate" in unsupported) == (engine != "sglang"), engine
+    assert (
+        'endpoint="/load_lora_adapter"' in build_queries(spec(engine="sglang"), "llm", PODS).queries["loraFailureRate"]
+    )
 
 
 def test_override_replaces_the_preset_and_supplies_a_missing_signal():

@@ -17,14 +17,17 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from sluice.core.observed import SignalSnapshot
-from sluice.core.presets import build_queries
+from sluice.api.v1alpha1 import Engine
+from sluice.core.observed import ALL_SIGNALS, SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
+from sluice.core.presets import READINGS, build_queries
+from sluice.core.signalcheck import screen
 from sluice.devstack.stack import free_port
 from sluice.io.prometheus import PromAuth, PromIO, plain_vector_values, pod_values
+from tests.engine_fixtures import Fixture, all_fixtures, history
 from tests.helpers import spec
 
 pytestmark = [
@@ -33,6 +36,10 @@ pytestmark = [
 ]
 
 NAMESPACE = "llm"
+UPSTREAM = "upstream"  # the engines' own expositions (tests/fixtures/engines), one pod per fixture
+FIXTURES = all_fixtures()
+SCRAPED_TWICE = {"vllm-v0-11": "vllm-twice", "sglang-priority": "sglang-twice"}
+"""Fixture pods also written as a pod that two scrape jobs read (every series twice, `job` apart)."""
 STEP = 10  # seconds between samples
 SPAN = 180  # seconds of history
 PODS = ("ok", "bad", "idle")
@@ -68,12 +75,14 @@ def series(engine: str) -> list[tuple[str, dict[str, str], str, float]]:
         "vllm": ("vllm:num_requests_running", {}),
         "sglang": ("sglang:num_running_reqs", {}),
         "trtllm": ("trtllm_num_requests_running", {}),
-        "triton": ("nv_trt_llm_request_metrics", {"request_type": "active"}),
+        "triton": ("nv_trt_llm_request_metrics", {"request_type": "scheduled"}),
         "tgi": ("tgi_batch_current_size", {}),
     }[engine]
     scale = 1000.0 if engine == "triton" else 1.0
     for pod in PODS:
         base = {"namespace": NAMESPACE, "pod": pod}
+        if engine == "triton":  # Triton labels every series with its model (one served directly here)
+            base = {**base, "model": "tensorrt_llm", "version": "1"}
         if pod in TTFT and names[0]:
             buckets, mean = TTFT[pod]
             for le, rate in [*buckets.items(), (float("inf"), 1.0)]:
@@ -110,17 +119,21 @@ def _requests(engine: str, base: dict[str, str], pod: str) -> list[tuple[str, di
             )
         return [(n, labels, "counter", v) for n, labels, v in rows]
     if engine == "sglang":
+        # each answer counted by SGLang's HTTP middleware per route template and status
         rows = [("sglang:num_requests_total", base, good + (failed or 0.0))]
-        rows.append(("istio_requests_total", {**base, "reporter": "destination", "response_code": "200"}, good))
+        http = {**base, "endpoint": "/v1/completions", "method": "POST"}
+        rows.append(("sglang:http_responses_total", {**http, "status_code": "200"}, good))
         if failed:
-            rows.append(("istio_requests_total", {**base, "reporter": "destination", "response_code": "503"}, failed))
+            rows.append(("sglang:http_responses_total", {**http, "status_code": "500"}, failed))
         return [(n, labels, "counter", v) for n, labels, v in rows]
-    ok_name, bad_name = {
-        "trtllm": ("trtllm_request_success_total", "trtllm_request_error_total"),
-        "triton": ("nv_inference_request_success", "nv_inference_request_failure"),
-        "tgi": ("tgi_request_success", "tgi_request_failure"),
+    ok_name, bad_name, bad_labels = {
+        "trtllm": ("trtllm_request_success_total", "trtllm_request_error_total", {"http_code": "500"}),
+        "triton": ("nv_inference_request_success", "nv_inference_request_failure", {"reason": "BACKEND"}),
+        "tgi": ("tgi_request_success", "tgi_request_failure", {"err": "generation"}),
     }[engine]
-    rows = [(ok_name, base, good)] + ([(bad_name, base, failed)] if failed else [])
+    if engine == "triton":
+        base = {**base, "model": "tensorrt_llm", "version": "1"}
+    rows = [(ok_name, base, good)] + ([(bad_name, {**base, **bad_labels}, failed)] if failed else [])
     return [(n, labels, "counter", v) for n, labels, v in rows]
 
 
@@ -131,8 +144,14 @@ def openmetrics(t_end: int) -> str:
             for at in range(t_end - SPAN, t_end + 1, STEP):
                 sample = value * (at - (t_end - SPAN)) if kind == "counter" else value
                 lines.append(line(name, {**labels, "engine": engine}, round(sample, 6), at))
+    for fixture in FIXTURES:
+        lines += history(fixture, UPSTREAM, t_end, STEP)
+        if fixture.pod in SCRAPED_TWICE:  # the same pod also scraped by a second job
+            lines += history(fixture, UPSTREAM, t_end, STEP, pod=SCRAPED_TWICE[fixture.pod], job="engine")
+            lines += history(fixture, UPSTREAM, t_end, STEP, pod=SCRAPED_TWICE[fixture.pod], job="podmonitor")
     return (
-        "\n".join(sorted(set(lines), key=lambda text: (text.split(" ")[0], int(text.rsplit(" ", 1)[1])))) + "\n# EOF\n"
+        "\n".join(sorted(set(lines), key=lambda text: (text.rsplit(" ", 2)[0], int(text.rsplit(" ", 1)[1]))))
+        + "\n# EOF\n"
     )
 
 
@@ -184,8 +203,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, history_end: int) -> It
 def read(url: str, engine: str, **metrics: Any) -> SignalSnapshot:
     io = PromIO()
     try:
+        served = {"triton": {"servedModel": "tensorrt_llm"}} if engine == "triton" else {}
         pool = spec(
-            engine=engine, metrics={"prometheusUrl": url, "window": "1m", "extraLabels": {"engine": engine}, **metrics}
+            engine=engine,
+            metrics={"prometheusUrl": url, "window": "1m", "extraLabels": {"engine": engine}, **served, **metrics},
         )
         return io.read_signals(pool, NAMESPACE, list(PODS), PromAuth(), datetime.now(UTC))
     finally:
@@ -292,7 +313,7 @@ def test_a_scoped_read_asks_real_prometheus_for_its_pods_by_name(prometheus: str
     """A replica's pods by name (`PromIO(scoped=True)`), hundreds of them, sent as a POST form: real Prometheus
     answers for those pods only, with the same values as the namespace-wide query."""
     asked = ["ok", "bad", *(f"gone-{i:04d}" for i in range(400))]
-    io = PromIO(scoped=True)
+    io = PromIO(scoped=True, preflight=False)  # the preflight asks namespace-wide, once a minute
     try:
         pool = spec(
             engine="vllm", metrics={"prometheusUrl": prometheus, "window": "1m", "extraLabels": {"engine": "vllm"}}
@@ -313,9 +334,16 @@ def test_real_prometheus_answers_to_every_preset_take_the_plain_reading(promethe
     """The operator reads answers aggregated by pod without `json.loads` (`plain_vector_values`): it must apply to
     what this Prometheus really writes for every preset query (else the saving is gone unseen) and read the same
     values as the JSON decoder (else a pass reads numbers Prometheus did not answer)."""
-    pool = spec(engine=engine, metrics={"prometheusUrl": prometheus, "window": "1m", "extraLabels": {"engine": engine}})
+    served = {"triton": {"servedModel": "tensorrt_llm"}} if engine == "triton" else {}
+    pool = spec(
+        engine=engine,
+        metrics={"prometheusUrl": prometheus, "window": "1m", "extraLabels": {"engine": engine}, **served},
+    )
     plan = build_queries(pool, NAMESPACE, list(PODS), namespace_wide=True)
-    texts = [*plan.queries.values(), *([plan.freshness] if plan.freshness else [])]
+    unseen = ("sleeping", "loraFailureRate")  # no series of theirs here (the fixtures below have them)
+    texts = [q for signal, q in plan.queries.items() if signal not in unseen] + [plan.freshness or ""][
+        : bool(plan.freshness)
+    ]
     for text in texts:
         form = urllib.parse.urlencode({"query": text}).encode()
         with urllib.request.urlopen(f"{prometheus}/api/v1/query", data=form, timeout=10) as answer:
@@ -324,3 +352,77 @@ def test_real_prometheus_answers_to_every_preset_take_the_plain_reading(promethe
         assert plain is not None, (engine, text, body[:200])
         assert plain == pod_values(json.loads(body)["data"]["result"], "pod"), (engine, text)
         assert plain, (engine, text, "an answer with no series reads nothing either way: not a comparison")
+
+
+# --------------------------------------------------------------------- the engines' own expositions, every mode
+
+
+def read_upstream(url: str, engine: str, pods: list[str], settings: dict[str, Any]) -> SignalSnapshot:
+    io = PromIO()
+    try:
+        pool = spec(engine=engine, metrics={"prometheusUrl": url, "window": "1m", **settings})
+        return io.read_signals(pool, UPSTREAM, pods, PromAuth(), datetime.now(UTC))
+    finally:
+        io.close()
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda f: f.pod)
+def test_each_preset_reads_its_engines_own_exposition_as_the_source_says(prometheus: str, fixture: Fixture) -> None:
+    """Every mode a real deployment runs, as the engine's source emits it (every family and label): the preset's
+    value per signal is the fixture's truth, and a signal the mode cannot give reads nothing, never a number."""
+    snapshot = read_upstream(prometheus, fixture.engine, [fixture.pod], fixture.settings)
+    assert snapshot.failed == {}
+    got = snapshot.pods.get(fixture.pod) or PodSignals()
+    for signal in ALL_SIGNALS:
+        value = getattr(got, SIGNAL_FIELD[signal])
+        if signal in fixture.truth:
+            assert value == pytest.approx(fixture.truth[signal], rel=1e-3, abs=1e-6), (fixture.pod, signal)
+        else:
+            assert value is None, (fixture.pod, signal, fixture.absent.get(signal, "no truth stated"))
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda f: f.pod)
+def test_the_preflight_finds_each_modes_series_as_they_are(prometheus: str, fixture: Fixture) -> None:
+    """On the engines' real shapes the preflight sees one series per identity (no false duplicate), every signal
+    with a truth Ok, and every signal the mode lacks Missing (naming the flag) or NotProvided."""
+    pool = spec(engine=fixture.engine, metrics={"prometheusUrl": prometheus, "window": "1m", **fixture.settings})
+    snapshot = read_upstream(prometheus, fixture.engine, [fixture.pod], fixture.settings)
+    screened = screen(pool, snapshot, [fixture.pod], datetime.now(UTC))
+    assert screened.refused == {}
+    assert screened.checks is not None
+    states = {check.signal: check for check in screened.checks.signals}
+    for signal in fixture.truth:
+        assert states[signal].state == "Ok", (fixture.pod, signal, states[signal].message)
+    for signal in fixture.absent:
+        reading = READINGS[cast(Engine, fixture.engine)].get(cast(SignalName, signal))
+        if reading is not None and not any(series.needed for series in reading.series):
+            continue  # a series that appears with its first event: its absence is no finding
+        assert states[signal].state in ("Missing", "NotProvided"), (fixture.pod, signal, states[signal])
+        if states[signal].state == "Missing":
+            assert states[signal].fix, (fixture.pod, signal)
+    status, _, _ = screened.ready
+    assert status == ("True" if all(states[s].state != "Missing" for s in states) else "False"), screened.ready
+
+
+@pytest.mark.parametrize("pod", sorted(SCRAPED_TWICE.values()))
+def test_a_pod_scraped_twice_has_its_duplicated_values_refused_naming_series_and_labels(
+    prometheus: str, pod: str
+) -> None:
+    """Two scrape jobs on one pod: every sum would double. Detected on the raw series (the preflight counts them
+    per identity), the values are not used, the condition says which series."""
+    fixture = next(f for f in FIXTURES if SCRAPED_TWICE.get(f.pod) == pod)
+    pool = spec(engine=fixture.engine, metrics={"prometheusUrl": prometheus, "window": "1m"})
+    snapshot = read_upstream(prometheus, fixture.engine, [pod], {})
+    assert snapshot.pods[pod].request_rate == pytest.approx(2 * fixture.truth["requestRate"])  # what a sum reads
+    screened = screen(pool, snapshot, [pod], datetime.now(UTC))
+    assert screened.snapshot.pods[pod].queue_length is None
+    assert {"queueLength", "runningRequests", "kvCacheUsage", "ttft"} <= set(screened.refused[pod])
+    status, reason, message = screened.ready
+    assert (status, reason) == ("False", "DuplicateSeries")
+    queue = next(c for c in screened.checks.signals if c.signal == "queueLength") if screened.checks else None
+    assert queue is not None
+    assert queue.state == "Duplicated"
+    assert queue.pods == [pod]
+    assert "2 raw series per (" in queue.message
+    assert queue.series[0] in queue.message
+    assert queue.series[0] in message

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sluice.core.evidence import judge_metrics
+from sluice.core.presets import PRESETS
 from sluice.io.prometheus import PromAuth, PromIO
 from tests.helpers import T0, FakePrometheus, spec, vector
 
@@ -41,13 +42,13 @@ def prometheus() -> Iterator[_Prometheus]:
         yield server
 
 
-QUERIES = 8  # seven vLLM signals and the sample times
+QUERIES = len(PRESETS["vllm"]) + 1  # every vLLM signal and the sample times
 
 
 def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while_within_stale_after(
     prometheus: _Prometheus,
 ) -> None:
-    io = PromIO()
+    io = PromIO(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "4s"}, interval="1s")
     try:
         good = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
@@ -71,7 +72,7 @@ def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while
 
 
 def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_reported(prometheus: _Prometheus) -> None:
-    io = PromIO()
+    io = PromIO(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
@@ -86,7 +87,7 @@ def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_re
 
 
 def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_backoff(prometheus: _Prometheus) -> None:
-    io = PromIO()
+    io = PromIO(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
     prometheus.failing = True
     try:
@@ -119,7 +120,7 @@ def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_ba
 
 
 def test_a_success_after_failures_ends_the_backoff(prometheus: _Prometheus) -> None:
-    io = PromIO()
+    io = PromIO(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
     prometheus.failing = True
     try:
@@ -151,7 +152,7 @@ def _depth(failure: BaseException | None) -> int:
 def test_passes_reading_a_failed_shared_answer_do_not_grow_its_traceback(prometheus: _Prometheus) -> None:
     """Re-raising one stored exception prepends each reader's frames to its traceback: every pass that read a
     failed shared answer stayed alive (its status, spec and report) for as long as the answer was kept."""
-    io = PromIO()
+    io = PromIO(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="30s")
     prometheus.failing = True
     try:

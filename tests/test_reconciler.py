@@ -522,7 +522,14 @@ def test_istio_synced_keeps_its_transition_time_and_sits_with_the_other_conditio
     second = loop.run(70).status
     synced = [next(c for c in s.conditions if c.type == "IstioSynced") for s in (first, second)]
     assert synced[0].last_transition_time == synced[1].last_transition_time == T0 + timedelta(0)
-    assert [c.type for c in second.conditions] == ["Ready", "SpecValid", "MetricsAvailable", "Degraded", "IstioSynced"]
+    assert [c.type for c in second.conditions] == [
+        "Ready",
+        "SpecValid",
+        "MetricsAvailable",
+        "SignalsReady",
+        "Degraded",
+        "IstioSynced",
+    ]
 
 
 # ------------------------------------------------------------------------- repeated readings

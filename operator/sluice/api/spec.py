@@ -107,6 +107,7 @@ class QueryOverrides(ApiModel):
             "request_rate",
             "error_rate",
             "lora_failure_rate",
+            "sleeping",
         )
     )
 
@@ -118,7 +119,30 @@ class QueryOverrides(ApiModel):
     request_rate: str | None = _query_field("Finished requests per second.")
     error_rate: str | None = _query_field("Share of requests that failed, 0 to 1.")
     lora_failure_rate: str | None = _query_field(
-        "Share of LoRA adapter loads that failed, 0 to 1 (no engine has a standard metric)."
+        "Share of LoRA adapter loads that failed, 0 to 1 (vLLM and SGLang: 5xx answers of their load endpoint)."
+    )
+    sleeping: str | None = _query_field(
+        "1 while the engine is asleep (vLLM sleep mode), 0 while awake: a sleeping pod is not routed. Optional: "
+        "a pod without it is taken as awake."
+    )
+
+
+class TritonMetrics(ApiModel):
+    """Which Triton models the `triton` preset reads (Triton labels every series with `model` and `version`)."""
+
+    served_model: str = Field(
+        default="ensemble",
+        min_length=1,
+        max_length=253,
+        description="The model clients call: its nv_inference_* series give TTFT, request and error rates. An "
+        "ensemble's composing models count each request again, so only the served model's series are read.",
+    )
+    backend_model: str = Field(
+        default="tensorrt_llm",
+        min_length=1,
+        max_length=253,
+        description="The TensorRT-LLM backend model: its nv_trt_llm_* gauges give KV-cache usage, queue and running "
+        "requests.",
     )
 
 
@@ -159,6 +183,9 @@ class MetricsSpec(ApiModel):
     )
     queries: QueryOverrides = Field(
         default_factory=QueryOverrides, description="Per-signal PromQL overrides of the engine preset."
+    )
+    triton: TritonMetrics = Field(
+        default_factory=TritonMetrics, description="engine triton: the served and the backend model."
     )
 
 

@@ -47,6 +47,7 @@ class EndpointSignals(StatusModel):
     request_rate: float | None = Field(default=None, description="Finished requests per second.")
     error_rate: float | None = Field(default=None, description="Failed share of requests, 0 to 1.")
     lora_failure_rate: float | None = Field(default=None, description="Failed share of LoRA loads, 0 to 1.")
+    sleeping: float | None = Field(default=None, description="1 while the engine is asleep, 0 while awake.")
 
 
 class EndpointStatus(StatusModel):
@@ -197,6 +198,46 @@ class EndpointSummary(StatusModel):
     )
 
 
+SignalCheckState = Literal["Ok", "Missing", "Stale", "Duplicated", "OutOfRange", "NotProvided", "Failed"]
+
+
+class SignalCheck(StatusModel):
+    """One signal, checked against what Prometheus holds for the pool's pods (`kubectl sluice doctor`)."""
+
+    signal: str = Field(description="The signal, e.g. kvCacheUsage.")
+    state: SignalCheckState = Field(
+        description="Ok; Missing (a series the preset reads has no sample for some pods); Stale (its newest sample "
+        "is older than metrics.staleAfter); Duplicated (several raw series per pod where one is expected: the value "
+        "is not used); OutOfRange (a value no engine can report, e.g. a KV ratio above 1: not used); NotProvided "
+        "(the engine has no such metric and no query override supplies it); Failed (the check's query failed)."
+    )
+    series: list[str] = Field(default_factory=list, description="The metric names the preset reads for it.")
+    pods_ok: int = Field(default=0, description="Pods for which the signal is fine.")
+    pods_affected: int = Field(default=0, description="Pods in this state (when it is not Ok).")
+    pods: list[str] = Field(default_factory=list, description="Some of the affected pods (at most 20).")
+    oldest_sample_seconds: int | None = Field(
+        default=None, description="Age of the oldest per-pod newest sample among its series, at the check."
+    )
+    message: str = Field(default="", description="What was found, naming series and labels.")
+    fix: str | None = Field(default=None, description="The engine flag or scrape setting that produces the series.")
+
+
+class SignalChecks(StatusModel):
+    """The preflight: per signal, whether the series the engine preset reads exist for the pool's pods, how old
+    they are, whether one raw series per pod answers where one is expected, and whether the scrape interval fits
+    metrics.window. Checked about once a minute; values out of range are checked at every pass."""
+
+    checked_at: datetime | None = Field(default=None, description="When Prometheus was asked.")
+    engine: str = Field(default="", description="The engine preset checked.")
+    samples_per_window: float | None = Field(
+        default=None,
+        description="Median over the pods of the samples one series has within metrics.window: rates need at "
+        "least 2; 4 or more keep them steady (window >= 4 scrape intervals).",
+    )
+    message: str = Field(default="", description="The outcome in words (the SignalsReady condition's message).")
+    signals: list[SignalCheck] = Field(default_factory=list, description="One entry per signal.")
+
+
 class InferencePoolStatus(StatusModel):
     observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="metav1.Condition list.")
@@ -212,6 +253,11 @@ class InferencePoolStatus(StatusModel):
     )
     endpoint_summary: EndpointSummary | None = Field(
         default=None, description="Counts over every pod; set when endpoints does not list every pod."
+    )
+    signal_checks: SignalChecks | None = Field(
+        default=None,
+        description="The preflight of the pool's signals (`kubectl sluice doctor POOL` prints it); the SignalsReady "
+        "condition sums it up.",
     )
     pod_memory: str | None = Field(
         default=None,

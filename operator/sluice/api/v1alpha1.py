@@ -66,6 +66,7 @@ from sluice.api.spec import (
     SecretKeyRef,
     SessionAffinitySpec,
     ShadowSpec,
+    TritonMetrics,
 )
 from sluice.api.status import (
     CanaryStatus,
@@ -75,6 +76,8 @@ from sluice.api.status import (
     EndpointSummary,
     InferencePoolStatus,
     OperationRecord,
+    SignalCheck,
+    SignalChecks,
     StatusModel,
     WeightBucket,
     read_status,
@@ -187,7 +190,10 @@ __all__ = [
     "SecretKeyRef",
     "SessionAffinitySpec",
     "ShadowSpec",
+    "SignalCheck",
+    "SignalChecks",
     "StatusModel",
+    "TritonMetrics",
     "WeightBucket",
     "WeightsVia",
     "cel_string",

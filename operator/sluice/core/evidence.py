@@ -13,7 +13,7 @@ from datetime import datetime
 
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
-from sluice.core.presets import supported_signals
+from sluice.core.presets import OPTIONAL_SIGNALS, supported_signals
 
 # Gauges a live engine always exports: a pod with none of them has no samples at all.
 _GAUGES = ("kv_cache_usage", "queue_length", "running_requests")
@@ -73,4 +73,8 @@ def pod_is_fresh(spec: InferencePoolSpec, snapshot: SignalSnapshot, pod: str, no
 
 def missing_signals(spec: InferencePoolSpec, signals: PodSignals) -> tuple[SignalName, ...]:
     """Signals the engine provides that had no series for this pod (reported, never read as 0)."""
-    return tuple(name for name in supported_signals(spec) if getattr(signals, SIGNAL_FIELD[name]) is None)
+    return tuple(
+        name
+        for name in supported_signals(spec)
+        if name not in OPTIONAL_SIGNALS and getattr(signals, SIGNAL_FIELD[name]) is None
+    )

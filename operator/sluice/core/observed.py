@@ -23,6 +23,7 @@ SignalName = Literal[
     "requestRate",
     "errorRate",
     "loraFailureRate",
+    "sleeping",
 ]
 ALL_SIGNALS: tuple[SignalName, ...] = get_args(SignalName)
 SIGNAL_FIELD: dict[SignalName, str] = {
@@ -34,6 +35,7 @@ SIGNAL_FIELD: dict[SignalName, str] = {
     "requestRate": "request_rate",
     "errorRate": "error_rate",
     "loraFailureRate": "lora_failure_rate",
+    "sleeping": "sleeping",
 }
 
 PodSignals = EndpointSignals
@@ -54,6 +56,30 @@ class ObservedPod(ApiModel):
     service_account: str | None = Field(
         default=None, description="spec.serviceAccountName: the pod's mesh identity (SPIFFE ID) for mTLS."
     )
+
+
+class SeriesAnswer(ApiModel):
+    """What Prometheus holds of one raw series the preset reads, for the pool's pods (the preflight)."""
+
+    name: str = Field(description="The metric name, as the preset reads it.")
+    per_identity: dict[str, float] = Field(
+        default_factory=dict,
+        description="Pod -> the most raw series sharing one identity (the engine labels the preset tells apart): 1 "
+        "as expected; more when the pod is scraped twice or a label the preset does not expect splits it.",
+    )
+    newest: dict[str, float] = Field(default_factory=dict, description="Pod -> Unix time of its newest sample.")
+    failed: str | None = Field(default=None, description="Why a check query failed.")
+
+
+class CheckAnswers(ApiModel):
+    """The preflight's raw answers: one per series the preset reads, and the samples per window."""
+
+    asked_at: datetime = Field(description="When the check queries were asked.")
+    series: list[SeriesAnswer] = Field(default_factory=list, description="One per raw series.")
+    samples_per_window: dict[str, float] = Field(
+        default_factory=dict, description="Pod -> samples of the freshness gauge within metrics.window."
+    )
+    failed: str | None = Field(default=None, description="Why the samples-per-window query failed.")
 
 
 class SignalSnapshot(ApiModel):
@@ -79,6 +105,9 @@ class SignalSnapshot(ApiModel):
         default_factory=dict,
         description="Signal name -> when the answer read for it was asked (a shared or fallback answer is older "
         "than the pass).",
+    )
+    checks: CheckAnswers | None = Field(
+        default=None, description="The preflight's answers (asked about once a minute); None: not asked."
     )
     repeated: bool = Field(
         default=False,

@@ -29,7 +29,8 @@ from sluice.core.evidence import judge_metrics
 from sluice.core.headroom import PodHeadroom
 from sluice.core.observed import Observed
 from sluice.core.presets import supported_signals
-from sluice.core.verdicts import PodVerdict, judge_pod, selects
+from sluice.core.signalcheck import screen
+from sluice.core.verdicts import PodVerdict, judge_pod, not_routable_because, selects
 
 # The signal each canary gate reads.
 GATE_SIGNAL = {"errorRate": "errorRate", "ttftP95": "ttftP95", "ttftRatioToStable": "ttftP95"}
@@ -74,10 +75,12 @@ def plan_pass(
     now: datetime,
     operation: Operation | None = None,
 ) -> Plan:
-    metrics = judge_metrics(spec, observed.signals, now)
-    before = remembered(previous)
     pods = sorted((p for p in observed.pods if selects(spec, p)), key=lambda p: p.name)
-    verdicts = [judge_pod(spec, p, before.get(p.name), observed.signals, metrics.usable, now) for p in pods]
+    screened = screen(spec, observed.signals, [p.name for p in pods if not not_routable_because(p)], now)
+    signals = screened.snapshot
+    metrics = judge_metrics(spec, signals, now)
+    before = remembered(previous)
+    verdicts = [judge_pod(spec, p, before.get(p.name), signals, metrics.usable, now) for p in pods]
     # Envoy's least-request divides a weight by (active + 1)^bias; consistent hash (sessionAffinity) weighs
     # proportionally, so the plan's weights then follow its shares (bias 0).
     if spec.routing.least_request is not None:
@@ -94,6 +97,7 @@ def plan_pass(
         conditions.ready(len(routable), len(eligible)),
         conditions.spec_valid(gate_warnings(spec)),
         conditions.metrics_available(metrics.usable, metrics.reason, metrics.message),
+        conditions.signals_ready(*screened.ready),
     ]
     if canary.status is not None:
         wants += [conditions.progressing(canary.status), conditions.split_forced(canary.status)]
@@ -106,6 +110,7 @@ def plan_pass(
             "revision_weights": canary.weights,
             "canary": canary.status,
             "endpoints": rows,
+            "signal_checks": screened.checks,
             "last_reconcile_time": now,
         }
     )

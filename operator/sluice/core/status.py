@@ -22,7 +22,16 @@ from sluice.api.v1alpha1 import (
 
 # A condition message names at most this many pods per finding (a 4,096-pod pool must not list them all).
 NAMED_PODS = 20
-CONDITION_TYPES = ("Ready", "SpecValid", "MetricsAvailable", "Degraded", "Progressing", "SplitForced", "IstioSynced")
+CONDITION_TYPES = (
+    "Ready",
+    "SpecValid",
+    "MetricsAvailable",
+    "SignalsReady",
+    "Degraded",
+    "Progressing",
+    "SplitForced",
+    "IstioSynced",
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,16 @@ def spec_valid(gate_warnings: list[str]) -> Want:
 
 def metrics_available(usable: bool, reason: str, message: str) -> Want:
     return Want("MetricsAvailable", "True" if usable else "False", reason, message)
+
+
+SIGNALS_READY_MESSAGE = 1000
+"""A SignalsReady message is cut at this many characters (`status.signalChecks` has every finding)."""
+
+
+def signals_ready(status: ConditionStatus, reason: str, message: str) -> Want:
+    """The preflight (`sluice.core.signalcheck`): are the series the preset reads there, fresh, one per pod?"""
+    cut = message if len(message) <= SIGNALS_READY_MESSAGE else message[: SIGNALS_READY_MESSAGE - 1] + "…"
+    return Want("SignalsReady", status, reason, cut)
 
 
 def degraded(rows: list[EndpointStatus], class_label: str, metrics_usable: bool) -> Want:

@@ -84,6 +84,14 @@ def not_routable_because(pod: ObservedPod) -> str:
     return ""
 
 
+def asleep(signals: PodSignals) -> str:
+    """Why a sleeping engine is not routable (vLLM sleep mode: its weights and KV cache are offloaded or
+    discarded, so a request would wait for a wake-up no one has asked for); "" while it is awake or says nothing."""
+    if signals.sleeping is not None and signals.sleeping >= 0.5:
+        return "the engine is asleep (sleep mode): not routed until it is woken up"
+    return ""
+
+
 def selects(spec: InferencePoolSpec, pod: ObservedPod) -> bool:
     return all(pod.labels.get(key) == value for key, value in spec.selector.match_labels.items())
 
@@ -116,7 +124,7 @@ def judge_pod(
     )
     memory = _memory(previous, assessment, now)
     phase = recovery_phase(spec.protection.recovery, memory.last_incident_at, now)
-    excluded = not_routable_because(pod)
+    excluded = not_routable_because(pod) or (asleep(signals) if evidence else "")
     published = previous is not None and previous.weight > 0
     kind: VerdictKind
     if excluded:

@@ -41,8 +41,8 @@ from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from sluice.api.v1alpha1 import InferencePoolSpec
-from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
-from sluice.core.presets import build_queries, names_pods
+from sluice.core.observed import SIGNAL_FIELD, CheckAnswers, PodSignals, SeriesAnswer, SignalName, SignalSnapshot
+from sluice.core.presets import CHECK_EVERY, CheckPlan, build_queries, check_queries, names_pods
 from sluice.io.ports import PromAuth
 
 log = logging.getLogger("sluice")
@@ -459,7 +459,10 @@ class PromIO:
         max_workers: int = 4,
         scoped: bool = False,
         owned: Callable[[str], Collection[str]] | None = None,
+        preflight: bool = True,
     ) -> None:
+        self.preflight = preflight
+        """Ask the preflight's queries too (`CheckAnswers`, every `CHECK_EVERY` seconds per namespace)."""
         self.scoped = scoped or owned is not None
         """Ask for the pods of the pools that read a query, not for the whole namespace: what a replica owning a
         shard of the pools does, so N replicas do not each ask Prometheus for every pod (`read_signals`)."""
@@ -468,6 +471,7 @@ class PromIO:
         asked for as well, so that a replica starting with hundreds of pools asks once for all of them, not once
         for each handful whose passes came first (called from the query threads: it must be thread-safe)."""
         self._plans: dict[tuple[int, str, frozenset[str]], tuple[InferencePoolSpec, dict[str, str | None]]] = {}
+        self._check_plans: dict[tuple[int, str], tuple[InferencePoolSpec, CheckPlan]] = {}
         """Scoped queries as last rendered, per (spec, namespace, pods): the eight queries of a namespace are
         asked together for the same pods, and rendering a few thousand pod names costs milliseconds."""
         self._pass_plans: dict[tuple[int, str], tuple[InferencePoolSpec, _PassPlan]] = {}
@@ -918,7 +922,80 @@ class PromIO:
         signal_answers = {cast(SignalName, name): series for name, series in answers.items()}
         snapshot = values_snapshot(signal_answers, failed, plan.unsupported, set(pod_names), collected_at, freshness)
         answered_at.pop(FRESHNESS_KEY, None)
-        return snapshot.model_copy(update={"answered_at": answered_at})
+        checks = self._read_checks(spec, namespace, pod_names, auth, now, runner)
+        return snapshot.model_copy(update={"answered_at": answered_at, "checks": checks})
+
+    def _check_plan(self, spec: InferencePoolSpec, namespace: str) -> CheckPlan:
+        """The preflight's queries for the pool's namespace, rendered once per spec and namespace."""
+        memo = (id(spec), namespace)
+        with self._lock:
+            known = self._check_plans.get(memo)
+        if known is not None and known[0] is spec:
+            return known[1]
+        plan = check_queries(spec, namespace)
+        with self._lock:
+            if len(self._check_plans) >= PASS_PLANS:
+                self._check_plans.clear()
+            self._check_plans[memo] = (spec, plan)  # the spec is kept: its id is not reused while it is here
+        return plan
+
+    def _read_checks(
+        self,
+        spec: InferencePoolSpec,
+        namespace: str,
+        pod_names: list[str],
+        auth: PromAuth,
+        now: datetime,
+        runner: Callable[[str, str], Fetch],
+    ) -> CheckAnswers | None:
+        """The preflight's answers: asked like the signals' (shared by the namespace's pools), but refreshed every
+        `CHECK_EVERY` seconds, namespace-wide, and never freezing the pool when they fail (each says why)."""
+        plan = self._check_plan(spec, namespace)
+        if not self.preflight or (not plan.series and plan.samples is None):
+            return None
+        metrics = spec.metrics
+        parts: dict[tuple[str, str], str] = {}
+        for name, (identity, newest) in plan.series.items():
+            parts[(name, "identity")], parts[(name, "newest")] = identity, newest
+        if plan.samples is not None:
+            parts[("", "samples")] = plan.samples
+        keys = {
+            part: (metrics.prometheus_url, auth, metrics.timeout, metrics.pod_label, query)
+            for part, query in parts.items()
+        }
+        asked = {
+            part: self._shared(keys[part], CHECK_EVERY, 3 * CHECK_EVERY, now, runner("check", query), None, namespace)
+            for part, query in parts.items()
+        }
+        mine = set(pod_names)
+        values: dict[tuple[str, str], dict[str, float]] = {}
+        failed: dict[tuple[str, str], str] = {}
+        asked_at = now
+        for part, asking in asked.items():
+            answer, outcome = asking, _outcome(asking.done, metrics.timeout + 2)
+            if isinstance(outcome, BaseException):
+                fallback = self._last_good(keys[part], 3 * CHECK_EVERY, None)
+                if fallback is None:
+                    failed[part] = describe_failure(outcome) if isinstance(outcome, Exception) else repr(outcome)
+                    continue
+                answer, outcome = fallback, fallback.done.result()
+            values[part] = {pod: value for pod, value in outcome.items() if pod in mine}
+            asked_at = min(asked_at, answer.asked_at)
+        series = [
+            SeriesAnswer(
+                name=name,
+                per_identity=values.get((name, "identity"), {}),
+                newest=values.get((name, "newest"), {}),
+                failed=failed.get((name, "identity")) or failed.get((name, "newest")),
+            )
+            for name in plan.series
+        ]
+        return CheckAnswers(
+            asked_at=asked_at,
+            series=series,
+            samples_per_window=values.get(("", "samples"), {}),
+            failed=failed.get(("", "samples")),
+        )
 
 
 __all__ = [
