@@ -5,7 +5,7 @@ Used by `sluice plan` (stderr) and by the live views of the demo.
 
 from __future__ import annotations
 
-from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus, ScoringSpec
+from sluice.api.v1alpha1 import Condition, EndpointStatus, InferencePoolStatus, ScoringSpec, SignalChecks
 
 
 def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -104,3 +104,29 @@ def summary(status: InferencePoolStatus) -> str:
         if c.shadow_verdict:
             lines.append(f"shadow: {c.shadow_verdict}")
     return "\n".join(lines)
+
+
+def checks_report(checks: SignalChecks, ready: Condition | None) -> str:
+    """The preflight (`status.signalChecks`) as `kubectl sluice doctor` prints it: one line per signal, then
+    what is wrong and how to fix it."""
+    head = f"engine {checks.engine}, checked {checks.checked_at.isoformat() if checks.checked_at else 'never'}"
+    if checks.samples_per_window is not None:
+        head += f", {checks.samples_per_window:g} samples per metrics.window (median over the pods)"
+    lines = [head, f"{'SIGNAL':<16} {'STATE':<12} {'PODS OK':>7} {'AFFECTED':>8} {'OLDEST':>7}  SERIES"]
+    for check in checks.signals:
+        oldest = f"{check.oldest_sample_seconds}s" if check.oldest_sample_seconds is not None else "-"
+        series = " | ".join(check.series) or "-"
+        lines.append(
+            f"{check.signal:<16} {check.state:<12} {check.pods_ok:>7} {check.pods_affected:>8} {oldest:>7}  {series}"
+        )
+    findings = [check for check in checks.signals if check.state not in ("Ok", "NotProvided")]
+    for check in findings:
+        lines.append(f"\n{check.signal}: {check.state}: {check.message}")
+        if check.fix:
+            lines.append(f"  fix: {check.fix}")
+    absent = [check for check in checks.signals if check.state == "NotProvided"]
+    if absent:
+        lines.append("\nnot provided:" + "".join(f"\n  {check.signal}: {check.message}" for check in absent))
+    if ready is not None:
+        lines.append(f"\nSignalsReady={ready.status} ({ready.reason}): {ready.message}")
+    return "\n".join(lines) + "\n"

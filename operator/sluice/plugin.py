@@ -3,6 +3,9 @@
     kubectl sluice status POOL [-w]          the per-pod explanation and the rollout, live with -w
     kubectl sluice explain POOL POD          one pod: its verdict, signals, weight and why
     kubectl sluice plan POOL                 what a pass would do now, from the live pods and the last signals seen
+    kubectl sluice doctor POOL [--prometheus URL]
+                                             per signal: are the series the engine preset reads there, fresh, one
+                                             per pod? (the operator's preflight, or asked of URL now); exit 1 if not
     kubectl sluice promote POOL [--force]    finish the rollout (after a passing check, or skipping analysis)
     kubectl sluice abort|retry|pause|resume|skip-step POOL
 
@@ -20,6 +23,7 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, cast
 
 from kubernetes import client as k8s
@@ -30,11 +34,16 @@ from kubernetes.client.exceptions import ApiException
 from sluice.api.memory import remembered
 from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot, parse_snapshot
-from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION, InferencePoolStatus
+from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION, Condition, InferencePoolStatus, SignalChecks
 from sluice.core.observed import Observed, SignalSnapshot
 from sluice.core.reconcile import plan_pass
-from sluice.explain import endpoint_table, summary
+from sluice.core.signalcheck import screen
+from sluice.core.status import find
+from sluice.core.verdicts import not_routable_because
+from sluice.explain import checks_report, endpoint_table, summary
 from sluice.io.kube import KubeCluster
+from sluice.io.ports import PromAuth
+from sluice.io.prometheus import PromIO
 
 OPERATIONS = ("promote", "abort", "retry", "pause", "resume", "skip-step")
 
@@ -179,6 +188,51 @@ def cmd_plan(session: Session, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(session: Session, args: argparse.Namespace) -> int:
+    pool = session.pool(args.pool)
+    if args.prometheus is None:
+        status = _status(pool)
+        if status.signal_checks is None:
+            raise PluginError(f'InferencePool "{args.pool}" has no preflight in its status yet')
+        checks, ready = status.signal_checks, find(status.conditions, "SignalsReady")
+        sys.stdout.write(f"the operator's preflight (status.signalChecks) of {session.namespace}/{args.pool}:\n")
+    else:
+        checks, ready = _doctor_now(session, pool, args)
+        sys.stdout.write(f"asked {args.prometheus} now for {session.namespace}/{args.pool}:\n")
+    sys.stdout.write(checks_report(checks, ready))
+    return 0 if ready is not None and ready.status == "True" else 1
+
+
+def _doctor_now(session: Session, pool: dict[str, Any], args: argparse.Namespace) -> tuple[SignalChecks, Condition]:
+    """The preflight run here against the Prometheus the user names (a port-forward, say), with the pool's own
+    settings and its live pods: what the operator would find, without waiting for it."""
+    snapshot = parse_snapshot(pool)
+    if snapshot.spec is None:
+        raise PluginError(snapshot.spec_error or "invalid spec")
+    metrics = snapshot.spec.metrics.model_copy(update={"prometheus_url": args.prometheus.rstrip("/")})
+    spec = snapshot.spec.model_copy(update={"metrics": metrics})
+    cluster = KubeCluster(session.api, user_agent="kubectl-sluice")
+    pods = cluster.pods(snapshot.meta.namespace, spec.selector.match_labels)
+    token = Path(args.bearer_token_file).read_text().strip() if args.bearer_token_file else None
+    auth = PromAuth(bearer_token=token, insecure_skip_verify=args.insecure_skip_tls_verify)
+    now = datetime.now(UTC)
+    io = PromIO(max_workers=8)
+    try:
+        signals = io.read_signals(spec, snapshot.meta.namespace, [p.name for p in pods], auth, now)
+    finally:
+        io.close()
+    if signals.failed:
+        failures = "; ".join(f"{name}: {why}" for name, why in sorted(signals.failed.items()))
+        raise PluginError(f"Prometheus at {args.prometheus} did not answer: {failures}")
+    ready_pods = [p.name for p in pods if not not_routable_because(p)]
+    screened = screen(spec, signals, ready_pods, now)
+    if screened.checks is None:
+        raise PluginError(f"engine {spec.engine} has no preset: nothing to check")
+    status, reason, message = screened.ready
+    condition = Condition(type="SignalsReady", status=status, reason=reason, message=message, last_transition_time=now)
+    return screened.checks, condition
+
+
 def cmd_operation(session: Session, args: argparse.Namespace) -> int:
     session.pool(args.pool)  # a clear "not found" first
     request = {"id": uuid.uuid4().hex[:16], "op": args.verb, "force": bool(getattr(args, "force", False))}
@@ -230,6 +284,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("pool")
     plan.set_defaults(handler=cmd_plan)
+    doctor = verbs.add_parser(
+        "doctor",
+        parents=[common],
+        help="per signal: are the series the preset reads there, fresh and one per pod, and what makes the engine "
+        "export a missing one (exit 1 unless SignalsReady is True)",
+    )
+    doctor.add_argument("pool")
+    doctor.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="ask this Prometheus now (e.g. a port-forward) instead of reading the status",
+    )
+    doctor.add_argument("--bearer-token-file", metavar="FILE", help="with --prometheus: a bearer token to send")
+    doctor.add_argument(
+        "--insecure-skip-tls-verify", action="store_true", help="with --prometheus: do not verify its certificate"
+    )
+    doctor.set_defaults(handler=cmd_doctor)
     helps = {
         "promote": "finish the rollout now (after a passing check at this step)",
         "abort": "roll the candidate back now",

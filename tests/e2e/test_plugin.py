@@ -58,7 +58,7 @@ def test_kubectl_lists_the_plugin_and_every_verb_has_help(stack: Stack) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     listed = subprocess.run(["kubectl", "plugin", "list"], capture_output=True, text=True, env=env, check=False)
     assert "kubectl-sluice" in listed.stdout
-    for verb in ("status", "explain", "plan", "promote", "abort", "retry", "pause", "resume", "skip-step"):
+    for verb in ("status", "explain", "plan", "doctor", "promote", "abort", "retry", "pause", "resume", "skip-step"):
         shown = kubectl_sluice(stack, verb, "--help")
         assert shown.returncode == 0, (verb, shown.stderr)
         assert "usage: kubectl sluice" in shown.stdout

@@ -235,6 +235,12 @@ class SignalChecks(StatusModel):
         "least 2; 4 or more keep them steady (window >= 4 scrape intervals).",
     )
     message: str = Field(default="", description="The outcome in words (the SignalsReady condition's message).")
+    pods_without_series: int = Field(
+        default=0,
+        description="Ready pods with no series at all of the preset's: Prometheus does not scrape them (yet), or "
+        "metrics.podLabel / namespaceLabel do not name them. The signals' checks are over the other pods.",
+    )
+    unscraped: list[str] = Field(default_factory=list, description="Some of those pods (at most 20).")
     signals: list[SignalCheck] = Field(default_factory=list, description="One entry per signal.")
 
 

@@ -547,8 +547,10 @@ def _values(spec: InferencePoolSpec, namespace: str, pod_names: list[str], by_po
     }
 
 
-CHECK_EVERY = 60.0
-"""Seconds between two preflights of a namespace's series (the values themselves are read every pass)."""
+def check_every(spec: InferencePoolSpec) -> float:
+    """Seconds between two preflights of a namespace's series (the values themselves are read every pass): six
+    passes, between 15 s and a minute."""
+    return min(60.0, max(15.0, 6 * spec.interval))
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,16 @@ REASONS = {
     "Stale": "SeriesStale",
     "Failed": "CheckFailed",
 }
+CONDITION_REASONS = (
+    "DuplicateSeries",
+    "ValuesOutOfRange",
+    "PodsNotScraped",
+    "SeriesMissing",
+    "SeriesStale",
+    "WindowTooShort",
+    "CheckFailed",
+)
+"""SignalsReady's reasons when it is not True, worst first (CheckFailed: Unknown, the others False)."""
 DUPLICATE_FIX = (
     "scrape each pod once (one PodMonitor, ServiceMonitor or annotation job), or pin one job with "
     "metrics.extraLabels (e.g. {job: ...}), or override the query"
@@ -210,6 +220,13 @@ def check_signal(
     )
 
 
+def scraped(checks: CheckAnswers, pods: list[str]) -> tuple[list[str], list[str]]:
+    """The pods with a series of the preset's, and those without any (not scraped, or not named by the labels)."""
+    seen = {pod for answer in checks.series for pod in answer.newest}
+    seen |= checks.samples_per_window.keys()
+    return [p for p in pods if p in seen], [p for p in pods if p not in seen]
+
+
 def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[str], now: datetime) -> Screened:
     """The snapshot without values that may not be used; the preflight's status block and condition."""
     refused = refusals(spec, snapshot, snapshot.pods.keys() | set(ready_pods))
@@ -218,7 +235,10 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
     if readings is None:
         return Screened(cleaned, refused, None, ("Unknown", "NoPreset", "engine custom: no preset series to check"))
     checks = snapshot.checks
+    if checks is None:
+        return Screened(cleaned, refused, None, ("Unknown", "NotChecked", "the preflight has not run yet"))
     answers = _by_name(checks)
+    present, unscraped = scraped(checks, ready_pods)
     entries: list[SignalCheck] = []
     for signal in ALL_SIGNALS:
         reading = readings.get(signal)
@@ -227,45 +247,54 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
         elif reading is None:
             why = NOT_PROVIDED.get(spec.engine, {}).get(signal, f"not provided by {spec.engine}")
             entries.append(SignalCheck(signal=signal, state="NotProvided", message=why))
-        elif checks is None:
-            continue
         else:
-            entries.append(check_signal(spec, signal, reading, answers, ready_pods, refused, now))
-    samples = (
-        sorted(checks.samples_per_window[p] for p in ready_pods if p in checks.samples_per_window) if checks else []
-    )
+            entries.append(check_signal(spec, signal, reading, answers, present, refused, now))
+    samples = sorted(checks.samples_per_window[p] for p in present if p in checks.samples_per_window)
     median = statistics.median(samples) if samples else None
-    findings = [(s, e) for e in entries for s in (e.state,) if s in SEVERITY]
-    findings.sort(key=lambda pair: SEVERITY.index(pair[0]))
-    lines = [f"{e.signal}: {e.message}" for _, e in findings]
-    status: ConditionStatus
-    if checks is None:
-        status, reason = "Unknown", "NotChecked"
-        lines = ["the preflight has not run yet", *lines]
-    elif checks.failed:
-        status, reason = "Unknown", "CheckFailed"
-        lines = [f"samples per window: {checks.failed}", *lines]
-    elif findings and findings[0][0] != "Failed":
-        status, reason = "False", REASONS[findings[0][0]]
-    elif median is not None and median < MIN_SAMPLES:
-        status, reason = "False", "WindowTooShort"
-        lines.insert(
-            0,
-            f"metrics.window ({spec.metrics.window:g}s) holds {median:g} samples per series (median over the pods): "
-            f"rates need a window of at least {MIN_SAMPLES:g} scrape intervals — widen metrics.window or scrape "
-            "more often",
+    # (reason, line), worst first
+    found: list[tuple[str, str]] = [
+        (REASONS[check.state], f"{check.signal}: {check.message}")
+        for state in SEVERITY
+        for check in entries
+        if check.state == state
+    ]
+    if unscraped:
+        found.append(
+            (
+                "PodsNotScraped",
+                f"no series at all for {_named(unscraped)}: Prometheus does not scrape them (yet), or "
+                f"metrics.podLabel ({spec.metrics.pod_label}) / namespaceLabel ({spec.metrics.namespace_label}) "
+                "do not name them",
+            )
         )
-    elif findings:
-        status, reason = "Unknown", "CheckFailed"
-    else:
+    if median is not None and median < MIN_SAMPLES:
+        found.append(
+            (
+                "WindowTooShort",
+                f"metrics.window ({spec.metrics.window:g}s) holds {median:g} samples per series (median over the "
+                f"pods): rates need a window of at least {MIN_SAMPLES:g} scrape intervals — widen metrics.window or "
+                "scrape more often",
+            )
+        )
+    if checks.failed:
+        found.append(("CheckFailed", f"samples per window: {checks.failed}"))
+    found.sort(key=lambda pair: CONDITION_REASONS.index(pair[0]))
+    status: ConditionStatus
+    if not found:
         status, reason = "True", "AllPresent"
-        lines = [f"every series the {spec.engine} preset reads is fresh and one per pod ({len(ready_pods)} ready pods)"]
+        lines = [f"every series the {spec.engine} preset reads is fresh and one per pod ({len(present)} ready pods)"]
+    else:
+        reason = found[0][0]
+        status = "Unknown" if reason == "CheckFailed" else "False"
+        lines = [line for _, line in found]
     message = "; ".join(lines)
     block = SignalChecks(
-        checked_at=checks.asked_at if checks else None,
+        checked_at=checks.asked_at,
         engine=spec.engine,
         samples_per_window=median,
         message=message,
+        pods_without_series=len(unscraped),
+        unscraped=sorted(unscraped)[:NAMED],
         signals=entries,
     )
     return Screened(cleaned, refused, block, (status, reason, message))

@@ -42,6 +42,7 @@ Options beyond the defaults (which keep one engine, vLLM's exposition and no sle
   While asleep the engines do not run: new completions are accepted and wait (counted as waiting) until
   `/wake_up`, as vLLM's paused scheduler queues them. `vllm:engine_sleep_state{sleep_state="awake"|
   "weights_offloaded"|"discard_all"}` is exported whether or not sleep mode is enabled, as vLLM does;
+- `--disable-log-stats` (vLLM's flag): no `vllm:` family on `/metrics`, only the HTTP instrumentator's;
 - `--exposition sglang`: `/metrics` speaks SGLang's names and labels for the same engine state instead:
   `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:num_used_tokens`,
   `sglang:max_total_num_tokens`, `sglang:num_retracted_requests_total` (labels `model_name`, `engine_type`,
@@ -301,6 +302,7 @@ class ModelServer:
         enable_sleep_mode: bool = False,
         exposition: str = "vllm",
         memory_events: Path | None = None,
+        disable_log_stats: bool = False,
     ) -> None:
         if data_parallel_size < 1:
             raise ValueError("data_parallel_size must be at least 1")
@@ -315,6 +317,9 @@ class ModelServer:
         self.exposition = exposition
         self.enable_sleep_mode = enable_sleep_mode
         self.memory_events = memory_events
+        self.disable_log_stats = disable_log_stats
+        """vLLM's --disable-log-stats: no stat logger, so no `vllm:` family on /metrics (the HTTP instrumentator's
+        families stay; vllm/v1/engine/async_llm.py builds the Prometheus logger only with log_stats)."""
         self.faults = Faults()
         self.random = random.Random(seed)
         self.registry = CollectorRegistry()
@@ -589,6 +594,8 @@ class ModelServer:
 
     async def metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self.registry)
+        if self.disable_log_stats:
+            body = without_families(body, "vllm:")
         if self.faults.stall_metrics:
             if self._stalled_exposition is None:
                 self._stalled_exposition = with_timestamps(body, time.time())
@@ -765,6 +772,12 @@ def _nodelay_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def without_families(exposition: bytes, prefix: str) -> bytes:
+    """The exposition without the families whose names start with `prefix` (their HELP, TYPE and samples)."""
+    dropped = (prefix.encode(), b"# HELP " + prefix.encode(), b"# TYPE " + prefix.encode())
+    return b"".join(line for line in exposition.splitlines(keepends=True) if not line.startswith(dropped))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="sluice.devstack.modelserver")
     parser.add_argument("--host", default="127.0.0.1")
@@ -783,6 +796,9 @@ def main(argv: list[str] | None = None) -> None:
         "--enable-sleep-mode", action="store_true", help="serve vLLM's /sleep, /wake_up and /is_sleeping"
     )
     parser.add_argument("--exposition", choices=EXPOSITIONS, default="vllm", help="whose metric names /metrics uses")
+    parser.add_argument(
+        "--disable-log-stats", action="store_true", help="as vLLM's flag: no vllm: family on /metrics (HTTP ones stay)"
+    )
     parser.add_argument(
         "--memory-events",
         type=Path,
@@ -805,6 +821,7 @@ def main(argv: list[str] | None = None) -> None:
         enable_sleep_mode=args.enable_sleep_mode,
         exposition=args.exposition,
         memory_events=args.memory_events,
+        disable_log_stats=args.disable_log_stats,
     )
     server.faults.error_rate = args.error_rate
     with contextlib.suppress(KeyboardInterrupt):

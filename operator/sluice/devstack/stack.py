@@ -73,6 +73,8 @@ class PodSpec:
     ip: str
     app: str = "llama"
     error_rate: float = 0.0
+    server_args: tuple[str, ...] = ()
+    """More options of the model server (`--data-parallel-size 2`, `--disable-log-stats`, `--exposition sglang`)."""
 
 
 @dataclass
@@ -399,6 +401,7 @@ class Stack:
                 str(spec.error_rate),
                 "--memory-events",
                 str(self._memory_events(spec)),
+                *spec.server_args,
             ],
             f"pod-{spec.name}.log",
         )

@@ -42,7 +42,7 @@ from urllib3.util.retry import Retry
 
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import SIGNAL_FIELD, CheckAnswers, PodSignals, SeriesAnswer, SignalName, SignalSnapshot
-from sluice.core.presets import CHECK_EVERY, CheckPlan, build_queries, check_queries, names_pods
+from sluice.core.presets import CheckPlan, build_queries, check_every, check_queries, names_pods
 from sluice.io.ports import PromAuth
 
 log = logging.getLogger("sluice")
@@ -462,7 +462,7 @@ class PromIO:
         preflight: bool = True,
     ) -> None:
         self.preflight = preflight
-        """Ask the preflight's queries too (`CheckAnswers`, every `CHECK_EVERY` seconds per namespace)."""
+        """Ask the preflight's queries too (`CheckAnswers`, every `check_every` seconds per namespace)."""
         self.scoped = scoped or owned is not None
         """Ask for the pods of the pools that read a query, not for the whole namespace: what a replica owning a
         shard of the pools does, so N replicas do not each ask Prometheus for every pod (`read_signals`)."""
@@ -949,7 +949,7 @@ class PromIO:
         runner: Callable[[str, str], Fetch],
     ) -> CheckAnswers | None:
         """The preflight's answers: asked like the signals' (shared by the namespace's pools), but refreshed every
-        `CHECK_EVERY` seconds, namespace-wide, and never freezing the pool when they fail (each says why)."""
+        `check_every` seconds, namespace-wide, and never freezing the pool when they fail (each says why)."""
         plan = self._check_plan(spec, namespace)
         if not self.preflight or (not plan.series and plan.samples is None):
             return None
@@ -963,8 +963,9 @@ class PromIO:
             part: (metrics.prometheus_url, auth, metrics.timeout, metrics.pod_label, query)
             for part, query in parts.items()
         }
+        every = check_every(spec)
         asked = {
-            part: self._shared(keys[part], CHECK_EVERY, 3 * CHECK_EVERY, now, runner("check", query), None, namespace)
+            part: self._shared(keys[part], every, 3 * every, now, runner("check", query), None, namespace)
             for part, query in parts.items()
         }
         mine = set(pod_names)
@@ -974,7 +975,7 @@ class PromIO:
         for part, asking in asked.items():
             answer, outcome = asking, _outcome(asking.done, metrics.timeout + 2)
             if isinstance(outcome, BaseException):
-                fallback = self._last_good(keys[part], 3 * CHECK_EVERY, None)
+                fallback = self._last_good(keys[part], 3 * every, None)
                 if fallback is None:
                     failed[part] = describe_failure(outcome) if isinstance(outcome, Exception) else repr(outcome)
                     continue

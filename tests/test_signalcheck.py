@@ -1,0 +1,150 @@
+"""The preflight's decisions (`sluice.core.signalcheck`), pure: what is refused, what each check says, the
+condition. What Prometheus answers for real shapes is tested in test_presets_promql.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sluice.core.observed import CheckAnswers, Observed, ObservedPod, PodSignals, SeriesAnswer, SignalSnapshot
+from sluice.core.presets import preset_series
+from sluice.core.reconcile import plan_pass
+from sluice.core.signalcheck import MIN_SAMPLES, screen
+from tests.helpers import spec
+
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+PODS = ["a", "b"]
+GOOD = PodSignals(
+    ttft_seconds=0.1,
+    ttft_p95_seconds=0.2,
+    kv_cache_usage=0.5,
+    queue_length=1,
+    running_requests=3,
+    request_rate=2.0,
+    error_rate=0.0,
+)
+
+
+def answers(
+    pods: list[str] = PODS,
+    age: float = 2.0,
+    duplicated: dict[str, dict[str, float]] | None = None,
+    lacking: dict[str, set[str]] | None = None,
+    samples: float = 10.0,
+) -> CheckAnswers:
+    """The preflight's answers for a vLLM pool where every series the preset reads is there for `pods`, but for
+    `lacking` (series -> pods without it) and `duplicated` (series -> pod -> raw series per identity)."""
+    series = []
+    for key in preset_series(spec(engine="vllm")):
+        have = [p for p in pods if p not in (lacking or {}).get(key, set())]
+        series.append(
+            SeriesAnswer(
+                name=key,
+                per_identity={p: (duplicated or {}).get(key, {}).get(p, 1.0) for p in have},
+                newest={p: (NOW - timedelta(seconds=age)).timestamp() for p in have},
+            )
+        )
+    return CheckAnswers(asked_at=NOW, series=series, samples_per_window=dict.fromkeys(pods, samples))
+
+
+def snapshot(checks: CheckAnswers | None, **values: PodSignals) -> SignalSnapshot:
+    return SignalSnapshot(collected_at=NOW, pods=values or dict.fromkeys(PODS, GOOD), checks=checks)
+
+
+def states(screened_checks: object) -> dict[str, str]:
+    return {c.signal: c.state for c in screened_checks.signals}  # type: ignore[attr-defined]
+
+
+def test_every_series_there_once_and_fresh_is_signals_ready() -> None:
+    screened = screen(spec(engine="vllm"), snapshot(answers()), PODS, NOW)
+    assert screened.ready[:2] == ("True", "AllPresent")
+    assert screened.refused == {}
+    found = states(screened.checks)
+    assert found["loraFailureRate"] == "NotProvided"  # vLLM's HTTP metrics leave its load route out
+    assert {s for s, state in found.items() if state != "Ok"} == {"loraFailureRate"}
+
+
+def test_a_missing_series_names_the_pod_and_the_flag() -> None:
+    checks = answers(lacking={"vllm:num_requests_waiting": {"b"}})
+    screened = screen(spec(engine="vllm"), snapshot(checks), PODS, NOW)
+    assert screened.ready[:2] == ("False", "SeriesMissing")
+    queue = next(c for c in screened.checks.signals if c.signal == "queueLength")  # type: ignore[union-attr]
+    assert (queue.state, queue.pods, queue.pods_ok) == ("Missing", ["b"], 1)
+    assert queue.message == "no vllm:num_requests_waiting for b"
+    assert queue.fix is not None
+    assert "--disable-log-stats" in queue.fix
+
+
+def test_either_kv_name_is_enough_but_neither_is_missing() -> None:
+    old_only = answers(lacking={"vllm:kv_cache_usage_perc": {"a", "b"}})
+    assert states(screen(spec(engine="vllm"), snapshot(old_only), PODS, NOW).checks)["kvCacheUsage"] == "Ok"
+    neither = answers(lacking={"vllm:kv_cache_usage_perc": {"a"}, "vllm:gpu_cache_usage_perc": {"a", "b"}})
+    assert states(screen(spec(engine="vllm"), snapshot(neither), PODS, NOW).checks)["kvCacheUsage"] == "Missing"
+
+
+def test_duplicated_raw_series_are_refused_for_that_pod_only() -> None:
+    checks = answers(duplicated={"vllm:num_requests_running": {"a": 2.0}})
+    screened = screen(spec(engine="vllm"), snapshot(checks), PODS, NOW)
+    assert screened.snapshot.pods["a"].running_requests is None
+    assert screened.snapshot.pods["b"].running_requests == 3
+    assert screened.snapshot.pods["a"].queue_length == 1  # another series: used
+    assert set(screened.refused["a"]) == {"runningRequests"}
+    assert screened.ready[:2] == ("False", "DuplicateSeries")
+    assert "vllm:num_requests_running has 2 raw series per (model_name, engine)" in screened.ready[2]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("kv_cache_usage", 1.7), ("error_rate", 1.2), ("request_rate", -0.5), ("queue_length", -1.0)],
+)
+def test_a_value_out_of_range_is_missing_never_a_number(field: str, value: float) -> None:
+    bad = GOOD.model_copy(update={field: value})
+    screened = screen(spec(engine="vllm"), snapshot(answers(), a=bad, b=GOOD), PODS, NOW)
+    assert getattr(screened.snapshot.pods["a"], field) is None
+    assert getattr(screened.snapshot.pods["b"], field) == getattr(GOOD, field)
+    assert screened.ready[:2] == ("False", "ValuesOutOfRange")
+    assert f"read {value:g}, outside" in screened.ready[2]
+
+
+def test_values_at_their_bounds_are_kept() -> None:
+    edge = GOOD.model_copy(update={"kv_cache_usage": 1.0, "error_rate": 0.0, "queue_length": 0.0})
+    screened = screen(spec(engine="vllm"), snapshot(answers(), a=edge, b=GOOD), PODS, NOW)
+    assert screened.refused == {}
+
+
+def test_old_samples_are_stale_and_a_pod_without_any_series_is_not_scraped() -> None:
+    stale = screen(spec(engine="vllm"), snapshot(answers(age=400)), PODS, NOW)
+    assert stale.ready[:2] == ("False", "SeriesStale")
+    unscraped = screen(spec(engine="vllm"), snapshot(answers(pods=["a"])), PODS, NOW)
+    assert unscraped.ready[:2] == ("False", "PodsNotScraped")
+    assert unscraped.checks is not None
+    assert unscraped.checks.unscraped == ["b"]
+    assert states(unscraped.checks)["queueLength"] == "Ok"  # the signals are judged over the scraped pods
+
+
+def test_a_window_with_too_few_samples_says_so() -> None:
+    short = screen(spec(engine="vllm"), snapshot(answers(samples=MIN_SAMPLES - 1)), PODS, NOW)
+    assert short.ready[:2] == ("False", "WindowTooShort")
+    enough = screen(spec(engine="vllm"), snapshot(answers(samples=MIN_SAMPLES)), PODS, NOW)
+    assert enough.ready[:2] == ("True", "AllPresent")
+
+
+def test_no_preflight_yet_is_unknown_and_refuses_only_out_of_range_values() -> None:
+    bad = GOOD.model_copy(update={"kv_cache_usage": 3.0})
+    screened = screen(spec(engine="vllm"), snapshot(None, a=bad), PODS, NOW)
+    assert screened.ready[:2] == ("Unknown", "NotChecked")
+    assert screened.snapshot.pods["a"].kv_cache_usage is None
+
+
+def test_a_sleeping_engine_is_not_routed_and_says_why() -> None:
+    pods = [ObservedPod(name=name, ip=f"10.0.0.{i}", labels={"app": "llama"}) for i, name in enumerate(PODS)]
+    asleep = GOOD.model_copy(update={"sleeping": 1.0})
+    awake = GOOD.model_copy(update={"sleeping": 0.0})
+    observed = Observed(pods=pods, signals=SignalSnapshot(collected_at=NOW, pods={"a": asleep, "b": awake}))
+    plan = plan_pass(spec(engine="vllm"), 1, observed, None, NOW)
+    rows = {row.pod: row for row in plan.status.endpoints}
+    assert rows["a"].weight == 0
+    assert "asleep" in rows["a"].reason
+    assert rows["b"].weight > 0
+    assert [e.pod for e in plan.endpoints] == ["b"]
