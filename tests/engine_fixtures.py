@@ -91,16 +91,17 @@ def all_fixtures() -> list[Fixture]:
 
 
 def history(
-    fixture: Fixture, namespace: str, t_end: int, step: int, pod: str | None = None, job: str = "engine"
+    fixture: Fixture, namespace: str, now: int, step: int, until: int, pod: str | None = None, job: str = "engine"
 ) -> list[str]:
-    """The fixture's scrape as OpenMetrics sample lines, every `step` seconds from the server's start to `t_end`
-    (counters growing linearly from 0, gauges constant), with the scrape's own labels."""
-    start = t_end - fixture.elapsed
+    """The fixture's scrape as OpenMetrics sample lines: the scrape is the one taken at `now`, the server having
+    started `elapsed` seconds before; a sample every `step` seconds from its start to `until` (counters growing
+    linearly from 0 at the same rate past `now`, gauges constant), with the scrape's own labels."""
+    start = now - fixture.elapsed
     scrape = f'namespace="{namespace}",pod="{pod or fixture.pod}",job="{job}",instance="{pod or fixture.pod}:8000"'
     lines = []
     for name, labels, value, cumulative in fixture.samples:
         series = f"{name}{{{scrape}{',' + labels if labels else ''}}}"
-        for at in range(start, t_end + 1, step):
+        for at in range(start, until + 1, step):
             sample = value * (at - start) / fixture.elapsed if cumulative else value
             lines.append(f"{series} {_number(sample)} {at}")
     return lines

@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sluice.core.observed import CheckAnswers, Observed, ObservedPod, PodSignals, SeriesAnswer, SignalSnapshot
+from sluice.core.observed import (
+    SIGNAL_FIELD,
+    CheckAnswers,
+    Observed,
+    ObservedPod,
+    PodSignals,
+    SeriesAnswer,
+    SignalSnapshot,
+)
 from sluice.core.presets import preset_series
 from sluice.core.reconcile import plan_pass
 from sluice.core.signalcheck import MIN_SAMPLES, screen
@@ -105,6 +113,20 @@ def test_a_value_out_of_range_is_missing_never_a_number(field: str, value: float
     assert getattr(screened.snapshot.pods["b"], field) == getattr(GOOD, field)
     assert screened.ready[:2] == ("False", "ValuesOutOfRange")
     assert f"read {value:g}, outside" in screened.ready[2]
+    assert "from vllm:" in screened.refused["a"][signal_of(field)]  # the series it was read from
+
+
+def signal_of(field: str) -> str:
+    return next(signal for signal, name in SIGNAL_FIELD.items() if name == field)
+
+
+def test_an_override_out_of_range_names_the_override() -> None:
+    pool = spec(engine="vllm", metrics={"queries": {"kvCacheUsage": "max by ($podLabel) (my_kv_percent{$selector})"}})
+    bad = GOOD.model_copy(update={"kv_cache_usage": 55.0})  # a percentage where a ratio is expected
+    screened = screen(pool, snapshot(answers(), a=bad, b=GOOD), PODS, NOW)
+    assert screened.refused["a"]["kvCacheUsage"] == (
+        "read 55, outside 0 to 1 (from the query override metrics.queries.kvCacheUsage)"
+    )
 
 
 def test_values_at_their_bounds_are_kept() -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from sluice.bench.scale import main
+from sluice.core.presets import PRESETS, check_every, check_queries
+from tests.helpers import spec
 
 pytestmark = pytest.mark.slow
 
@@ -20,9 +22,14 @@ def test_a_short_run_measures_every_pool_and_steady_passes_read_nothing(tmp_path
     assert result["passes_per_second"] > 0
     verbs = result["api_by_verb"]
     assert not [call for call in verbs if call.startswith(("get ", "list "))], verbs  # no GET, no list per pass
-    # Per signal (7 for vLLM) and the sample times, for each of the 2 namespaces, not per pool: asked again half
-    # an interval after it was asked, so two per interval.
-    assert result["promql_per_second"] * result["seconds"] <= 2 * 8 * (2 * result["seconds"] / 5 + 2)
+    # Per signal of the vLLM preset and the sample times, for each of the 2 namespaces, not per pool: asked again
+    # half an interval after it was asked, so two per interval; the preflight's two per raw series and one for the
+    # samples per window likewise, every check_every (30 s at a 5 s interval).
+    pool = spec(engine="vllm", interval="5s")
+    signals, checks = len(PRESETS["vllm"]) + 1, 2 * len(check_queries(pool, "ns").series) + 1
+    seconds, every = result["seconds"], check_every(pool)
+    bound = 2 * (signals * (2 * seconds / 5 + 2) + checks * (2 * seconds / every + 2))
+    assert result["promql_per_second"] * seconds <= bound
     assert result["unavailable"] == {}  # every pool's signals fresh at the end
     assert "MetricsUnavailable" not in result["events_by_reason"]
     assert result["pass_age_max"] is not None

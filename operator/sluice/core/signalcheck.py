@@ -129,10 +129,18 @@ def refusals(
             value = getattr(values, SIGNAL_FIELD[signal])
             why = None if value is None or signal in mine else out_of_range(signal, value)
             if why is not None:
-                mine[signal] = why
+                mine[signal] = f"{why} ({_source(spec, signal)})"
         if mine:
             refused[pod] = mine
     return refused
+
+
+def _source(spec: InferencePoolSpec, signal: SignalName) -> str:
+    """Where a signal's value comes from, for a refusal's reason."""
+    reading = READINGS.get(spec.engine, {}).get(signal)
+    if overridden(spec, signal) or reading is None:
+        return "from the query override metrics.queries." + signal
+    return "from " + " or ".join(series.key for series in reading.series)
 
 
 def without(snapshot: SignalSnapshot, refused: dict[str, dict[SignalName, str]]) -> SignalSnapshot:
@@ -204,9 +212,11 @@ def check_signal(
     elif state == "Stale":
         message = f"newest sample older than staleAfter ({spec.metrics.stale_after:g}s) for {_named(affected)}"
         fix = STALE_FIX
-    else:
+    elif pods:
         message = f"{_joined(names, reading.any_of)}: one per pod, fresh, for all {len(pods)} ready pods"
         fix = None
+    else:
+        message, fix = "no scraped ready pod to check", None
     return SignalCheck(
         signal=signal,
         state=state,
