@@ -146,8 +146,11 @@ def test_old_samples_are_stale_and_a_pod_without_any_series_is_not_scraped() -> 
 
 
 def test_a_window_with_too_few_samples_says_so() -> None:
-    short = screen(spec(engine="vllm"), snapshot(answers(samples=MIN_SAMPLES - 1)), PODS, NOW)
-    assert short.ready[:2] == ("False", "WindowTooShort")
+    one = screen(spec(engine="vllm"), snapshot(answers(samples=1)), PODS, NOW)
+    assert one.ready[:2] == ("False", "WindowTooShort")  # rate() reads nothing from one sample
+    few = screen(spec(engine="vllm"), snapshot(answers(samples=MIN_SAMPLES - 1)), PODS, NOW)
+    assert few.ready[:2] == ("True", "WindowShort")  # a 30 s scrape in a 1m window: read, but unsteady
+    assert "advised" in few.ready[2]
     enough = screen(spec(engine="vllm"), snapshot(answers(samples=MIN_SAMPLES)), PODS, NOW)
     assert enough.ready[:2] == ("True", "AllPresent")
 
@@ -170,3 +173,74 @@ def test_a_sleeping_engine_is_not_routed_and_says_why() -> None:
     assert "asleep" in rows["a"].reason
     assert rows["b"].weight > 0
     assert [e.pod for e in plan.endpoints] == ["b"]
+
+
+def test_failed_check_queries_are_unknown_not_pods_not_scraped() -> None:
+    checks = answers(pods=[])  # Prometheus answered nothing ...
+    failing = checks.model_copy(
+        update={"series": [a.model_copy(update={"failed": "timed out"}) for a in checks.series], "failed": "timed out"}
+    )
+    screened = screen(spec(engine="vllm"), snapshot(failing), PODS, NOW)
+    assert screened.ready[:2] == ("Unknown", "CheckFailed")  # ... because it failed: no pod is said unscraped
+    assert screened.checks is not None
+    assert screened.checks.unscraped == []
+
+
+def test_sample_ages_are_taken_when_the_check_was_asked() -> None:
+    """A check answer is reused for up to half its period: a sample 31 s old when asked, read 30 s later, is not
+    61 s old (staleAfter 60 s)."""
+    checks = answers(age=31).model_copy(update={"asked_at": NOW})
+    later = NOW + timedelta(seconds=30)
+    screened = screen(spec(engine="vllm"), snapshot(checks), PODS, later)
+    assert screened.ready[:2] == ("True", "AllPresent")
+    assert screened.checks is not None
+    ages = {c.oldest_sample_seconds for c in screened.checks.signals} - {None}
+    assert ages == {31}
+
+
+SGLANG_KEYS = {
+    "sglang:time_to_first_token_seconds_count": True,  # made with the first request
+    "sglang:num_requests_total": True,
+    "sglang:http_responses_total": True,
+    "sglang:token_usage": False,  # the scheduler's gauges exist from the start
+    "sglang:num_queue_reqs": False,
+    "sglang:num_running_reqs": False,
+}
+
+
+def sglang_answers(busy: bool) -> CheckAnswers:
+    """An SGLang pod "a": its scheduler gauges, and its tokenizer and HTTP series only once it served requests."""
+    newest = {"a": (NOW - timedelta(seconds=2)).timestamp()}
+    series = [
+        SeriesAnswer(
+            name=key, per_identity={"a": 1.0} if busy or not lazy else {}, newest=newest if busy or not lazy else {}
+        )
+        for key, lazy in SGLANG_KEYS.items()
+    ]
+    return CheckAnswers(asked_at=NOW, series=series, samples_per_window={"a": 10.0})
+
+
+def test_an_idle_pod_lacks_the_series_its_engine_makes_with_the_first_request_without_a_finding() -> None:
+    idle = PodSignals(kv_cache_usage=0.0, queue_length=0, running_requests=0)
+    quiet = screen(spec(engine="sglang"), snapshot(sglang_answers(busy=False), a=idle), ["a"], NOW)
+    assert quiet.ready[:2] == ("True", "AllPresent")
+    ttft = next(c for c in quiet.checks.signals if c.signal == "ttft")  # type: ignore[union-attr]
+    assert "no request yet" in ttft.message
+    serving = idle.model_copy(update={"running_requests": 3})  # serving, and still no tokenizer series
+    busy = screen(spec(engine="sglang"), snapshot(sglang_answers(busy=False), a=serving), ["a"], NOW)
+    assert busy.ready[:2] == ("False", "SeriesMissing")
+    assert {c.signal for c in busy.checks.signals if c.state == "Missing"} == {  # type: ignore[union-attr]
+        "ttft",
+        "ttftP95",
+        "requestRate",
+        "errorRate",
+    }
+
+
+def test_an_override_reading_out_of_range_is_a_finding() -> None:
+    pool = spec(engine="vllm", metrics={"queries": {"kvCacheUsage": "max by ($podLabel) (my_kv_percent{$selector})"}})
+    bad = GOOD.model_copy(update={"kv_cache_usage": 55.0})
+    screened = screen(pool, snapshot(answers(), a=bad, b=bad), PODS, NOW)
+    assert screened.ready[:2] == ("False", "ValuesOutOfRange")
+    kv = next(c for c in screened.checks.signals if c.signal == "kvCacheUsage")  # type: ignore[union-attr]
+    assert (kv.state, kv.pods) == ("OutOfRange", PODS)

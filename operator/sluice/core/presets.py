@@ -39,6 +39,9 @@ class Series:
     """Label matchers the preset adds (`,model="..."`), with the preset's placeholders."""
     needed: bool = True
     """False for a series that appears only with its first event (a failure counter): never reported missing."""
+    lazy: bool = False
+    """The engine creates it with its first request (a labelled child made on use): missing only for a pod that
+    shows traffic (requests running, waiting or finished)."""
     fix: str = ""
     """What makes the engine export it, for the preflight's message."""
 
@@ -56,6 +59,9 @@ class Reading:
     series: tuple[Series, ...]
     any_of: bool = False
     """The needed series are alternatives (one name per engine generation): one of them is enough."""
+    unavailable_when: tuple[str, str] | None = None
+    """(a series key, why): a pod that has that series but not the reading's runs an engine version or backend
+    that cannot give the signal: NotProvided for it, not Missing."""
 
 
 def _ratio(numerator: str, denominator: str) -> str:
@@ -111,6 +117,7 @@ _VLLM_FINISHED = Series("vllm:request_success_total", (*_VLLM_ENGINE, "finished_
 _VLLM_HTTP = Series(
     "http_requests_total",
     ("handler", "method", "status"),
+    lazy=True,
     fix="vLLM's OpenAI server counts HTTP answers from its first request on",
 )
 VLLM_INFERENCE_HANDLERS = (
@@ -129,8 +136,9 @@ VLLM: dict[SignalName, Reading] = {
     "kvCacheUsage": Reading(
         f"{_gauge('max', 'vllm:kv_cache_usage_perc')} or {_gauge('max', 'vllm:gpu_cache_usage_perc')}",
         (
-            Series("vllm:kv_cache_usage_perc", _VLLM_ENGINE, fix=_VLLM_LOGS),
-            Series("vllm:gpu_cache_usage_perc", _VLLM_ENGINE, fix=_VLLM_LOGS),
+            # 0.9.2 to 0.11 with several API servers (multiprocess mode) label the KV gauge with `pid`
+            Series("vllm:kv_cache_usage_perc", (*_VLLM_ENGINE, "pid"), fix=_VLLM_LOGS),
+            Series("vllm:gpu_cache_usage_perc", (*_VLLM_ENGINE, "pid"), fix=_VLLM_LOGS),
         ),
         any_of=True,
     ),
@@ -171,11 +179,12 @@ VLLM: dict[SignalName, Reading] = {
 _SGL_SCHED = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank", "priority")
 _SGL_TOKENIZER = ("model_name", "engine_type", "is_streaming", "priority")
 _SGL_METRICS = "SGLang exports it with --enable-metrics"
-_SGL_TTFT = Series("sglang:time_to_first_token_seconds_count", _SGL_TOKENIZER, fix=_SGL_METRICS)
+# the tokenizer's children carry per-request labels (is_streaming, priority): made with the first request
+_SGL_TTFT = Series("sglang:time_to_first_token_seconds_count", _SGL_TOKENIZER, lazy=True, fix=_SGL_METRICS)
 _SGL_HTTP = Series(
     "sglang:http_responses_total",
     ("endpoint", "status_code", "method"),
-    needed=False,
+    lazy=True,
     fix="SGLang counts HTTP answers with --enable-metrics since late 2025 (an older SGLang: override errorRate)",
 )
 SGLANG_INFERENCE_ENDPOINTS = (
@@ -207,7 +216,7 @@ SGLANG: dict[SignalName, Reading] = {
     ),
     "requestRate": Reading(
         _rate("sglang:num_requests_total"),
-        (Series("sglang:num_requests_total", _SGL_TOKENIZER, fix=_SGL_METRICS),),
+        (Series("sglang:num_requests_total", _SGL_TOKENIZER, lazy=True, fix=_SGL_METRICS),),
     ),
     # 5xx answers of the inference routes; 4xx (the client's) and aborts (HTTP 200 streams) are not failures.
     "errorRate": Reading(
@@ -241,13 +250,18 @@ _TRT_GAUGES = (
     "no KV, queue or error metric"
 )
 _TRT_ID = ("model_name", "engine_type")
+# labelled children made on first use (tensorrt_llm/metrics/collector.py)
 _TRT_TTFT = (
-    Series("trtllm_time_to_first_token_seconds_count", _TRT_ID, fix=_TRT_SERVE),
-    Series("time_to_first_token_seconds_count", _TRT_ID, fix=_TRT_SERVE),
+    Series("trtllm_time_to_first_token_seconds_count", _TRT_ID, lazy=True, fix=_TRT_SERVE),
+    Series("time_to_first_token_seconds_count", _TRT_ID, lazy=True, fix=_TRT_SERVE),
 )
 _TRT_FINISHED = (
-    Series("trtllm_request_success_total", (*_TRT_ID, "finished_reason"), fix=_TRT_SERVE),
-    Series("request_success_total", (*_TRT_ID, "finished_reason"), fix=_TRT_SERVE),
+    Series("trtllm_request_success_total", (*_TRT_ID, "finished_reason"), lazy=True, fix=_TRT_SERVE),
+    Series("request_success_total", (*_TRT_ID, "finished_reason"), lazy=True, fix=_TRT_SERVE),
+)
+_TRT_OLD = (
+    "time_to_first_token_seconds_count",
+    "trtllm-serve 1.1/1.2 (unprefixed names) has no such metric: 1.3 and later export it",
 )
 _TRT_ERRORS = Series("trtllm_request_error_total", (*_TRT_ID, "http_code"), needed=False)
 
@@ -259,7 +273,11 @@ def _generations(build: Callable[[str], str], name: str) -> str:
 
 def _trt_gauge(name: str) -> Reading:
     # one server process per pod: max drops a stale pid's series left in the multiprocess directory
-    return Reading(_gauge("max", f"trtllm_{name}"), (Series(f"trtllm_{name}", (*_TRT_ID, "pid"), fix=_TRT_GAUGES),))
+    return Reading(
+        _gauge("max", f"trtllm_{name}"),
+        (Series(f"trtllm_{name}", (*_TRT_ID, "pid"), fix=_TRT_GAUGES),),
+        unavailable_when=_TRT_OLD,
+    )
 
 
 TRTLLM: dict[SignalName, Reading] = {
@@ -275,7 +293,11 @@ TRTLLM: dict[SignalName, Reading] = {
             _rate("trtllm_request_error_total", ',http_code=~"5.."'),
             _all_requests(_rate("trtllm_request_success_total"), _rate("trtllm_request_error_total")),
         ),
-        (Series("trtllm_request_success_total", (*_TRT_ID, "finished_reason"), fix=_TRT_GAUGES), _TRT_ERRORS),
+        (
+            Series("trtllm_request_success_total", (*_TRT_ID, "finished_reason"), lazy=True, fix=_TRT_GAUGES),
+            _TRT_ERRORS,
+        ),
+        unavailable_when=_TRT_OLD,
     ),
 }
 
@@ -349,19 +371,31 @@ TRITON: dict[SignalName, Reading] = {
 # router/src (v3.3.7), rendered by metrics-exporter-prometheus 0.15 (counters without _total). err values:
 # validation (422), template (422), overloaded (429), dropped (client gone) are not the server's failures;
 # generation (424) and incomplete (500) are.
-_TGI_V3 = "TGI's v2/v3 backends export it (the llama.cpp and TensorRT-LLM backends do not)"
+# The metrics crate registers a series when it is first recorded: nothing exists before the first request.
+_TGI_V3 = "TGI's v2/v3 backends export it once they have served a request"
+_TGI_OTHER_BACKEND = (
+    "tgi_request_count",
+    "TGI's llama.cpp and TensorRT-LLM backends export no queue or batch gauge",
+)
+_TGI_SUCCESS = Series("tgi_request_success", lazy=True, fix="TGI counts requests from its first one on")
 TGI: dict[SignalName, Reading] = {
-    "queueLength": Reading(_gauge("sum", "tgi_queue_size"), (Series("tgi_queue_size", fix=_TGI_V3),)),
-    "runningRequests": Reading(
-        _gauge("sum", "tgi_batch_current_size"), (Series("tgi_batch_current_size", fix=_TGI_V3),)
+    "queueLength": Reading(
+        _gauge("sum", "tgi_queue_size"),
+        (Series("tgi_queue_size", lazy=True, fix=_TGI_V3),),
+        unavailable_when=_TGI_OTHER_BACKEND,
     ),
-    "requestRate": Reading(_rate("tgi_request_success"), (Series("tgi_request_success", needed=False),)),
+    "runningRequests": Reading(
+        _gauge("sum", "tgi_batch_current_size"),
+        (Series("tgi_batch_current_size", lazy=True, fix=_TGI_V3),),
+        unavailable_when=_TGI_OTHER_BACKEND,
+    ),
+    "requestRate": Reading(_rate("tgi_request_success"), (_TGI_SUCCESS,)),
     "errorRate": Reading(
         _ratio(
             _rate("tgi_request_failure", ',err=~"generation|incomplete"'),
             _all_requests(_rate("tgi_request_success"), _rate("tgi_request_failure")),
         ),
-        (Series("tgi_request_success", needed=False), Series("tgi_request_failure", ("err",), needed=False)),
+        (_TGI_SUCCESS, Series("tgi_request_failure", ("err",), needed=False)),
     ),
 }
 
@@ -570,6 +604,8 @@ def preset_series(spec: InferencePoolSpec) -> dict[str, Series]:
         if not overridden(spec, signal):
             for series in reading.series:
                 found.setdefault(series.key, series)
+            if reading.unavailable_when is not None:  # asked too, to tell an older version from a missing series
+                found.setdefault(reading.unavailable_when[0], Series(reading.unavailable_when[0], needed=False))
     return found
 
 

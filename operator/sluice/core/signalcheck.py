@@ -24,8 +24,16 @@ from datetime import datetime
 from sluice.api.base import ConditionStatus
 from sluice.api.status import SignalCheckState
 from sluice.api.v1alpha1 import InferencePoolSpec, SignalCheck, SignalChecks
-from sluice.core.observed import ALL_SIGNALS, SIGNAL_FIELD, CheckAnswers, SeriesAnswer, SignalName, SignalSnapshot
-from sluice.core.presets import ENGINE_SETUP, NOT_PROVIDED, READINGS, Reading, overridden
+from sluice.core.observed import (
+    ALL_SIGNALS,
+    SIGNAL_FIELD,
+    CheckAnswers,
+    PodSignals,
+    SeriesAnswer,
+    SignalName,
+    SignalSnapshot,
+)
+from sluice.core.presets import ENGINE_SETUP, NOT_PROVIDED, OPTIONAL_SIGNALS, READINGS, Reading, overridden
 
 NAMED = 20
 """A check names at most this many pods."""
@@ -64,6 +72,7 @@ CONDITION_REASONS = (
     "WindowTooShort",
     "CheckFailed",
 )
+# True with reason WindowShort: 2 or 3 samples per window (rates read, but unsteady)
 """SignalsReady's reasons when it is not True, worst first (CheckFailed: Unknown, the others False)."""
 DUPLICATE_FIX = (
     "scrape each pod once (one PodMonitor, ServiceMonitor or annotation job), or pin one job with "
@@ -163,42 +172,62 @@ def _joined(names: list[str], any_of: bool) -> str:
     return " or ".join(names) if any_of else ", ".join(names)
 
 
+def has_traffic(values: PodSignals | None) -> bool:
+    """Whether this pass shows the pod serving (requests running, waiting or finished): a series the engine makes
+    with its first request is then expected."""
+    if values is None:
+        return False
+    return any((value or 0.0) > 0 for value in (values.running_requests, values.queue_length, values.request_rate))
+
+
 def check_signal(
     spec: InferencePoolSpec,
     signal: SignalName,
     reading: Reading,
     answers: dict[str, SeriesAnswer],
     pods: list[str],
+    snapshot: SignalSnapshot,
     refused: dict[str, dict[SignalName, str]],
-    now: datetime,
+    asked_at: datetime,
 ) -> SignalCheck:
-    """One signal over the pool's ready pods: the worst state any pod is in, the pods in it and the fix."""
+    """One signal over the pool's ready pods: the worst state any pod is in, the pods in it and the fix. Ages are
+    the samples' at the time the check was asked."""
     names = [series.key for series in reading.series]
-    failures = [answers[s.key].failed or "" for s in reading.series if s.key in answers and answers[s.key].failed]
-    if failures or any(s.key not in answers for s in reading.series):
+    keys = [*names, *([reading.unavailable_when[0]] if reading.unavailable_when else [])]
+    failures = [answers[k].failed or "" for k in keys if k in answers and answers[k].failed]
+    if failures or any(k not in answers for k in keys):
         why = failures[0] if failures else "not asked"
         return SignalCheck(signal=signal, state="Failed", series=names, message=f"the check query failed: {why}")
     needed = [series for series in reading.series if series.needed]
-    found: dict[SignalCheckState, list[str]] = {state: [] for state in SEVERITY}
+    found: dict[SignalCheckState, list[str]] = {state: [] for state in (*SEVERITY, "NotProvided")}
     fixes: list[str] = []
-    oldest = 0.0
+    ok, oldest = 0, 0.0
     for pod in pods:
         if signal in refused.get(pod, {}):
             found["Duplicated" if duplicate(reading, answers, pod) else "OutOfRange"].append(pod)
             continue
+        busy = has_traffic(snapshot.pods.get(pod))
         present = [s for s in needed if pod in answers[s.key].newest]
-        lacking = [s for s in needed if pod not in answers[s.key].newest]
-        if needed and (not present if reading.any_of else lacking):
-            found["Missing"].append(pod)
-            fixes += [s.fix for s in lacking if s.fix and s.fix not in fixes]
+        # an optional signal's absence is no finding (no adapter loaded, an engine without sleep mode)
+        expected = [] if signal in OPTIONAL_SIGNALS else [s for s in needed if not s.lazy or busy]
+        lacking = [s for s in expected if pod not in answers[s.key].newest]
+        if expected and (not present if reading.any_of else lacking):
+            older = reading.unavailable_when
+            if older is not None and pod in answers[older[0]].newest:
+                found["NotProvided"].append(pod)
+            else:
+                found["Missing"].append(pod)
+                fixes += [s.fix for s in lacking if s.fix and s.fix not in fixes]
             continue
-        ages = [now.timestamp() - answers[s.key].newest[pod] for s in present]
+        ages = [asked_at.timestamp() - answers[s.key].newest[pod] for s in present]
         if ages:
             age = min(ages) if reading.any_of else max(ages)
             oldest = max(oldest, age)
             if age > spec.metrics.stale_after:
                 found["Stale"].append(pod)
-    state: SignalCheckState = next((s for s in SEVERITY if found[s]), "Ok")
+                continue
+        ok += 1
+    state: SignalCheckState = next((s for s in (*SEVERITY, "NotProvided") if found[s]), "Ok")
     affected = found.get(state, [])
     fix: str | None
     if state in {"Duplicated", "OutOfRange"}:
@@ -212,8 +241,15 @@ def check_signal(
     elif state == "Stale":
         message = f"newest sample older than staleAfter ({spec.metrics.stale_after:g}s) for {_named(affected)}"
         fix = STALE_FIX
+    elif state == "NotProvided":
+        assert reading.unavailable_when is not None
+        message = f"{reading.unavailable_when[1]} ({_named(affected)})"
+        fix = None
     elif pods:
         message = f"{_joined(names, reading.any_of)}: one per pod, fresh, for all {len(pods)} ready pods"
+        lazy = [p for p in pods if not has_traffic(snapshot.pods.get(p))]
+        if lazy and any(s.lazy for s in needed):
+            message += f" that have any ({_named(lazy)}: no request yet, the engine makes them with the first)"
         fix = None
     else:
         message, fix = "no scraped ready pod to check", None
@@ -221,12 +257,30 @@ def check_signal(
         signal=signal,
         state=state,
         series=names,
-        pods_ok=len(pods) - len(affected),
+        pods_ok=ok,
         pods_affected=len(affected),
         pods=sorted(affected)[:NAMED],
         oldest_sample_seconds=round(oldest) if oldest else None,
         message=message,
         fix=fix,
+    )
+
+
+def _override_check(signal: SignalName, pods: list[str], refused: dict[str, dict[SignalName, str]]) -> SignalCheck:
+    """A signal a query override reads: its series are the user's, but its values are still checked."""
+    ranged = sorted(pod for pod in pods if signal in refused.get(pod, {}))
+    if ranged:
+        return SignalCheck(
+            signal=signal,
+            state="OutOfRange",
+            pods_ok=len(pods) - len(ranged),
+            pods_affected=len(ranged),
+            pods=ranged[:NAMED],
+            message=f"not used for {_named(ranged)}: {refused[ranged[0]][signal]}",
+            fix="check the query override for this signal",
+        )
+    return SignalCheck(
+        signal=signal, state="Ok", pods_ok=len(pods), message="query override: its series are not checked"
     )
 
 
@@ -248,17 +302,18 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
     if checks is None:
         return Screened(cleaned, refused, None, ("Unknown", "NotChecked", "the preflight has not run yet"))
     answers = _by_name(checks)
-    present, unscraped = scraped(checks, ready_pods)
+    complete = checks.failed is None and not any(answer.failed for answer in checks.series)
+    present, unscraped = scraped(checks, ready_pods) if complete else (ready_pods, [])
     entries: list[SignalCheck] = []
     for signal in ALL_SIGNALS:
         reading = readings.get(signal)
         if overridden(spec, signal):
-            entries.append(SignalCheck(signal=signal, state="Ok", message="query override: its series are not checked"))
+            entries.append(_override_check(signal, ready_pods, refused))
         elif reading is None:
             why = NOT_PROVIDED.get(spec.engine, {}).get(signal, f"not provided by {spec.engine}")
             entries.append(SignalCheck(signal=signal, state="NotProvided", message=why))
         else:
-            entries.append(check_signal(spec, signal, reading, answers, present, refused, now))
+            entries.append(check_signal(spec, signal, reading, answers, present, snapshot, refused, checks.asked_at))
     samples = sorted(checks.samples_per_window[p] for p in present if p in checks.samples_per_window)
     median = statistics.median(samples) if samples else None
     # (reason, line), worst first
@@ -277,26 +332,31 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
                 "do not name them",
             )
         )
-    if median is not None and median < MIN_SAMPLES:
-        found.append(
-            (
-                "WindowTooShort",
-                f"metrics.window ({spec.metrics.window:g}s) holds {median:g} samples per series (median over the "
-                f"pods): rates need a window of at least {MIN_SAMPLES:g} scrape intervals — widen metrics.window or "
-                "scrape more often",
-            )
+    window = (
+        f"metrics.window ({spec.metrics.window:g}s) holds {median:g} samples per series (median over the pods)"
+        if median is not None
+        else ""
+    )
+    if median is not None and median < 2:
+        found.append(("WindowTooShort", f"{window}: rates need two — widen metrics.window or scrape more often"))
+    notes = []
+    if median is not None and 2 <= median < MIN_SAMPLES:
+        notes.append(
+            f"{window}: rates are unsteady below {MIN_SAMPLES:g} (one missed scrape leaves one sample) — a window "
+            f"of at least {MIN_SAMPLES:g} scrape intervals is advised"
         )
     if checks.failed:
         found.append(("CheckFailed", f"samples per window: {checks.failed}"))
     found.sort(key=lambda pair: CONDITION_REASONS.index(pair[0]))
     status: ConditionStatus
     if not found:
-        status, reason = "True", "AllPresent"
+        status, reason = "True", "WindowShort" if notes else "AllPresent"
         lines = [f"every series the {spec.engine} preset reads is fresh and one per pod ({len(present)} ready pods)"]
     else:
         reason = found[0][0]
         status = "Unknown" if reason == "CheckFailed" else "False"
         lines = [line for _, line in found]
+    lines += notes
     message = "; ".join(lines)
     block = SignalChecks(
         checked_at=checks.asked_at,

@@ -471,9 +471,10 @@ class PromIO:
         asked for as well, so that a replica starting with hundreds of pools asks once for all of them, not once
         for each handful whose passes came first (called from the query threads: it must be thread-safe)."""
         self._plans: dict[tuple[int, str, frozenset[str]], tuple[InferencePoolSpec, dict[str, str | None]]] = {}
+        """Scoped queries as last rendered, per (spec, namespace, pods): the queries of a namespace are asked
+        together for the same pods, and rendering a few thousand pod names costs milliseconds."""
         self._check_plans: dict[tuple[int, str], tuple[InferencePoolSpec, CheckPlan]] = {}
-        """Scoped queries as last rendered, per (spec, namespace, pods): the eight queries of a namespace are
-        asked together for the same pods, and rendering a few thousand pod names costs milliseconds."""
+        """The preflight's queries as last rendered, per (spec, namespace)."""
         self._pass_plans: dict[tuple[int, str], tuple[InferencePoolSpec, _PassPlan]] = {}
         """A pool's namespace-wide queries as last rendered, per (spec, namespace, and its pods when a query names
         them): the same at every pass until the spec changes (rendering them was ~3 % of a 300-pool operator)."""
@@ -975,9 +976,11 @@ class PromIO:
         for part, asking in asked.items():
             answer, outcome = asking, _outcome(asking.done, metrics.timeout + 2)
             if isinstance(outcome, BaseException):
+                if not isinstance(outcome, QUERY_FAILURES):
+                    raise RuntimeError(f"the preflight's query failed: {outcome!r}") from outcome
                 fallback = self._last_good(keys[part], 3 * every, None)
                 if fallback is None:
-                    failed[part] = describe_failure(outcome) if isinstance(outcome, Exception) else repr(outcome)
+                    failed[part] = describe_failure(outcome)
                     continue
                 answer, outcome = fallback, fallback.done.result()
             values[part] = {pod: value for pod, value in outcome.items() if pod in mine}
