@@ -81,3 +81,19 @@ def test_doctor_asks_a_prometheus_the_user_names_and_finds_the_same(stack: Stack
     unreachable = kubectl_sluice(stack, "doctor", "llama", "-n", "llm", "--prometheus", "http://127.0.0.1:9")
     assert unreachable.returncode == 1
     assert unreachable.stderr.startswith("error: Prometheus at http://127.0.0.1:9 did not answer")
+
+
+def test_once_every_pod_exports_its_series_signals_are_ready_and_doctor_exits_0(stack: Stack, traffic: Traffic) -> None:
+    """Runs last: without the silent pod the preflight's next round finds every series (within check_every, 15 s
+    at the demo pool's 2 s interval, and the answer's reuse)."""
+    stack.delete_pod(SILENT)
+    ready = wait_until(
+        lambda: (c := signals_ready(stack))["status"] == "True" and c,
+        90,
+        "SignalsReady=True once the silent pod is gone",
+        show=lambda: signals_ready(stack),
+    )
+    assert ready["reason"] == "AllPresent", ready
+    shown = kubectl_sluice(stack, "doctor", "llama", "-n", "llm")
+    assert shown.returncode == 0, (shown.stdout, shown.stderr)
+    assert "SignalsReady=True (AllPresent)" in shown.stdout
