@@ -244,3 +244,13 @@ def test_an_override_reading_out_of_range_is_a_finding() -> None:
     assert screened.ready[:2] == ("False", "ValuesOutOfRange")
     kv = next(c for c in screened.checks.signals if c.signal == "kvCacheUsage")  # type: ignore[union-attr]
     assert (kv.state, kv.pods) == ("OutOfRange", PODS)
+
+
+def test_a_pod_scraped_once_so_far_is_judged_at_the_next_check() -> None:
+    checks = answers(lacking={"vllm:num_requests_waiting": {"b"}})
+    checks.samples_per_window["b"] = 1.0  # its first scrape: the check may have come between its series
+    screened = screen(spec(engine="vllm"), snapshot(checks), PODS, NOW)
+    assert screened.ready[:2] == ("True", "AllPresent")
+    assert "b: scraped fewer than twice" in screened.ready[2]
+    everyone = answers(lacking={"vllm:num_requests_waiting": {"b"}}, samples=1.0)  # the window, not the pods
+    assert screen(spec(engine="vllm"), snapshot(everyone), PODS, NOW).ready[:2] == ("False", "SeriesMissing")

@@ -304,6 +304,13 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
     answers = _by_name(checks)
     complete = checks.failed is None and not any(answer.failed for answer in checks.series)
     present, unscraped = scraped(checks, ready_pods) if complete else (ready_pods, [])
+    # a pod Prometheus has scraped once so far (it just started, or the check came between two of its first
+    # scrapes' series) is judged at the next check
+    samples = sorted(checks.samples_per_window[p] for p in present if p in checks.samples_per_window)
+    median = statistics.median(samples) if samples else None
+    young = median is not None and median >= 2  # else every pod has fewer: the window is too short, not the pods new
+    new = [p for p in present if checks.samples_per_window.get(p, 0.0) < 2] if complete and young else []
+    present = [p for p in present if p not in new]
     entries: list[SignalCheck] = []
     for signal in ALL_SIGNALS:
         reading = readings.get(signal)
@@ -314,8 +321,6 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
             entries.append(SignalCheck(signal=signal, state="NotProvided", message=why))
         else:
             entries.append(check_signal(spec, signal, reading, answers, present, snapshot, refused, checks.asked_at))
-    samples = sorted(checks.samples_per_window[p] for p in present if p in checks.samples_per_window)
-    median = statistics.median(samples) if samples else None
     # (reason, line), worst first
     found: list[tuple[str, str]] = [
         (REASONS[check.state], f"{check.signal}: {check.message}")
@@ -347,10 +352,12 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
         )
     if checks.failed:
         found.append(("CheckFailed", f"samples per window: {checks.failed}"))
+    if new:
+        notes.append(f"{_named(new)}: scraped fewer than twice within metrics.window, judged at the next check")
     found.sort(key=lambda pair: CONDITION_REASONS.index(pair[0]))
     status: ConditionStatus
     if not found:
-        status, reason = "True", "WindowShort" if notes else "AllPresent"
+        status, reason = "True", "WindowShort" if median is not None and median < MIN_SAMPLES else "AllPresent"
         lines = [f"every series the {spec.engine} preset reads is fresh and one per pod ({len(present)} ready pods)"]
     else:
         reason = found[0][0]
