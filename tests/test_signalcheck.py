@@ -254,3 +254,12 @@ def test_a_pod_scraped_once_so_far_is_judged_at_the_next_check() -> None:
     assert "b: scraped fewer than twice" in screened.ready[2]
     everyone = answers(lacking={"vllm:num_requests_waiting": {"b"}}, samples=1.0)  # the window, not the pods
     assert screen(spec(engine="vllm"), snapshot(everyone), PODS, NOW).ready[:2] == ("False", "SeriesMissing")
+
+
+def test_a_pod_without_a_scrape_count_is_judged_not_taken_for_new() -> None:
+    """A pod whose scrapes could not be counted (no `up` kept, and its engine exports no freshness gauge, as vLLM
+    with --disable-log-stats) is judged like the others: its missing series are a finding."""
+    checks = answers(lacking={"vllm:num_requests_waiting": {"b"}})
+    del checks.samples_per_window["b"]
+    screened = screen(spec(engine="vllm"), snapshot(checks), PODS, NOW)
+    assert screened.ready[:2] == ("False", "SeriesMissing")

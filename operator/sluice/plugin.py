@@ -193,7 +193,9 @@ def cmd_doctor(session: Session, args: argparse.Namespace) -> int:
     if args.prometheus is None:
         status = _status(pool)
         if status.signal_checks is None:
-            raise PluginError(f'InferencePool "{args.pool}" has no preflight in its status yet')
+            said = find(status.conditions, "SignalsReady")
+            why = f" (SignalsReady={said.status} ({said.reason}): {said.message})" if said is not None else ""
+            raise PluginError(f'InferencePool "{args.pool}" has no preflight in its status{why}')
         checks, ready = status.signal_checks, find(status.conditions, "SignalsReady")
         sys.stdout.write(f"the operator's preflight (status.signalChecks) of {session.namespace}/{args.pool}:\n")
     else:

@@ -77,7 +77,8 @@ class CheckAnswers(ApiModel):
     asked_at: datetime = Field(description="When the check queries were asked.")
     series: list[SeriesAnswer] = Field(default_factory=list, description="One per raw series.")
     samples_per_window: dict[str, float] = Field(
-        default_factory=dict, description="Pod -> samples of the freshness gauge within metrics.window."
+        default_factory=dict,
+        description="Pod -> scrapes within metrics.window (Prometheus' `up`, else the freshness gauge).",
     )
     failed: str | None = Field(default=None, description="Why the samples-per-window query failed.")
 

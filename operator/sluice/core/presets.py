@@ -621,7 +621,9 @@ def check_queries(spec: InferencePoolSpec, namespace: str) -> CheckPlan:
         identity = f"max by ($podLabel) (count by ({by}) ({selected}))"
         newest = f"max by ($podLabel) (timestamp({selected}))"
         queries[key] = (Template(identity).substitute(values), Template(newest).substitute(values))
-    freshness = FRESHNESS_SERIES.get(spec.engine, ())
+    # Prometheus' own `up` has a sample per scrape of each target, whatever the engine exports; the freshness
+    # gauge answers where `up` is not kept (a federated or remote-written copy)
+    freshness = (Series("up"), *FRESHNESS_SERIES.get(spec.engine, ()))
     samples = " or ".join(
         f"min by ($podLabel) (count_over_time({s.name}{{$selector{s.matchers}}}[$window]))" for s in freshness
     )

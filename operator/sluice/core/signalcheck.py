@@ -286,8 +286,7 @@ def _override_check(signal: SignalName, pods: list[str], refused: dict[str, dict
 
 def scraped(checks: CheckAnswers, pods: list[str]) -> tuple[list[str], list[str]]:
     """The pods with a series of the preset's, and those without any (not scraped, or not named by the labels)."""
-    seen = {pod for answer in checks.series for pod in answer.newest}
-    seen |= checks.samples_per_window.keys()
+    seen = {pod for answer in checks.series for pod in answer.newest}  # (`up` counts a target that is down)
     return [p for p in pods if p in seen], [p for p in pods if p not in seen]
 
 
@@ -309,7 +308,7 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
     samples = sorted(checks.samples_per_window[p] for p in present if p in checks.samples_per_window)
     median = statistics.median(samples) if samples else None
     young = median is not None and median >= 2  # else every pod has fewer: the window is too short, not the pods new
-    new = [p for p in present if checks.samples_per_window.get(p, 0.0) < 2] if complete and young else []
+    new = [p for p in present if checks.samples_per_window.get(p, 2.0) < 2] if complete and young else []
     present = [p for p in present if p not in new]
     entries: list[SignalCheck] = []
     for signal in ALL_SIGNALS:
