@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar, cast
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -286,6 +286,8 @@ class _Backoff:
 
 
 Fetch = Callable[[frozenset[str] | None], dict[str, float]]
+_Memo = TypeVar("_Memo", bound=tuple[Any, ...])
+_Plan = TypeVar("_Plan")
 """Asks one query: for the given pods (scoped), or namespace-wide (None); its answer split by pod."""
 
 
@@ -818,35 +820,48 @@ class PromIO:
             del self._sent_at[key]
         self._close_idle(at)
 
+    def _recall(
+        self, store: dict[_Memo, tuple[InferencePoolSpec, _Plan]], memo: _Memo, spec: InferencePoolSpec
+    ) -> _Plan | None:
+        """What was rendered for `spec` under `memo`, if it is still that spec's."""
+        with self._lock:
+            known = store.get(memo)
+        return known[1] if known is not None and known[0] is spec else None
+
+    def _keep(
+        self,
+        store: dict[_Memo, tuple[InferencePoolSpec, _Plan]],
+        memo: _Memo,
+        spec: InferencePoolSpec,
+        plan: _Plan,
+        limit: int,
+    ) -> _Plan:
+        """Remember `plan` for `spec` (the spec is kept: its id is not reused while it is here), `limit` at most."""
+        with self._lock:
+            if len(store) >= limit:
+                store.clear()
+            store[memo] = (spec, plan)
+        return plan
+
     def _scoped_queries(self, spec: InferencePoolSpec, namespace: str, pods: frozenset[str]) -> dict[str, str | None]:
         """The pool's queries (by signal name, and the freshness query) for `pods` by name, rendered once per
         (spec, namespace, pods)."""
         memo = (id(spec), namespace, pods)
-        with self._lock:
-            known = self._plans.get(memo)
-        if known is not None and known[0] is spec:
-            return known[1]
+        known = self._recall(self._plans, memo, spec)
+        if known is not None:
+            return known
         plan = build_queries(spec, namespace, sorted(pods), by_pod=True)
         rendered: dict[str, str | None] = {str(name): text for name, text in plan.queries.items()}
         rendered[FRESHNESS_KEY] = plan.freshness
-        with self._lock:
-            if len(self._plans) >= 16:
-                self._plans.clear()
-            self._plans[memo] = (spec, rendered)  # the spec is kept: its id is not reused while it is here
-        return rendered
+        return self._keep(self._plans, memo, spec, rendered, 16)
 
     def _pass_plan(self, spec: InferencePoolSpec, namespace: str, pod_names: list[str]) -> _PassPlan:
         """The pool's queries for a pass (`build_queries(..., namespace_wide=True)`), rendered once per spec and
         namespace (and pods, when a query names them)."""
         memo = (id(spec), namespace)
-        with self._lock:
-            known = self._pass_plans.get(memo)
-        if (
-            known is not None
-            and known[0] is spec
-            and (known[1].pods is None or known[1].pods == tuple(sorted(pod_names)))
-        ):
-            return known[1]
+        known = self._recall(self._pass_plans, memo, spec)
+        if known is not None and (known.pods is None or known.pods == tuple(sorted(pod_names))):
+            return known
         built = build_queries(spec, namespace, pod_names, namespace_wide=True)
         queries: dict[str, str] = {str(name): query for name, query in built.queries.items()}
         if built.freshness is not None:
@@ -855,11 +870,7 @@ class PromIO:
         own = frozenset(signal for signal in queries if names_pods(spec, signal))
         pods = tuple(sorted(pod_names)) if own else None  # sorted, as the query names them
         plan = _PassPlan(built.unsupported, built.freshness is not None, queries, own, pods)
-        with self._lock:
-            if len(self._pass_plans) >= PASS_PLANS:
-                self._pass_plans.clear()
-            self._pass_plans[memo] = (spec, plan)  # the spec is kept: its id is not reused while it is here
-        return plan
+        return self._keep(self._pass_plans, memo, spec, plan, PASS_PLANS)
 
     def read_signals(
         self, spec: InferencePoolSpec, namespace: str, pod_names: list[str], auth: PromAuth, now: datetime
@@ -929,16 +940,12 @@ class PromIO:
     def _check_plan(self, spec: InferencePoolSpec, namespace: str) -> CheckPlan:
         """The preflight's queries for the pool's namespace, rendered once per spec and namespace."""
         memo = (id(spec), namespace)
-        with self._lock:
-            known = self._check_plans.get(memo)
-        if known is not None and known[0] is spec:
-            return known[1]
-        plan = check_queries(spec, namespace)
-        with self._lock:
-            if len(self._check_plans) >= PASS_PLANS:
-                self._check_plans.clear()
-            self._check_plans[memo] = (spec, plan)  # the spec is kept: its id is not reused while it is here
-        return plan
+        known = self._recall(self._check_plans, memo, spec)
+        return (
+            known
+            if known is not None
+            else self._keep(self._check_plans, memo, spec, check_queries(spec, namespace), PASS_PLANS)
+        )
 
     def _read_checks(
         self,
