@@ -33,7 +33,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(Path(tmp_path_factory.mktemp("api")), deadline_seconds=300)
     stack.workdir.mkdir(parents=True, exist_ok=True)
     try:
-        stack.start_apiserver()
+        stack.start_apiserver(with_gie=True)  # a cluster that also runs the Gateway API Inference Extension
         yield stack
     finally:
         stack.close()
@@ -51,8 +51,24 @@ def test_kubectl_apply_validates_by_default_against_the_served_openapi(api: Stac
     api.kubectl("delete", "-f", str(CANARY))
 
 
+def test_with_gie_installed_the_bare_kind_is_gies_and_slp_or_the_full_name_is_sluices(api: Stack) -> None:
+    """Groups of equal priority sort by name in discovery (k8s.io/apiserver aggregated/handler.go; every CRD group
+    has GroupPriorityMinimum 1000), and kubectl's RESTMapper takes the first: inference.networking.k8s.io wins."""
+    api.kubectl("apply", "-f", str(CANARY))
+    try:
+        bare = api.kubectl("explain", "inferencepool.spec").stdout
+        assert "GROUP:      inference.networking.k8s.io" in bare
+        assert "No resources found" in api.kubectl("get", "inferencepool", "-n", "llm").stderr
+        assert "llama" in api.kubectl("get", "slp", "-n", "llm").stdout
+        assert "llama" in api.kubectl("get", "inferencepools.inference.sluice.dev", "-n", "llm").stdout
+        ours = api.kubectl("explain", "inferencepools.inference.sluice.dev.spec").stdout
+        assert "GROUP:      inference.sluice.dev" in ours
+    finally:
+        api.kubectl("delete", "-f", str(CANARY))
+
+
 def test_kubectl_explain_renders_a_custom_resource_field(api: Stack) -> None:
-    out = api.kubectl("explain", "inferencepool.spec.canary").stdout
+    out = api.kubectl("explain", "inferencepools.inference.sluice.dev.spec.canary").stdout
     assert "KIND:       InferencePool" in out
     assert "FIELD: canary <Object>" in out
     assert "candidateRevision\t<string>" in out
@@ -61,7 +77,7 @@ def test_kubectl_explain_renders_a_custom_resource_field(api: Stack) -> None:
 
 def test_kubectl_explain_renders_built_in_kinds_and_object_metadata(api: Stack) -> None:
     assert "FIELD: containers <[]Container>" in api.kubectl("explain", "pods.spec.containers").stdout
-    labels = api.kubectl("explain", "inferencepool.metadata.labels").stdout
+    labels = api.kubectl("explain", "inferencepools.inference.sluice.dev.metadata.labels").stdout
     assert "FIELD: labels <map[string]string>" in labels
 
 
@@ -83,7 +99,7 @@ def test_openapi_v2_is_served_as_json_and_v3_documents_carry_the_crd_schema(api:
 
 
 def stored(api: Stack, name: str, jsonpath: str = "{.spec.canary.stableRevision}") -> str | None:
-    result = api.kubectl("get", "inferencepool", name, "-n", "llm", "-o", f"jsonpath={jsonpath}", check=False)
+    result = api.kubectl("get", "slp", name, "-n", "llm", "-o", f"jsonpath={jsonpath}", check=False)
     return result.stdout if result.returncode == 0 else None
 
 
@@ -129,7 +145,7 @@ def test_server_dry_runs_of_every_write_to_an_existing_object_change_nothing(api
     for kind, patch in patches:
         answer = api.kubectl(
             "patch",
-            "inferencepool",
+            "slp",
             "dry-old",
             "-n",
             "llm",
@@ -142,7 +158,7 @@ def test_server_dry_runs_of_every_write_to_an_existing_object_change_nothing(api
             "jsonpath={.spec.canary.stableRevision} {.metadata.resourceVersion}",
         ).stdout
         assert answer == f"v9 {version}"  # the object as it would be, under the version it still has
-    deleted = api.kubectl("delete", "inferencepool", "dry-old", "-n", "llm", "--dry-run=server")
+    deleted = api.kubectl("delete", "slp", "dry-old", "-n", "llm", "--dry-run=server")
     assert "deleted (server dry run)" in deleted.stdout
     assert stored(api, "dry-old", "{.spec.canary.stableRevision} {.metadata.resourceVersion}") == f"v1 {version}"
 
@@ -151,7 +167,7 @@ def test_strategic_merge_patch_is_refused_for_custom_resources_and_dry_run_for_b
     api.kubectl("apply", "-f", "-", stdin=pool_yaml("strategic"))
     refused = api.kubectl(
         "patch",
-        "inferencepool",
+        "slp",
         "strategic",
         "-n",
         "llm",
@@ -269,7 +285,7 @@ def test_a_namespace_name_must_be_a_dns_label(api: Stack) -> None:
 
 def test_label_keys_and_values_and_annotation_keys_are_checked(api: Stack) -> None:
     api.kubectl("apply", "-f", "-", stdin=pool_yaml("labelled"))
-    key = api.kubectl("label", "inferencepool", "labelled", "-n", "llm", "a/b/c=1", check=False)
+    key = api.kubectl("label", "slp", "labelled", "-n", "llm", "a/b/c=1", check=False)
     assert 'metadata.labels: Invalid value: "a/b/c": a qualified name must consist of alphanumeric characters' in (
         key.stderr
     )
@@ -282,11 +298,11 @@ def test_label_keys_and_values_and_annotation_keys_are_checked(api: Stack) -> No
         "(e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is "
         "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
     ) in value.stderr
-    annotation = api.kubectl("annotate", "inferencepool", "labelled", "-n", "llm", "Team_X/owner=me", check=False)
+    annotation = api.kubectl("annotate", "slp", "labelled", "-n", "llm", "Team_X/owner=me", check=False)
     assert 'metadata.annotations: Invalid value: "Team_X/owner": prefix part a lowercase RFC 1123 subdomain' in (
         annotation.stderr
     )
-    api.kubectl("label", "inferencepool", "labelled", "-n", "llm", "example.com/tier=front_1")
+    api.kubectl("label", "slp", "labelled", "-n", "llm", "example.com/tier=front_1")
     assert stored(api, "labelled", "{.metadata.labels.example\\.com/tier}") == "front_1"
 
 

@@ -33,11 +33,12 @@ def marked_commands(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Stack]]:
-    """A stack with its pool and pods' objects, and a directory that looks like the checkout after the demo."""
+    """A stack with its pool and pods' objects, and a directory that looks like the checkout after the demo. GIE's
+    InferencePool CRD is installed beside sluice's: the docs' commands must name sluice's kind unambiguously."""
     stack = Stack(Path(tmp_path_factory.mktemp("docs")), deadline_seconds=300)
     stack.workdir.mkdir(parents=True, exist_ok=True)
     try:
-        stack.start_apiserver()
+        stack.start_apiserver(with_gie=True)
         root = stack.workdir / "checkout"
         (root / "out" / "demo").mkdir(parents=True)
         (root / "out" / "demo" / "kubeconfig").symlink_to(stack.kubeconfig)

@@ -86,10 +86,10 @@ def start_operator_as_the_chart_deploys_it(stack: Stack) -> subprocess.Popen[byt
 
 def start_operator_and_wait_for_a_pass(stack: Stack, what: str) -> None:
     """Start the operator as the chart deploys it and wait until it has stamped the llama pool's status."""
-    before = (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
+    before = (get(stack, "slp", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
     start_operator_as_the_chart_deploys_it(stack)
     wait_until(
-        lambda: (get(stack, "inferencepool", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
+        lambda: (get(stack, "slp", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
         60,
         what,
     )
@@ -133,11 +133,9 @@ def test_the_operator_runs_a_canary_under_the_charts_rbac_with_the_deployments_a
     )
     pool = wait_until(
         lambda: (
-            ((get(stack, "inferencepool", "llama", "-n", "llm") or {}).get("status", {}).get("canary") or {}).get(
-                "weight", 0
-            )
+            ((get(stack, "slp", "llama", "-n", "llm") or {}).get("status", {}).get("canary") or {}).get("weight", 0)
             >= 10
-            and get(stack, "inferencepool", "llama", "-n", "llm")
+            and get(stack, "slp", "llama", "-n", "llm")
         ),
         60,
         "the canary's first step, by the operator running as the chart's service account",
@@ -186,7 +184,7 @@ def test_helm_uninstall_removes_the_release_and_keeps_the_crd_and_the_pools(stac
     assert get(stack, "clusterrole", f"{RELEASE}-sluice") is None
     assert get(stack, "serviceaccount", f"{RELEASE}-sluice", "-n", NAMESPACE) is None
     assert get(stack, "crd", "inferencepools.inference.sluice.dev") is not None  # helm.sh/resource-policy: keep
-    assert get(stack, "inferencepool", "llama", "-n", "llm") is not None
+    assert get(stack, "slp", "llama", "-n", "llm") is not None
 
 
 def test_a_namespaced_install_runs_the_operator_with_roles_in_the_watched_namespace_only(

@@ -128,6 +128,30 @@ class AuditFile:
                     log.flush()  # readers (the RBAC test) see every entry as soon as the burst is over
 
 
+BUILTIN_GROUP_PRIORITY = {
+    "apiregistration.k8s.io": 18000,
+    "apps": 17800,
+    "events.k8s.io": 17750,
+    "authentication.k8s.io": 17700,
+    "authorization.k8s.io": 17600,
+    "autoscaling": 17500,
+    "batch": 17400,
+    "certificates.k8s.io": 17300,
+    "networking.k8s.io": 17200,
+    "policy": 17100,
+    "rbac.authorization.k8s.io": 17000,
+    "storage.k8s.io": 16800,
+    "admissionregistration.k8s.io": 16700,
+    "apiextensions.k8s.io": 16700,
+    "scheduling.k8s.io": 16600,
+    "coordination.k8s.io": 16500,
+    "node.k8s.io": 16300,
+    "discovery.k8s.io": 16200,
+    "flowcontrol.apiserver.k8s.io": 16100,
+}
+"""Group priorities of kube-aggregator (pkg/controlplane/apiserver/aggregator.go apiVersionPriorities, 1.32)."""
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesScaffold):
     store: Store = attrs.field(factory=Store)
@@ -188,6 +212,16 @@ class ApiServer(kmock.KubernetesScaffold):
             "compiler": "gc",
             "platform": "linux/amd64",
         }
+
+    async def _serve_apis(self, request: Any) -> Any:
+        """APIGroupList in kube-apiserver's order: built-in groups by their priority (kube-aggregator's
+        apiVersionPriorities), then every CRD group (GroupPriorityMinimum 1000 each) by name — the order
+        kubectl's RESTMapper takes the first match in, so of two groups serving one plural the first by name wins
+        (`inferencepool` is GIE's inference.networking.k8s.io beside inference.sluice.dev)."""
+        answer = await super()._serve_apis(request)
+        groups = answer["groups"]
+        answer["groups"] = sorted(groups, key=lambda g: (-BUILTIN_GROUP_PRIORITY.get(g["name"], 1000), g["name"]))
+        return answer
 
     async def _serve_version(self, request: Any) -> dict[str, Any]:
         """APIResourceList as a real server writes it: subresources carry no short names or categories."""

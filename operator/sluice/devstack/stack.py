@@ -50,6 +50,11 @@ from sluice.istio.render import PoolRef, object_name, subset_name
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_ISTIO = ROOT.parent / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"
+SHARED_GIE = ROOT.parent / "shared" / "istio" / "gie-v1.6.0-inferencepool-crd.yaml"
+"""The Gateway API Inference Extension's InferencePool CRD (inference.networking.k8s.io): same kind, same plural."""
+POOL_RESOURCE = "inferencepools.inference.sluice.dev"
+"""sluice's pools as kubectl must name them where GIE is installed: its group sorts first, so the bare
+`inferencepool` resolves to GIE's kind."""
 SLUICE_CRD = ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml"
 PROMPT_WORDS = 2048
 
@@ -132,6 +137,7 @@ class Stack:
         self.deadline = time.monotonic() + deadline_seconds
         self.processes: list[subprocess.Popen[bytes]] = []
         self._services: list[subprocess.Popen[bytes]] = []
+        self._service_names: set[str] = set()
         """The API server and Prometheus: `close` stops them after everything else."""
         self._closing = False
         """Set by `close`: nothing is started from then on."""
@@ -215,8 +221,12 @@ class Stack:
 
     # ------------------------------------------------------------------------------------ API server
 
-    def start_apiserver(self) -> None:
+    def start_apiserver(self, with_gie: bool = False) -> None:
+        """The API emulator with sluice's and Istio's CRDs (and GIE's InferencePool CRD beside sluice's when
+        `with_gie`, as on a cluster running the Gateway API Inference Extension)."""
         crds = [str(self.sluice_crd)] if self.sluice_crd else []
+        if with_gie:
+            crds.append(str(SHARED_GIE))
         if SHARED_ISTIO.exists():
             crds.append(str(SHARED_ISTIO))
         else:
@@ -260,8 +270,8 @@ class Stack:
         return result
 
     def patch_pool(self, name: str, patch: dict[str, Any]) -> None:
-        """`kubectl patch inferencepool NAME --type merge -p PATCH`, as a user would."""
-        self.kubectl("patch", "inferencepool", name, "-n", self.namespace, "--type", "merge", "-p", json.dumps(patch))
+        """`kubectl patch inferencepools.inference.sluice.dev NAME --type merge -p PATCH`, as a user would."""
+        self.kubectl("patch", POOL_RESOURCE, name, "-n", self.namespace, "--type", "merge", "-p", json.dumps(patch))
 
     # ------------------------------------------------------------------------------------ Prometheus
 
@@ -349,9 +359,29 @@ class Stack:
             },
         }
         self.core.create_namespaced_pod(self.namespace, manifest)
+        self._ensure_service(spec.app)
         self._start_server(state)
         self._report(state)
         self.write_targets()
+
+    def _ensure_service(self, app: str) -> None:
+        """The Service clients call, as a user's manifest would have it: named after the app, port 8000 named
+        http (Istio reads the protocol from the name)."""
+        assert self.core is not None
+        if app in self._service_names:
+            return
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": app, "labels": {"app": app}},
+            "spec": {"selector": {"app": app}, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]},
+        }
+        try:
+            self.core.create_namespaced_service(self.namespace, manifest)
+        except k8s.ApiException as failure:
+            if failure.status != 409:
+                raise
+        self._service_names.add(app)
 
     def add_server(self, spec: PodSpec) -> None:
         """A model server scraped by Prometheus, without a pod in the API (for the Envoy benchmark)."""
