@@ -274,6 +274,20 @@ POSITIVE_DURATIONS = [
     ),
 ]
 BAD += [
+    (
+        "every namespace listed with others",
+        {"routing": {"clientNamespaces": ["*", "team-a"]}},
+        "spec.routing.clientNamespaces",
+        "'*' (every namespace) cannot be listed with other namespaces",
+    ),
+    (
+        "gateway namespace not among the client namespaces",
+        {"routing": {"clientNamespaces": ["team-a"], "gateways": ["mesh", "edge/public"]}},
+        "spec.routing.clientNamespaces",
+        "list the namespace of every '<namespace>/<name>' gateway in clientNamespaces",
+    ),
+]
+BAD += [
     (f"{section}.{name} zero", spec, f"spec.{section}.{name}", "must be greater than 0s")
     for section, name, spec in POSITIVE_DURATIONS
 ]
@@ -440,6 +454,35 @@ SCHEMA_BAD = [
         "at most 64",
     ),
     ("query longer than 8192", {"metrics": {"queries": {"ttft": "q" * 8193}}}, "spec.metrics.queries.ttft", "8192"),
+    # host names no proxy resolves: an empty label, upper case, a trailing dot
+    (
+        "cluster domain with an empty label",
+        {"routing": {"clusterDomain": "cluster..local"}},
+        "spec.routing.clusterDomain",
+        "",
+    ),
+    ("cluster domain in upper case", {"routing": {"clusterDomain": "Cluster.Local"}}, "spec.routing.clusterDomain", ""),
+    (
+        "cluster domain ending in a dot",
+        {"routing": {"clusterDomain": "cluster.local."}},
+        "spec.routing.clusterDomain",
+        "",
+    ),
+    # exportTo syntax: '~' hides (Istio refuses it on VirtualService), './x' is no namespace
+    ("client namespace '~'", {"routing": {"clientNamespaces": ["~"]}}, "spec.routing.clientNamespaces[0]", ""),
+    (
+        "client namespace with a slash",
+        {"routing": {"clientNamespaces": ["./x"]}},
+        "spec.routing.clientNamespaces[0]",
+        "",
+    ),
+    (
+        "client namespace in upper case",
+        {"routing": {"clientNamespaces": ["Team-A"]}},
+        "spec.routing.clientNamespaces[0]",
+        "",
+    ),
+    ("gateway with two slashes", {"routing": {"gateways": ["a/b/c"]}}, "spec.routing.gateways[0]", ""),
 ]
 
 

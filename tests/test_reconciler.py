@@ -528,6 +528,7 @@ def test_istio_synced_keeps_its_transition_time_and_sits_with_the_other_conditio
         "MetricsAvailable",
         "SignalsReady",
         "Degraded",
+        "MeshReach",
         "IstioSynced",
     ]
 

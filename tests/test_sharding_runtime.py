@@ -337,7 +337,7 @@ def test_pool_deletion_writes_through_the_fence() -> None:
     released: list[Any] = []
 
     class Lapsing(MemoryCluster):
-        def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
+        def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
             clock.now += 9.0  # the Lease lapses while the owned objects are listed
             return [ObjectKey("ServiceEntry", "sluice-llama")]
 

@@ -109,8 +109,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     previous = parse_state(args.state, pool)
     now = parse_now(args.now)
     meta = pool.metadata
-    plan = plan_pass(pool.spec, meta.generation, observed, previous, now)
     ref = PoolRef(meta.name, meta.namespace, meta.uid)
+    plan = plan_pass(pool.spec, meta.generation, observed, previous, now, pool=ref.id)
     objects = render(ref, pool.spec, plan)
     if plan.publish:
         sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))

@@ -35,6 +35,7 @@ from sluice.api.memory import remembered
 from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot, parse_snapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION, Condition, InferencePoolStatus, SignalChecks
+from sluice.core.mesh import PoolId
 from sluice.core.observed import Observed, SignalSnapshot
 from sluice.core.reconcile import plan_pass
 from sluice.core.signalcheck import screen
@@ -170,7 +171,10 @@ def cmd_plan(session: Session, args: argparse.Namespace) -> int:
         collected_at=status.last_reconcile_time,
         pods={row.pod: row.signals for row in status.endpoints},
     )
-    plan = plan_pass(snapshot.spec, snapshot.meta.generation, Observed(pods=pods, signals=last), status, now)
+    mesh = cluster.mesh(snapshot.meta.namespace, snapshot.spec)
+    seen = Observed(pods=pods, signals=last, mesh=mesh)
+    pool_id = PoolId(snapshot.meta.name, snapshot.meta.namespace)
+    plan = plan_pass(snapshot.spec, snapshot.meta.generation, seen, status, now, pool=pool_id)
     before = {name: row.weight for name, row in remembered(status).items()}
     sys.stdout.write(f"what a pass would do now ({now.isoformat()}), from the live pods and the signals last seen:\n")
     if status.endpoint_summary is not None and status.endpoint_summary.listed < status.endpoint_summary.pods:

@@ -23,6 +23,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [secrets]
   verbs: [get]
 - apiGroups: [""]
+  # the pool's Service: its port's protocol, exportTo annotation and waypoint label (status.mesh)
+  resources: [services]
+  verbs: [get]
+- apiGroups: [networking.istio.io]
+  # client namespaces' Sidecars: whether their egress hosts hide the pool's hosts (status.mesh)
+  resources: [sidecars]
+  verbs: [list]
+- apiGroups: [""]
   resources: [events]
   verbs: [create]
 - apiGroups: [inference.sluice.dev]

@@ -12,7 +12,7 @@ def format_validation_error(kind: str, name: str, error: ValidationError) -> str
     """API-server style: `InferencePool "x" is invalid: spec.canary.steps: Invalid value: ...`."""
     details = []
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "(root)"
+        path = _path(item["loc"]) or "(root)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "missing":
             details.append(f"{path}: Required value")
@@ -21,6 +21,14 @@ def format_validation_error(kind: str, name: str, error: ValidationError) -> str
         else:
             details.append(f"{path}: Invalid value: {_describe(item.get('input'))}: {message}")
     return f'{kind} "{name}" is invalid: ' + "; ".join(details)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    """A field path as kube-apiserver writes it: names joined by dots, list indexes in brackets (`gateways[0]`)."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
 
 
 def _describe(value: Any) -> str:

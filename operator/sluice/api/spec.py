@@ -13,7 +13,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from sluice.api.base import (
+    DNS_1123_LABEL,
     DNS_LABEL,
+    DNS_SUBDOMAIN,
     LABEL_KEY,
     LABEL_VALUE,
     LABEL_VALUE_MAX_LENGTH,
@@ -563,12 +565,20 @@ class SessionAffinitySpec(ApiModel):
 
 
 class LeastRequestSpec(ApiModel):
-    choice_count: int = Field(default=2, ge=2, le=10, description="Hosts sampled per pick when weights are equal.")
+    choice_count: int = Field(
+        default=2,
+        ge=2,
+        le=10,
+        description="Hosts sampled per pick, used only while every endpoint weight is equal: with routing."
+        "endpointWeights the weights differ, Envoy (1.38 to 1.40) picks by weighted EDF and never reads it "
+        "(the pool's SpecValid condition says so when it is set to anything but 2).",
+    )
     active_request_bias: float = Field(
         default=1.0,
         ge=0,
         le=4,
-        description="Exponent of (active+1) dividing a weight; 0 is weighted round robin.",
+        description="Exponent of (active+1) dividing a weight under weighted EDF (unequal weights); 0 is weighted "
+        "round robin. Envoy 1.38 to 1.40 ignore it while every weight is equal.",
     )
 
 
@@ -600,8 +610,43 @@ class RetrySpec(ApiModel):
     )
 
 
+def _gateways_exported(routing: RoutingSpec) -> bool:
+    names = routing.client_namespaces
+    if names is None or "*" in names:
+        return True
+    return all(gateway.partition("/")[0] in names for gateway in routing.gateways if "/" in gateway)
+
+
+MAX_NAMESPACES = 64
+ClientNamespace = Annotated[str, Field(max_length=63, pattern=r"^([*.]|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$")]
+"""An exportTo entry sluice accepts: '.', '*' or a namespace name."""
+Gateway = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=317,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    ),
+]
+"""A VirtualService gateway reference: 'mesh', '<name>' or '<namespace>/<name>'."""
+
+
 class RoutingSpec(ApiModel):
     rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!self.exists(n, n == '*') || size(self) == 1",
+            message="'*' (every namespace) cannot be listed with other namespaces",
+            check=lambda names: "*" not in names or len(names) == 1,
+            on="client_namespaces",
+        ),
+        Rule(
+            cel="!has(self.clientNamespaces) || self.clientNamespaces.exists(n, n == '*') || self.gateways.all(g, "
+            "g.indexOf('/') < 0 || g.substring(0, g.indexOf('/')) in self.clientNamespaces)",
+            message="a gateway in another namespace only sees sluice's routing if that namespace is exported to: "
+            "list the namespace of every '<namespace>/<name>' gateway in clientNamespaces",
+            check=_gateways_exported,
+            field_path=".clientNamespaces",
+        ),
         Rule(
             cel="!has(self.sessionAffinity) || !has(self.leastRequest)",
             message="sessionAffinity (consistent hash) replaces least-request: set one of them",
@@ -638,9 +683,38 @@ class RoutingSpec(ApiModel):
     least_request: LeastRequestSpec | None = Field(
         default=None, description="Envoy least-request tuning, applied with an EnvoyFilter CLUSTER patch."
     )
-    gateways: list[str] = Field(default=["mesh"], min_length=1, description="Gateways the routing applies to.")
+    gateways: list[Gateway] = Field(
+        default=["mesh"],
+        min_length=1,
+        max_length=MAX_NAMESPACES,
+        description="Where the routing applies, as in a VirtualService: 'mesh' (every sidecar) and gateways as "
+        "'<namespace>/<name>' or '<name>' (the pool's namespace).",
+    )
+    client_namespaces: list[ClientNamespace] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAMESPACES,
+        description="Namespaces whose proxies (sidecars and gateway deployments) call the Service: '.' (the pool's "
+        "own), namespace names, or '*' (every namespace) alone. Sets exportTo on every object sluice writes (the "
+        "pool's own namespace always included) and where the EnvoyFilters go: one copy in each listed namespace, "
+        "or one in routing.rootNamespace for '*' (pushed to every proxy of the mesh at each change). Unset: "
+        "exported as the Service is (its networking.istio.io/exportTo annotation, else every namespace), "
+        "EnvoyFilters in the pool's namespace only, and status.mesh says which proxies that reaches.",
+    )
+    root_namespace: str = Field(
+        default="istio-system",
+        max_length=63,
+        pattern=DNS_1123_LABEL,
+        description="The mesh's root namespace (meshConfig.rootNamespace): where EnvoyFilters go for "
+        "clientNamespaces ['*'].",
+    )
     cluster_domain: str = Field(
-        default="cluster.local", min_length=1, description="Cluster DNS domain used to build service host names."
+        default="cluster.local",
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="Cluster DNS domain used to build service host names: a DNS name (lowercase labels joined by "
+        "single dots).",
     )
     adopt_existing: bool = Field(
         default=False, description="Take over Istio objects of the same names that sluice did not create."

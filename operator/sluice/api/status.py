@@ -244,6 +244,36 @@ class SignalChecks(StatusModel):
     signals: list[SignalCheck] = Field(default_factory=list, description="One entry per signal.")
 
 
+DataplaneMode = Literal["sidecar", "ambient", "ambient-waypoint", "unknown"]
+
+
+class MeshStatus(StatusModel):
+    """Which proxies the pool's Istio objects reach, as read from its Service, namespace and client Sidecars."""
+
+    dataplane: DataplaneMode = Field(
+        default="unknown",
+        description="sidecar: the pool's namespace is not ambient; ambient: ztunnel only (sluice's routing reaches "
+        "sidecar and gateway clients, not ambient ones); ambient-waypoint: the Service uses a waypoint, which gets "
+        "the VirtualService and the ServiceEntry; unknown: the mesh side was not read.",
+    )
+    waypoint: str | None = Field(default=None, description="The waypoint the Service uses (istio.io/use-waypoint).")
+    service_port: str | None = Field(
+        default=None, description="The Service port clients call, as '<name or number>/<Istio protocol>'."
+    )
+    protocol: str | None = Field(default=None, description="The ServiceEntry port's protocol sluice renders.")
+    export_to: list[str] = Field(
+        default_factory=list, description="exportTo on every object sluice writes: which namespaces see them."
+    )
+    envoy_filter_namespaces: list[str] = Field(
+        default_factory=list,
+        description="Where the pool's EnvoyFilters are written (they reach the proxies of these namespaces; the "
+        "root namespace reaches every proxy); empty when none is rendered.",
+    )
+    findings: list[str] = Field(
+        default_factory=list, description="What in the mesh keeps some clients from sluice's routing, in words."
+    )
+
+
 class InferencePoolStatus(StatusModel):
     observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="metav1.Condition list.")
@@ -259,6 +289,9 @@ class InferencePoolStatus(StatusModel):
     )
     endpoint_summary: EndpointSummary | None = Field(
         default=None, description="Counts over every pod; set when endpoints does not list every pod."
+    )
+    mesh: MeshStatus | None = Field(
+        default=None, description="Which proxies the pool's routing reaches (the MeshReach condition's findings)."
     )
     signal_checks: SignalChecks | None = Field(
         default=None,

@@ -118,8 +118,56 @@ class SignalSnapshot(ApiModel):
     )
 
 
+class ServicePort(ApiModel):
+    """One port of the Kubernetes Service, as its spec.ports entry has it."""
+
+    port: int = Field(ge=1, le=65535, description="The port clients call.")
+    name: str | None = Field(default=None, description="The port's name (Istio reads a protocol prefix from it).")
+    app_protocol: str | None = Field(default=None, description="spec.ports[].appProtocol (wins over the name).")
+    protocol: str = Field(default="TCP", description="The L4 protocol: TCP, UDP or SCTP.")
+    target_port: int | str | None = Field(default=None, description="The pods' port, a number or a port name.")
+
+
+class ObservedService(ApiModel):
+    """The pool's Kubernetes Service: its ports and the labels and annotations Istio reads from it."""
+
+    name: str = Field(description="The Service's name.")
+    ports: list[ServicePort] = Field(default_factory=list, description="spec.ports.")
+    labels: dict[str, str] = Field(default_factory=dict, description="metadata.labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="metadata.annotations.")
+
+
+class ObservedSidecar(ApiModel):
+    """An Istio `Sidecar` in a client namespace: its egress hosts decide what its proxies see."""
+
+    namespace: str = Field(description="Its namespace.")
+    name: str = Field(description="Its name.")
+    selects_workloads: bool = Field(
+        default=False, description="It has a workloadSelector (applies to some pods of its namespace only)."
+    )
+    egress_hosts: list[list[str]] | None = Field(
+        default=None, description="The hosts of each egress listener; None: no egress section (everything seen)."
+    )
+
+
+class ObservedMesh(ApiModel):
+    """What the mesh side of the cluster says about the pool: its Service, its namespace, client Sidecars."""
+
+    service: ObservedService | None = Field(default=None, description="The Service; None when it does not exist.")
+    namespace_labels: dict[str, str] = Field(default_factory=dict, description="The pool namespace's labels.")
+    sidecars: list[ObservedSidecar] = Field(
+        default_factory=list, description="Sidecar resources in the namespaces of the pool's clients."
+    )
+    failed: str | None = Field(default=None, description="Why the mesh side could not be read (then not judged).")
+
+
 class Observed(ApiModel):
     """Input of one pass; also the format of `sluice plan --observed`."""
 
     pods: list[ObservedPod] = Field(default_factory=list, description="Pods matching the pool's selector.")
     signals: SignalSnapshot = Field(default_factory=SignalSnapshot, description="Signals per pod.")
+    mesh: ObservedMesh | None = Field(
+        default=None,
+        description="The pool's Service, namespace and client Sidecars; None: not observed (the Service's port "
+        "is taken as HTTP and exported everywhere, and status.mesh says it was not checked).",
+    )

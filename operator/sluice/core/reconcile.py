@@ -27,6 +27,7 @@ from sluice.core.canary import CanaryOutcome, Mirror, RevisionStats, enabled_gat
 from sluice.core.events import Event, derive_events
 from sluice.core.evidence import judge_metrics
 from sluice.core.headroom import PodHeadroom
+from sluice.core.mesh import TLS_MODE_LABEL, MeshPlan, PoolId, assess
 from sluice.core.observed import Observed
 from sluice.core.presets import supported_signals
 from sluice.core.signalcheck import screen
@@ -45,6 +46,8 @@ class EndpointWeight:
     revision: str | None
     weight: int
     service_account: str | None = None
+    tls_mode: str | None = None
+    """The pod's `security.istio.io/tlsMode` label (istio: it has a sidecar); None when it has none."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class Plan:
     previous: InferencePoolStatus | None = field(default=None, repr=False)
     mirror: Mirror | None = None
     """Shadow canary: the request mirror to render on the route (its percent is `status.canary.mirrorPercent`)."""
+    mesh: MeshPlan = field(default_factory=MeshPlan)
+    """What the mesh side allows to render (`sluice.core.mesh`); a refusal there means nothing is published."""
 
     @property
     def events(self) -> tuple[Event, ...]:
@@ -74,7 +79,9 @@ def plan_pass(
     previous: InferencePoolStatus | None,
     now: datetime,
     operation: Operation | None = None,
+    pool: PoolId | None = None,
 ) -> Plan:
+    """`pool` names the pool whose mesh side `observed.mesh` describes (without it, the mesh is not judged)."""
     pods = sorted((p for p in observed.pods if selects(spec, p)), key=lambda p: p.name)
     screened = screen(spec, observed.signals, [p.name for p in pods if not not_routable_because(p)], now)
     signals = screened.snapshot
@@ -93,11 +100,13 @@ def plan_pass(
     rows = [render_row(spec, v, allocations[v.name], now) for v in verdicts]
     eligible = [v for v in verdicts if v.eligible]
     routable = [v for v in eligible if allocations[v.name].routable]
+    mesh = assess(spec, pool, observed.mesh, bool(canary.weights))
     wants = [
-        conditions.ready(len(routable), len(eligible)),
-        conditions.spec_valid(gate_warnings(spec)),
+        conditions.ready(len(routable), len(eligible), mesh.refusal),
+        conditions.spec_valid(gate_warnings(spec), routing_warnings(spec)),
         conditions.metrics_available(metrics.usable, metrics.reason, metrics.message),
         conditions.signals_ready(*screened.ready),
+        mesh.condition(),
     ]
     if canary.status is not None:
         wants += [conditions.progressing(canary.status), conditions.split_forced(canary.status)]
@@ -111,6 +120,7 @@ def plan_pass(
             "canary": canary.status,
             "endpoints": rows,
             "signal_checks": screened.checks,
+            "mesh": mesh.status(),
             "last_reconcile_time": now,
         }
     )
@@ -119,15 +129,35 @@ def plan_pass(
     return Plan(
         status=status,
         endpoints=tuple(
-            EndpointWeight(v.name, v.pod.ip or "", v.revision, allocations[v.name].weight, v.pod.service_account)
+            EndpointWeight(
+                v.name,
+                v.pod.ip or "",
+                v.revision,
+                allocations[v.name].weight,
+                v.pod.service_account,
+                v.pod.labels.get(TLS_MODE_LABEL),
+            )
             for v in routable
         ),
         revision_weights=canary.weights,
         revisions=tuple(sorted({v.revision for v in verdicts if v.revision is not None})),
-        publish=bool(routable),
+        publish=bool(routable) and mesh.refusal is None,
         previous=previous,
         mirror=canary.mirror,
+        mesh=mesh,
     )
+
+
+def routing_warnings(spec: InferencePoolSpec) -> tuple[str, ...]:
+    """Routing settings Envoy will not act on as written."""
+    least = spec.routing.least_request
+    if least is not None and spec.routing.endpoint_weights and least.choice_count != 2:
+        return (
+            f"routing.leastRequest.choiceCount {least.choice_count} has no effect: with per-pod endpoint weights "
+            "Envoy picks by weighted EDF (weight / (active+1)^activeRequestBias) and samples choiceCount hosts only "
+            "while every weight is equal",
+        )
+    return ()
 
 
 def gate_warnings(spec: InferencePoolSpec) -> list[str]:

@@ -30,6 +30,7 @@ CONDITION_TYPES = (
     "Degraded",
     "Progressing",
     "SplitForced",
+    "MeshReach",
     "IstioSynced",
 )
 
@@ -85,7 +86,9 @@ def _order(type_: str) -> int:
 # ------------------------------------------------------------------------------------ one builder per concern
 
 
-def ready(routable: int, eligible: int) -> Want:
+def ready(routable: int, eligible: int, refused: str | None = None) -> Want:
+    if refused is not None:
+        return Want("Ready", "False", "MeshRefused", f"nothing is published: {refused}")
     if routable:
         return Want("Ready", "True", "WeightsPublished", f"{routable} of {eligible} ready pods routable")
     if eligible:
@@ -98,9 +101,12 @@ def ready(routable: int, eligible: int) -> Want:
     return Want("Ready", "False", "NoReadyPods", "no pod is ready: the mesh keeps its last configuration")
 
 
-def spec_valid(gate_warnings: list[str]) -> Want:
+def spec_valid(gate_warnings: list[str], inert: tuple[str, ...] = ()) -> Want:
+    """Accepted; gates that can never pass, then settings Envoy will not act on, are named."""
     if gate_warnings:
-        return Want("SpecValid", "True", "GatesWithoutData", "; ".join(gate_warnings))
+        return Want("SpecValid", "True", "GatesWithoutData", "; ".join([*gate_warnings, *inert]))
+    if inert:
+        return Want("SpecValid", "True", "SettingWithoutEffect", "; ".join(inert))
     return Want("SpecValid", "True", "Valid", "spec accepted")
 
 
@@ -191,6 +197,15 @@ def istio_synced(refused: list[str], failed: list[str], total: int) -> Want:
 NOTHING_TO_PUBLISH = Want(
     "IstioSynced", "Unknown", "NothingToPublish", "no routable pod: the mesh keeps its last configuration"
 )
+
+
+def not_published(refused: str | None) -> Want:
+    """IstioSynced for a pass that publishes nothing: no routable pod, or the mesh side refused the routing."""
+    if refused is None:
+        return NOTHING_TO_PUBLISH
+    return Want(
+        "IstioSynced", "Unknown", "MeshRefused", f"nothing written, the mesh keeps its configuration: {refused}"
+    )
 
 
 def reconcile_failed(message: str) -> Want:

@@ -29,15 +29,16 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec
 from sluice.core.events import Event
-from sluice.core.observed import ObservedPod
+from sluice.core.observed import ObservedMesh, ObservedPod, ObservedService, ObservedSidecar, ServicePort
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.istio.kinds import ISTIO_KINDS
 from sluice.istio.ownership import (
     MANAGED_BY,
     ORIGINAL_ANNOTATION,
     POOL_LABEL,
+    POOL_NAMESPACE_LABEL,
     as_adopted,
     decide,
     drifted,
@@ -66,6 +67,42 @@ def _fenced() -> Iterator[float | None]:
         return
     with fence() as seconds:
         yield seconds
+
+
+SIDECARS = ("networking.istio.io", "v1", "sidecars")
+MESH_SECONDS = 30.0
+"""How long a read of the mesh side (Service, namespace labels, Sidecars) is used before it is read again."""
+
+
+def observed_service(service: dict[str, Any]) -> ObservedService:
+    meta, spec = service.get("metadata") or {}, service.get("spec") or {}
+    ports = [
+        ServicePort(
+            port=int(port["port"]),
+            name=port.get("name"),
+            app_protocol=port.get("appProtocol"),
+            protocol=str(port.get("protocol") or "TCP"),
+            target_port=port.get("targetPort"),
+        )
+        for port in spec.get("ports") or []
+    ]
+    return ObservedService(
+        name=str(meta.get("name") or ""),
+        ports=ports,
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+    )
+
+
+def observed_sidecar(sidecar: dict[str, Any]) -> ObservedSidecar:
+    meta, spec = sidecar.get("metadata") or {}, sidecar.get("spec") or {}
+    egress = spec.get("egress")
+    return ObservedSidecar(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        selects_workloads=bool((spec.get("workloadSelector") or {}).get("labels")),
+        egress_hosts=None if not egress else [list(listener.get("hosts") or []) for listener in egress],
+    )
 
 
 def observed_pod(pod: dict[str, Any]) -> ObservedPod:
@@ -184,6 +221,9 @@ class KubeCluster:
         """Pods from the operator's own pod watch; `pods` lists each namespace once to seed it (every call, if None)."""
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
+        self.mesh_seconds = MESH_SECONDS
+        self._mesh_reads: dict[tuple[str, ...], tuple[float, Any]] = {}
+        """(what, namespace, name) -> (monotonic time read, answer): the mesh side, read again after mesh_seconds."""
 
     def close(self) -> None:
         self.api_client.close()
@@ -240,6 +280,62 @@ class KubeCluster:
             raise
         cache.finish_seed(namespace, items)
 
+    def mesh(self, namespace: str, spec: InferencePoolSpec) -> ObservedMesh | None:
+        """The pool's Service, its namespace's labels, and every Sidecar the operator may list (cluster-wide, else
+        the pool's and its client namespaces'), each read at most every `mesh_seconds`. A Sidecar kind that is not
+        installed lists nothing."""
+        try:
+            service = self._read(("service", namespace, spec.service), lambda: self._service(namespace, spec.service))
+            labels = self._read(("namespace", namespace), lambda: self._namespace_labels(namespace))
+            sidecars = self._read(("sidecars", namespace), lambda: self._sidecars(namespace, spec))
+        except ClusterError as failure:
+            return ObservedMesh(failed=f"{failure.status} {failure.reason}")
+        return ObservedMesh(service=service, namespace_labels=labels, sidecars=sidecars)
+
+    def _read(self, key: tuple[str, ...], read: Callable[[], T]) -> T:
+        kept = self._mesh_reads.get(key)
+        if kept is not None and time.monotonic() - kept[0] < self.mesh_seconds:
+            return cast(T, kept[1])
+        answer = read()
+        self._mesh_reads[key] = (time.monotonic(), answer)
+        return answer
+
+    def _service(self, namespace: str, name: str) -> ObservedService | None:
+        try:
+            answer = self.core.read_namespaced_service(name, namespace, _preload_content=False)
+        except ApiException as failure:
+            if failure.status == 404:
+                return None
+            raise ClusterError(int(failure.status or 0), f"Service {namespace}/{name}: {failure.reason}") from failure
+        return observed_service(_json(answer))
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str]:
+        answer = _call(lambda: self.core.read_namespace(namespace, _preload_content=False))
+        return dict((_json(answer).get("metadata") or {}).get("labels") or {})
+
+    def _sidecars(self, namespace: str, spec: InferencePoolSpec) -> list[ObservedSidecar]:
+        items: list[dict[str, Any]] = []
+        try:
+            items = _json(self.custom.list_cluster_custom_object(*SIDECARS, _preload_content=False)).get("items", [])
+        except ApiException as failure:
+            if failure.status == 404:
+                return []  # Istio's Sidecar kind is not installed
+            if failure.status != 403:
+                raise ClusterError(int(failure.status or 0), f"Sidecars: {failure.reason}") from failure
+            # namespace-scoped install: the namespaces it may read
+            names = {namespace, spec.routing.root_namespace, *(spec.routing.client_namespaces or ())} - {".", "*"}
+            for where in sorted(names):
+                try:
+                    answer = self.custom.list_namespaced_custom_object(
+                        SIDECARS[0], SIDECARS[1], where, SIDECARS[2], _preload_content=False
+                    )
+                except ApiException as denied:
+                    if denied.status in (403, 404):
+                        continue
+                    raise ClusterError(int(denied.status or 0), f"Sidecars: {denied.reason}") from denied
+                items += _json(answer).get("items", [])
+        return [observed_sidecar(item) for item in items]
+
     def secret_key(self, namespace: str, name: str, key: str) -> str:
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
@@ -262,7 +358,7 @@ class KubeCluster:
             raise ClusterError(int(failure.status or 0), str(failure.reason or "error")) from failure
         return cast(dict[str, Any], _json(answer))
 
-    def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
+    def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
         selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, POOL_LABEL: pool}.items())
         keys = []
         for k in ISTIO_KINDS.values():
@@ -272,6 +368,22 @@ class KubeCluster:
                 )
             )
             keys += [ObjectKey(k.kind, item["metadata"]["name"]) for item in _json(answer).get("items", [])]
+        filters = ISTIO_KINDS["EnvoyFilter"]
+        elsewhere_selector = f"{selector},{POOL_NAMESPACE_LABEL}={namespace}"
+        for where in sorted(elsewhere - {namespace}):
+            answer = _call(
+                lambda where=where: self.custom.list_namespaced_custom_object(  # type: ignore[misc]
+                    filters.group,
+                    filters.version,
+                    where,
+                    filters.plural,
+                    label_selector=elsewhere_selector,
+                    _preload_content=False,
+                )
+            )
+            keys += [
+                ObjectKey(filters.kind, item["metadata"]["name"], where) for item in _json(answer).get("items", [])
+            ]
         return keys
 
     # ---- writes
@@ -345,6 +457,7 @@ class KubeCluster:
             _discard(answer)
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
+        namespace = key.namespace or namespace
         self._verified.pop((namespace, key.kind, key.name), None)
         live = self._get(key.kind, namespace, key.name)
         if live is None:

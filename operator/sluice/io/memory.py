@@ -12,10 +12,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.events import Event
-from sluice.core.observed import ObservedPod
+from sluice.core.observed import ObservedMesh, ObservedPod
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
-from sluice.istio.ownership import MANAGED_BY, POOL_LABEL, decide, release
+from sluice.istio.ownership import MANAGED_BY, POOL_LABEL, POOL_NAMESPACE_LABEL, decide, release
 
 
 @dataclass
@@ -30,6 +31,8 @@ class MemoryCluster:
     failures: dict[str, ClusterError] = field(default_factory=dict)
     """Method name -> the error its next calls raise (until removed)."""
     calls: deque[str] = field(default_factory=lambda: deque(maxlen=10000))
+    mesh_view: ObservedMesh | None = None
+    """What `mesh` answers (None: the mesh side is not observed)."""
 
     def _enter(self, method: str) -> None:
         self.calls.append(method)
@@ -62,25 +65,35 @@ class MemoryCluster:
             return WriteResult(kind, name, "restored", f"{kind} {namespace}/{name} given back to its owner")
         return WriteResult(kind, name, "created" if live is None else "updated")
 
-    def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
+    def mesh(self, namespace: str, spec: InferencePoolSpec) -> ObservedMesh | None:
+        self._enter("mesh")
+        return self.mesh_view
+
+    def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
         self._enter("owned")
         wanted = {**MANAGED_BY, POOL_LABEL: pool}
-        return [
-            ObjectKey(kind, name)
-            for (ns, kind, name), obj in sorted(self.objects.items())
-            if ns == namespace and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
-        ]
+        keys = []
+        for (ns, kind, name), obj in sorted(self.objects.items()):
+            labels = obj["metadata"].get("labels") or {}
+            if not all(labels.get(k) == v for k, v in wanted.items()):
+                continue
+            if ns == namespace:
+                keys.append(ObjectKey(kind, name))
+            elif ns in elsewhere and kind == "EnvoyFilter" and labels.get(POOL_NAMESPACE_LABEL) == namespace:
+                keys.append(ObjectKey(kind, name, ns))
+        return keys
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
         self._enter("release")
-        live = self.objects.get((namespace, key.kind, key.name))
+        where = key.namespace or namespace
+        live = self.objects.get((where, key.kind, key.name))
         if live is None:
             return WriteResult(key.kind, key.name, "unchanged")
         decision = release(live)
         if decision.action == "restore" and decision.body is not None:
-            self.objects[(namespace, key.kind, key.name)] = decision.body
+            self.objects[(where, key.kind, key.name)] = decision.body
             return WriteResult(key.kind, key.name, "restored")
-        del self.objects[(namespace, key.kind, key.name)]
+        del self.objects[(where, key.kind, key.name)]
         return WriteResult(key.kind, key.name, "pruned")
 
     def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.events import Event
-from sluice.core.observed import ObservedPod, SignalSnapshot
+from sluice.core.observed import ObservedMesh, ObservedPod, SignalSnapshot
 
 WriteAction = Literal["created", "updated", "unchanged", "refused", "pruned", "restored"]
 
@@ -40,6 +40,8 @@ class PromAuth:
 class ObjectKey:
     kind: str
     name: str
+    namespace: str | None = None
+    """None: the pool's namespace; set for an EnvoyFilter written for clients in another namespace."""
 
 
 class ClusterError(Exception):
@@ -61,11 +63,17 @@ class Cluster(Protocol):
     def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
         """Write `desired` if it differs and sluice may (ours, or adopted when `adopt`); refuse a foreign one."""
 
-    def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
-        """Every Istio object labelled for this pool and managed by sluice (ours and adopted)."""
+    def mesh(self, namespace: str, spec: InferencePoolSpec) -> ObservedMesh | None:
+        """The pool's Service, its namespace's labels and the Sidecars of its clients (None: not observed here);
+        a failed read is `ObservedMesh(failed=...)`, never raised."""
+
+    def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
+        """Every Istio object labelled for this pool and managed by sluice (ours and adopted), in its namespace
+        and the EnvoyFilters it wrote in the namespaces `elsewhere`."""
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
-        """Stop owning an object: delete ours, give an adopted one its original back."""
+        """Stop owning an object (in `key.namespace`, else `namespace`): delete ours, give an adopted one its
+        original back."""
 
     def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
 

@@ -19,6 +19,9 @@ from typing import Any, Literal
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sluice"}
 POOL_LABEL = "sluice.dev/pool"
+POOL_NAMESPACE_LABEL = "sluice.dev/pool-namespace"
+"""The pool's namespace, on every object: an EnvoyFilter written for clients in another namespace names its pool
+by both labels (two pools of one name in two namespaces stay apart)."""
 ORIGINAL_ANNOTATION = "sluice.dev/original"
 
 Ownership = Literal["absent", "ours", "adopted", "foreign"]

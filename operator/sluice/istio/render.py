@@ -20,13 +20,22 @@ from typing import Any
 
 from sluice.api.durations import format_duration
 from sluice.api.v1alpha1 import API_VERSION, KIND, InferencePoolSpec
+from sluice.core.mesh import (
+    ENDPOINT_PORT_NAME,
+    TLS_MODE_LABEL,
+    USE_WAYPOINT_LABEL,
+    USE_WAYPOINT_NAMESPACE_LABEL,
+    PoolId,
+    needs_route,
+)
+from sluice.core.mesh import endpoints_host as _endpoints_host
+from sluice.core.mesh import service_host as _service_host
 from sluice.core.reconcile import Plan
 from sluice.istio.kinds import DESTINATION_RULE, ENVOY_FILTER, SERVICE_ENTRY, VIRTUAL_SERVICE
-from sluice.istio.ownership import MANAGED_BY, POOL_LABEL
+from sluice.istio.ownership import MANAGED_BY, POOL_LABEL, POOL_NAMESPACE_LABEL
 
 __all__ = ["MANAGED_BY", "POOL_LABEL", "PoolRef", "object_name", "render", "subset_name"]
 
-TLS_MODE_LABEL = "security.istio.io/tlsMode"
 ROUTE_NAME = "sluice-weights"
 
 
@@ -38,18 +47,22 @@ class PoolRef:
     namespace: str
     uid: str | None = None
 
+    @property
+    def id(self) -> PoolId:
+        return PoolId(self.name, self.namespace)
+
 
 def object_name(pool: PoolRef) -> str:
     return f"sluice-{pool.name}"[:253]
 
 
 def service_host(pool: PoolRef, spec: InferencePoolSpec) -> str:
-    return f"{spec.service}.{pool.namespace}.svc.{spec.routing.cluster_domain}"
+    return _service_host(pool.id, spec)
 
 
 def endpoints_host(pool: PoolRef, spec: InferencePoolSpec) -> str:
     """The ServiceEntry's host: internal to the mesh, reached only through sluice's routing."""
-    return f"{pool.name}.{pool.namespace}.sluice.internal"
+    return _endpoints_host(pool.id)
 
 
 def destination_host(pool: PoolRef, spec: InferencePoolSpec) -> str:
@@ -71,13 +84,17 @@ def subset_name(revision: str) -> str:
     return f"rev-{cleaned[:50].strip('-')}-{digest}"
 
 
-def _metadata(pool: PoolRef, kind_suffix: str = "") -> dict[str, Any]:
+def _metadata(pool: PoolRef, kind_suffix: str = "", namespace: str | None = None) -> dict[str, Any]:
+    """Names, labels and the owner. An object in another namespace than the pool's (an EnvoyFilter for clients
+    there) has no ownerReference — Kubernetes' garbage collector treats a cross-namespace owner as absent and
+    would delete it — and is released by the pool's finalizer instead; its labels name the pool's namespace."""
+    where = namespace or pool.namespace
     meta: dict[str, Any] = {
         "name": object_name(pool) + kind_suffix,
-        "namespace": pool.namespace,
-        "labels": {**MANAGED_BY, POOL_LABEL: pool.name},
+        "namespace": where,
+        "labels": {**MANAGED_BY, POOL_LABEL: pool.name, POOL_NAMESPACE_LABEL: pool.namespace},
     }
-    if pool.uid:
+    if pool.uid and where == pool.namespace:
         meta["ownerReferences"] = [
             {
                 "apiVersion": API_VERSION,
@@ -91,16 +108,27 @@ def _metadata(pool: PoolRef, kind_suffix: str = "") -> dict[str, Any]:
     return meta
 
 
+def endpoint_tls_mode(tls_mode: str | None) -> str:
+    """An endpoint's `security.istio.io/tlsMode`, as Istio's registry gives a pod: its own label, else
+    `disabled` (pilot/pkg/serviceregistry/kube/conversion.go). Written even when `disabled`: for a ServiceEntry
+    endpoint with a serviceAccount and no label, istiod assumes `istio` (serviceentry/conversion.go
+    getTLSModeFromWorkloadEntry), mutual TLS to a pod with no sidecar to answer it. A waypoint ignores the label
+    (it never sends legacy mutual TLS; it reaches ambient pods over HBONE)."""
+    return tls_mode or "disabled"
+
+
 def render_service_entry(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
     revision_label = spec.canary.revision_label if spec.canary else None
+    mesh = plan.mesh
+    port_name = ENDPOINT_PORT_NAME.get(mesh.protocol, "http")
     endpoints = []
     for endpoint in sorted(plan.endpoints, key=lambda e: e.pod):
-        labels = {TLS_MODE_LABEL: "istio", POOL_LABEL: pool.name}
+        labels = {TLS_MODE_LABEL: endpoint_tls_mode(endpoint.tls_mode), POOL_LABEL: pool.name}
         if revision_label and endpoint.revision is not None:
             labels[revision_label] = endpoint.revision
         entry: dict[str, Any] = {
             "address": endpoint.ip,
-            "ports": {"http": spec.target_port},
+            "ports": {port_name: spec.target_port},
             "labels": labels,
             "weight": endpoint.weight,
         }
@@ -108,16 +136,25 @@ def render_service_entry(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> 
             # The pod's identity: Istio puts it in the client's SAN check for mTLS to this host.
             entry["serviceAccount"] = endpoint.service_account
         endpoints.append(entry)
+    port: dict[str, Any] = {"number": spec.target_port, "name": port_name}
+    if mesh.protocol:  # "": left to Istio's protocol detection, as the Service's own port is
+        port["protocol"] = mesh.protocol
+    meta = _metadata(pool)
+    if mesh.waypoint is not None:  # bound to the Service's waypoint, which then routes to it
+        meta["labels"][USE_WAYPOINT_LABEL] = mesh.waypoint
+        if mesh.waypoint_namespace is not None:
+            meta["labels"][USE_WAYPOINT_NAMESPACE_LABEL] = mesh.waypoint_namespace
     return {
         "apiVersion": SERVICE_ENTRY.api_version,
         "kind": SERVICE_ENTRY.kind,
-        "metadata": _metadata(pool),
+        "metadata": meta,
         "spec": {
             "hosts": [endpoints_host(pool, spec)],
             "location": "MESH_INTERNAL",
             "resolution": "STATIC",
-            "ports": [{"number": spec.target_port, "name": "http", "protocol": "HTTP"}],
+            "ports": [port],
             "endpoints": endpoints,
+            "exportTo": list(mesh.export_to),
         },
     }
 
@@ -139,7 +176,11 @@ def render_destination_rule(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) 
             "baseEjectionTime": format_duration(outlier.base_ejection_time),
             "maxEjectionPercent": outlier.max_ejection_percent,
         }
-    body: dict[str, Any] = {"host": destination_host(pool, spec), "trafficPolicy": policy}
+    body: dict[str, Any] = {
+        "host": destination_host(pool, spec),
+        "trafficPolicy": policy,
+        "exportTo": list(plan.mesh.export_to),
+    }
     if spec.canary is not None and plan.revisions:
         body["subsets"] = [
             {"name": subset_name(revision), "labels": {spec.canary.revision_label: revision}}
@@ -181,7 +222,12 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
         "apiVersion": VIRTUAL_SERVICE.api_version,
         "kind": VIRTUAL_SERVICE.kind,
         "metadata": _metadata(pool),
-        "spec": {"hosts": [service_host(pool, spec)], "gateways": list(spec.routing.gateways), "http": [http]},
+        "spec": {
+            "hosts": [service_host(pool, spec)],
+            "gateways": list(spec.routing.gateways),
+            "http": [http],
+            "exportTo": list(plan.mesh.export_to),
+        },
     }
 
 
@@ -253,27 +299,38 @@ def route_patch_value(spec: InferencePoolSpec, plan: Plan, host: str) -> dict[st
     return {"route": action}
 
 
-def _envoy_filter(
-    pool: PoolRef, spec: InferencePoolSpec, suffix: str, apply_to: str, match: dict[str, Any], value: dict[str, Any]
-) -> dict[str, Any]:
-    """An EnvoyFilter with one MERGE patch per proxy context (sidecars, and gateways when the pool names any)."""
+def _envoy_filters(
+    pool: PoolRef,
+    spec: InferencePoolSpec,
+    plan: Plan,
+    suffix: str,
+    apply_to: str,
+    match: dict[str, Any],
+    value: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The EnvoyFilter, one copy in each namespace whose proxies it must reach (an EnvoyFilter applies to its own
+    namespace's proxies, or to every proxy from the root namespace), with one MERGE patch per proxy context
+    (sidecars, and gateways when the pool names any)."""
     patches = [
         {"applyTo": apply_to, "match": {"context": context, **match}, "patch": {"operation": "MERGE", "value": value}}
         for context in _contexts(spec)
     ]
-    return {
-        "apiVersion": ENVOY_FILTER.api_version,
-        "kind": ENVOY_FILTER.kind,
-        "metadata": _metadata(pool, suffix),
-        "spec": {"configPatches": patches},
-    }
+    return [
+        {
+            "apiVersion": ENVOY_FILTER.api_version,
+            "kind": ENVOY_FILTER.kind,
+            "metadata": _metadata(pool, suffix, namespace),
+            "spec": {"configPatches": patches},
+        }
+        for namespace in plan.mesh.envoy_filter_namespaces
+    ]
 
 
-def render_route_envoy_filter(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
+def render_route_envoy_filters(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> list[dict[str, Any]]:
     vhost = f"{service_host(pool, spec)}:{spec.service_port or spec.target_port}"
     match = {"routeConfiguration": {"vhost": {"name": vhost, "route": {"name": spec.routing.route_name}}}}
     value = route_patch_value(spec, plan, destination_host(pool, spec))
-    return _envoy_filter(pool, spec, "-routes", "HTTP_ROUTE", match, value)
+    return _envoy_filters(pool, spec, plan, "-routes", "HTTP_ROUTE", match, value)
 
 
 def cluster_patch_value(spec: InferencePoolSpec) -> dict[str, Any]:
@@ -298,31 +355,32 @@ def cluster_patch_value(spec: InferencePoolSpec) -> dict[str, Any]:
     return {}
 
 
-def render_cluster_envoy_filter(pool: PoolRef, spec: InferencePoolSpec) -> dict[str, Any] | None:
-    value = cluster_patch_value(spec)
-    if not value:
-        return None
+def render_cluster_envoy_filters(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> list[dict[str, Any]]:
     match = {"cluster": {"service": destination_host(pool, spec), "portNumber": destination_port(spec)}}
-    return _envoy_filter(pool, spec, "-lb", "CLUSTER", match, value)
+    return _envoy_filters(pool, spec, plan, "-lb", "CLUSTER", match, cluster_patch_value(spec))
 
 
 def needs_virtual_service(spec: InferencePoolSpec, plan: Plan) -> bool:
     """A route is needed to reach the ServiceEntry host, or to split between revisions."""
-    return spec.routing.endpoint_weights or bool(plan.revision_weights)
+    return needs_route(spec, bool(plan.revision_weights))
 
 
 def render(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> list[dict[str, Any]]:
-    """Every Istio object the pool needs, in apply order (endpoints and subsets before the routes using them)."""
+    """Every Istio object the pool needs, in apply order (endpoints and subsets before the routes using them).
+
+    Which EnvoyFilters, and in which namespaces, the mesh plan says (`sluice.core.mesh`: none behind a waypoint);
+    a plan whose mesh side refused the routing renders nothing."""
+    if plan.mesh.refusal is not None:
+        return []
     objects: list[dict[str, Any]] = []
     if spec.routing.endpoint_weights:
         objects.append(render_service_entry(pool, spec, plan))
     objects.append(render_destination_rule(pool, spec, plan))
-    if needs_virtual_service(spec, plan):
-        if spec.routing.weights_via == "VirtualService":
-            objects.append(render_virtual_service(pool, spec, plan))
-        else:
-            objects.append(render_route_envoy_filter(pool, spec, plan))
-    cluster_filter = render_cluster_envoy_filter(pool, spec)
-    if cluster_filter is not None:
-        objects.append(cluster_filter)
+    kinds = plan.mesh.envoy_filter_kinds
+    if needs_virtual_service(spec, plan) and spec.routing.weights_via == "VirtualService":
+        objects.append(render_virtual_service(pool, spec, plan))
+    if "routes" in kinds:
+        objects += render_route_envoy_filters(pool, spec, plan)
+    if "lb" in kinds:
+        objects += render_cluster_envoy_filters(pool, spec, plan)
     return objects

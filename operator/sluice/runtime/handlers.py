@@ -290,8 +290,11 @@ async def pool_loop(
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def pool_deleted(name: str, namespace: str | None, memo: Any, uid: str | None = None, **_: Any) -> None:
-    """Give adopted objects back before the pool goes (the finalizer holds the pool until this returns)."""
+async def pool_deleted(
+    name: str, namespace: str | None, memo: Any, uid: str | None = None, status: Any = None, **_: Any
+) -> None:
+    """Give adopted objects back, and delete the EnvoyFilters written in other namespaces (no ownerReference can
+    reach them), before the pool goes (the finalizer holds the pool until this returns)."""
     runtime = runtime_of(memo)
     cluster = runtime.cluster
     assert cluster is not None
@@ -302,9 +305,12 @@ async def pool_deleted(name: str, namespace: str | None, memo: Any, uid: str | N
         raise kopf.TemporaryError("the pool's shard is held by another replica", delay=5)
     writer: Cluster = cluster if shards is None else FencedCluster(cluster, shards)
 
+    mesh = (status or {}).get("mesh") or {}
+    elsewhere = frozenset(str(where) for where in mesh.get("envoyFilterNamespaces") or ())
+
     def give_back() -> list[tuple[ObjectKey, WriteResult]]:
         with contextlib.nullcontext() if shards is None else shards.passing(ns, name, term):  # fenced as a pass
-            return [(key, writer.release(ns, key)) for key in cluster.owned(ns, name)]
+            return [(key, writer.release(ns, key)) for key in cluster.owned(ns, name, elsewhere)]
 
     for key, result in await asyncio.to_thread(give_back):
         log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)

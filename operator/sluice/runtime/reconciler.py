@@ -36,6 +36,7 @@ from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
 from sluice.core.compact import stored_form
 from sluice.core.events import Event, derive_events
+from sluice.core.mesh import PoolId
 from sluice.core.observed import Observed, SignalSnapshot
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.io.ports import Cluster, ClusterError, ObjectKey, PromAuth, SignalSource
@@ -57,6 +58,17 @@ OBSERVATIONS = frozenset(
     }
 )
 """A row's fields that move with every reading; a change of these alone waits for `status_refresh`."""
+
+
+def _key(ref: PoolRef, obj: dict[str, Any]) -> ObjectKey:
+    where = obj["metadata"]["namespace"]
+    return ObjectKey(obj["kind"], obj["metadata"]["name"], None if where == ref.namespace else where)
+
+
+def _elsewhere(plan: Plan) -> frozenset[str]:
+    """Namespaces where the pool's EnvoyFilters are, or were at the previous pass."""
+    before = plan.previous.mesh if plan.previous is not None else None
+    return frozenset(plan.mesh.envoy_filter_namespaces) | frozenset(before.envoy_filter_namespaces if before else ())
 
 
 def _stamp(status: InferencePoolStatus) -> float:
@@ -214,9 +226,11 @@ class Reconciler:
             signals = signals.model_copy(update={"repeated": True})
         report.errors_asked_at = asked
         report.signal_failures = dict(signals.failed)
-        observed = Observed(pods=pods, signals=signals)
-        plan = plan_pass(spec, meta.generation, observed, previous, now, snapshot.operation)
-        synced = conditions.NOTHING_TO_PUBLISH
+        observed = Observed(pods=pods, signals=signals, mesh=self.cluster.mesh(meta.namespace, spec))
+        plan = plan_pass(
+            spec, meta.generation, observed, previous, now, snapshot.operation, PoolId(meta.name, meta.namespace)
+        )
+        synced = conditions.not_published(plan.mesh.refusal)
         if plan.publish:
             synced = self._publish(report, PoolRef(meta.name, meta.namespace, meta.uid), spec, plan)
         before = previous.conditions if previous else []
@@ -255,18 +269,21 @@ class Reconciler:
             report.writes.append(result)
             if result.action == "refused":
                 refused.append(result.message)
-        keys = frozenset(ObjectKey(obj["kind"], obj["metadata"]["name"]) for obj in desired)
+        keys = frozenset(_key(ref, obj) for obj in desired)
         if not failed:
-            failed += self._prune(report, ref, keys)
+            failed += self._prune(report, ref, keys, _elsewhere(plan))
         return conditions.istio_synced(refused, failed, len(desired))
 
-    def _prune(self, report: PassReport, ref: PoolRef, keys: frozenset[ObjectKey]) -> list[str]:
-        """Release what the pool owns and no longer renders; list the cluster only when the rendered set changed."""
+    def _prune(
+        self, report: PassReport, ref: PoolRef, keys: frozenset[ObjectKey], elsewhere: frozenset[str]
+    ) -> list[str]:
+        """Release what the pool owns and no longer renders; list the cluster only when the rendered set changed.
+        EnvoyFilters in other namespaces are looked for where this pass and the previous status wrote them."""
         uid = ref.uid or ref.name
         if self._rendered.get(uid) == keys:
             return []
         try:
-            stale = [key for key in self.cluster.owned(ref.namespace, ref.name) if key not in keys]
+            stale = [key for key in self.cluster.owned(ref.namespace, ref.name, elsewhere) if key not in keys]
             for key in stale:
                 report.writes.append(self.cluster.release(ref.namespace, key))
         except ClusterError as failure:

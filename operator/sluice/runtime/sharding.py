@@ -36,8 +36,9 @@ from typing import Any, TypeVar, cast
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.events import Event
-from sluice.core.observed import ObservedPod
+from sluice.core.observed import ObservedMesh, ObservedPod
 from sluice.core.shards import (
     ROLE_LABEL,
     SHARD_LABEL,
@@ -511,8 +512,11 @@ class FencedCluster:
     def secret_key(self, namespace: str, name: str, key: str) -> str:
         return self.inner.secret_key(namespace, name, key)
 
-    def owned(self, namespace: str, pool: str) -> list[ObjectKey]:
-        return self.inner.owned(namespace, pool)
+    def mesh(self, namespace: str, spec: InferencePoolSpec) -> ObservedMesh | None:
+        return self.inner.mesh(namespace, spec)
+
+    def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
+        return self.inner.owned(namespace, pool, elsewhere)
 
     def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
         return self._fenced(lambda: self.inner.apply(desired, pool_uid, adopt))

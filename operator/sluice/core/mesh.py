@@ -1,0 +1,395 @@
+"""Which proxies the pool's Istio objects reach, decided from its Service, its namespace and client Sidecars. Pure.
+
+Each rule follows Istio 1.30's own reading of the same objects (the upstream files are named where the rule is):
+- the Service port's protocol, from `appProtocol` or the port name's prefix (`protocol_of`);
+- what sees sluice's objects: `exportTo` (`export_to`), and for EnvoyFilters, which carry no exportTo, the
+  namespace they are written in (`envoy_filter_namespaces`): an EnvoyFilter reaches the proxies of its own
+  namespace, and one in the root namespace reaches every proxy of the mesh;
+- ambient: the namespace's `istio.io/dataplane-mode` and the Service's (else the namespace's) `istio.io/use-waypoint`:
+  ztunnel applies none of VirtualService, DestinationRule or EnvoyFilter; a waypoint applies the VirtualService and
+  the ServiceEntry bound to it, and no EnvoyFilter without `targetRefs`;
+- a client namespace's `Sidecar` whose egress hosts do not include the pool's hosts hides them from its proxies.
+The outcome goes into `status.mesh` and the `MeshReach` condition, and `sluice.istio.render` renders from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sluice.api.v1alpha1 import InferencePoolSpec, MeshStatus
+from sluice.core.observed import ObservedMesh, ObservedService, ObservedSidecar, ServicePort
+from sluice.core.status import Want
+
+EXPORT_TO_ANNOTATION = "networking.istio.io/exportTo"
+DATAPLANE_MODE_LABEL = "istio.io/dataplane-mode"
+USE_WAYPOINT_LABEL = "istio.io/use-waypoint"
+USE_WAYPOINT_NAMESPACE_LABEL = "istio.io/use-waypoint-namespace"
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+
+IstioProtocol = Literal[
+    "HTTP", "HTTP2", "HTTP_PROXY", "GRPC", "GRPC-Web", "HTTPS", "TLS", "TCP", "UDP", "Mongo", "Redis", "MySQL", ""
+]
+"""Istio's protocol.Instance values (pkg/config/protocol/instance.go); "" is Unsupported: detected by sniffing."""
+_BY_NAME: dict[str, IstioProtocol] = {
+    "http": "HTTP",
+    "http2": "HTTP2",
+    "http_proxy": "HTTP_PROXY",
+    "grpc": "GRPC",
+    "grpc-web": "GRPC-Web",
+    "https": "HTTPS",
+    "tls": "TLS",
+    "tcp": "TCP",
+    "udp": "UDP",
+    "mongo": "Mongo",
+    "redis": "Redis",
+    "mysql": "MySQL",
+}
+_HTTP: frozenset[str] = frozenset({"HTTP", "HTTP2", "HTTP_PROXY", "GRPC", "GRPC-Web"})
+"""protocol.Instance.IsHTTP(): the ports whose traffic goes through HTTP routes (VirtualService `http`)."""
+WELL_KNOWN_TCP_PORTS = frozenset({25, 53, 3306, 27017})
+"""Ports Istio takes as TCP when the name says nothing (pkg/config/kube/conversion.go wellKnownPorts)."""
+
+ENDPOINT_PORT_NAME: dict[str, str] = {
+    "HTTP": "http",
+    "HTTP2": "http2",
+    "GRPC": "grpc",
+    "GRPC-Web": "grpc-web",
+    "": "auto",
+}
+
+
+@dataclass(frozen=True)
+class PoolId:
+    """The pool's name and namespace: its hosts derive from them."""
+
+    name: str
+    namespace: str
+
+
+def service_host(pool: PoolId, spec: InferencePoolSpec) -> str:
+    """The Kubernetes Service's host, as istiod names it: `<service>.<namespace>.svc.<clusterDomain>`."""
+    return f"{spec.service}.{pool.namespace}.svc.{spec.routing.cluster_domain}"
+
+
+def endpoints_host(pool: PoolId) -> str:
+    """The ServiceEntry's host: internal to the mesh, reached only through sluice's routing."""
+    return f"{pool.name}.{pool.namespace}.sluice.internal"
+
+
+def protocol_of(port: ServicePort) -> IstioProtocol:
+    """Istio's protocol for a Service port (pkg/config/kube/conversion.go ConvertProtocol): UDP by L4, then
+    `appProtocol` (with Kubernetes' `kubernetes.io/h2c`, `/ws`, `/wss`) over the name; `grpc-web` before the prefix
+    cut at the first '-'; an unknown name is sniffed (""), except on well-known TCP ports."""
+    if port.protocol.upper() == "UDP":
+        return "UDP"
+    name = port.name or ""
+    if port.app_protocol is not None:
+        name = port.app_protocol
+        standard: dict[str, IstioProtocol] = {
+            "kubernetes.io/h2c": "HTTP2",
+            "kubernetes.io/ws": "HTTP",
+            "kubernetes.io/wss": "HTTPS",
+        }
+        if name in standard:
+            return standard[name]
+    lowered = name.lower()
+    if lowered.startswith("grpc-web"):
+        return "GRPC-Web"
+    found = _BY_NAME.get(lowered.partition("-")[0], "")
+    if found == "" and port.port in WELL_KNOWN_TCP_PORTS:
+        return "TCP"
+    return found
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """What the pass renders for the mesh, and why: the status' `mesh` and the `MeshReach` condition."""
+
+    dataplane: Literal["sidecar", "ambient", "ambient-waypoint", "unknown"] = "unknown"
+    waypoint: str | None = None
+    waypoint_namespace: str | None = None
+    protocol: IstioProtocol = "HTTP"
+    """The ServiceEntry port's protocol: the Service port's, so clients speak to the pods as they would without
+    sluice ("" leaves it to Istio's detection, as for the Service)."""
+    service_port: str | None = None
+    export_to: tuple[str, ...] = ("*",)
+    envoy_filter_namespaces: tuple[str, ...] = ()
+    envoy_filter_kinds: tuple[str, ...] = ()
+    """"routes" and/or "lb": the EnvoyFilters rendered (in each of `envoy_filter_namespaces`)."""
+    findings: tuple[str, ...] = ()
+    refusal: str | None = None
+    """Why nothing is rendered for the pool (its routing would reach no client as written)."""
+    reason: str = "NotObserved"
+    reached: Literal["True", "False", "Unknown"] = "Unknown"
+
+    def status(self) -> MeshStatus:
+        return MeshStatus.model_validate(
+            {
+                "dataplane": self.dataplane,
+                "waypoint": self.waypoint
+                if self.waypoint_namespace is None
+                else f"{self.waypoint_namespace}/{self.waypoint}",
+                "service_port": self.service_port,
+                "protocol": self.protocol or "(detected)",
+                "export_to": list(self.export_to),
+                "envoy_filter_namespaces": list(self.envoy_filter_namespaces),
+                "findings": list(self.findings),
+            }
+        )
+
+    def condition(self) -> Want:
+        if self.refusal is not None:
+            return Want("MeshReach", "False", self.reason, self.refusal)
+        message = "; ".join(self.findings) if self.findings else self._summary()
+        return Want("MeshReach", self.reached, self.reason, message[:1000])
+
+    def _summary(self) -> str:
+        seen = "every namespace" if "*" in self.export_to else "namespaces " + ", ".join(self.export_to)
+        text = f"sluice's objects are exported to {seen}"
+        if self.envoy_filter_namespaces:
+            text += f"; its EnvoyFilters reach the proxies of {', '.join(self.envoy_filter_namespaces)}"
+        return text
+
+
+def wanted_envoy_filters(spec: InferencePoolSpec, split: bool) -> tuple[str, ...]:
+    """The EnvoyFilters the spec asks for: the route patch (weightsVia EnvoyFilter, when a route is needed) and
+    the cluster patch (least-request tuning, or bounded-load hashing)."""
+    routing = spec.routing
+    kinds = []
+    if routing.weights_via == "EnvoyFilter" and needs_route(spec, split):
+        kinds.append("routes")
+    affinity = routing.session_affinity
+    if routing.least_request is not None or (affinity is not None and affinity.hash_balance_factor is not None):
+        kinds.append("lb")
+    return tuple(kinds)
+
+
+def needs_route(spec: InferencePoolSpec, split: bool) -> bool:
+    """A route is needed to reach the ServiceEntry host, or to split between revisions."""
+    return spec.routing.endpoint_weights or split
+
+
+def export_to(spec: InferencePoolSpec, namespace: str, service: ObservedService | None) -> tuple[str, ...]:
+    """exportTo for every object sluice writes: the pool's client namespaces, or as the Service is exported.
+
+    Never narrower than the Service's own: a hidden VirtualService lets clients bypass sluice, a hidden ServiceEntry
+    leaves them routing to a cluster they do not have. Without the annotation the Service's export is the mesh's
+    default (`defaultServiceExportTo`, '*' unless set), which sluice cannot read: '*'. Written as Istio's
+    validation wants it (pkg/config/validation/validation.go): '*' alone, or '.' and other namespaces once each."""
+    names = spec.routing.client_namespaces
+    if names is None:
+        raw = (service.annotations.get(EXPORT_TO_ANNOTATION) if service is not None else None) or "*"
+        names = [entry.strip() for entry in raw.split(",") if entry.strip() and entry.strip() != "~"]
+    if "*" in names:
+        return ("*",)
+    return (".", *sorted({name for name in names if name not in (".", namespace)}))
+
+
+def envoy_filter_namespaces(spec: InferencePoolSpec, namespace: str) -> tuple[str, ...]:
+    """Where the EnvoyFilters are written: each client namespace (the pool's always), or the root namespace."""
+    names = spec.routing.client_namespaces
+    if names is None:
+        return (namespace,)
+    if "*" in names:
+        return (spec.routing.root_namespace,)
+    return tuple(sorted({namespace, *(name for name in names if name != ".")}))
+
+
+def _service_port(spec: InferencePoolSpec, service: ObservedService) -> ServicePort | None:
+    wanted = spec.service_port or spec.target_port
+    return next((port for port in service.ports if port.port == wanted), None)
+
+
+def _waypoint(service: ObservedService, namespace_labels: dict[str, str]) -> tuple[str | None, str | None]:
+    """The waypoint the Service uses: its own `istio.io/use-waypoint` label, else its namespace's ('none' opts
+    out); the waypoint's namespace from `istio.io/use-waypoint-namespace` beside it."""
+    for labels in (service.labels, namespace_labels):
+        if USE_WAYPOINT_LABEL in labels:
+            name = labels[USE_WAYPOINT_LABEL]
+            if name in ("", "none"):
+                return None, None
+            return name, labels.get(USE_WAYPOINT_NAMESPACE_LABEL)
+    return None, None
+
+
+def _matches(pattern: str, sidecar_namespace: str, namespace: str, host: str) -> bool:
+    """A Sidecar egress host `<namespace>/<dnsName>` (pilot/pkg/model/sidecar.go): '*' any namespace, '.' the
+    Sidecar's own, '~' none; a dnsName '*' or '*.<suffix>' wildcard."""
+    where, _, name = pattern.rpartition("/")
+    if where == "~":
+        return False
+    if where not in ("*", "") and (sidecar_namespace if where == "." else where) != namespace:
+        return False
+    if name == "*":
+        return True
+    if name.startswith("*."):
+        return host.endswith(name[1:])
+    return name == host
+
+
+def _hidden(sidecar: ObservedSidecar, namespace: str, hosts: list[str]) -> list[str]:
+    """The hosts no egress listener of the Sidecar lets its proxies see."""
+    if sidecar.egress_hosts is None:
+        return []
+    return [
+        host
+        for host in hosts
+        if not any(
+            _matches(p, sidecar.namespace, namespace, host) for listener in sidecar.egress_hosts for p in listener
+        )
+    ]
+
+
+def _sidecar_findings(
+    spec: InferencePoolSpec,
+    namespace: str,
+    exported: tuple[str, ...],
+    sidecars: list[ObservedSidecar],
+    hosts: list[str],
+) -> list[str]:
+    """Client namespaces whose Sidecar hides the pool's hosts: a namespace's own Sidecar without a
+    workloadSelector, else the root namespace's (the mesh default); Sidecars with a selector are reported too."""
+    root = spec.routing.root_namespace
+    clients = None if "*" in exported else {namespace if name == "." else name for name in exported}
+    findings = []
+    for sidecar in sorted(sidecars, key=lambda s: (s.namespace, s.name)):
+        governs = sidecar.namespace != root or not sidecar.selects_workloads
+        if not governs or (clients is not None and sidecar.namespace not in clients and sidecar.namespace != root):
+            continue
+        hidden = _hidden(sidecar, namespace, hosts)
+        if not hidden:
+            continue
+        if sidecar.namespace == root and not sidecar.selects_workloads:
+            scope = "namespaces without their own Sidecar"
+        elif sidecar.selects_workloads:
+            scope = f"some workloads of namespace {sidecar.namespace}"
+        else:
+            scope = f"namespace {sidecar.namespace}"
+        findings.append(
+            f"Sidecar {sidecar.namespace}/{sidecar.name} hides {', '.join(hidden)} from the proxies of {scope}: "
+            f"add '{namespace}/*' (or the hosts) to its egress hosts"
+        )
+    return findings
+
+
+def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | None, split: bool) -> MeshPlan:
+    """The mesh plan of one pass: what to render and which proxies it reaches, or why nothing is rendered.
+
+    Without the pool's identity (a plan computed for its weights alone) or the mesh side, nothing is judged: the
+    port is taken as HTTP and sidecar mode assumed, as sluice rendered before it read the mesh."""
+    namespace = pool.namespace if pool is not None else ""
+    kinds = wanted_envoy_filters(spec, split)
+    filter_namespaces = envoy_filter_namespaces(spec, namespace) if kinds else ()
+    if pool is None or mesh is None or mesh.failed is not None:
+        exported = export_to(spec, namespace, None)
+        if mesh is not None and mesh.failed is not None:
+            why = f"reading the mesh failed: {mesh.failed}"
+        else:
+            why = "the pool's Service and namespace were not read"
+        return MeshPlan(
+            export_to=exported,
+            envoy_filter_namespaces=filter_namespaces,
+            envoy_filter_kinds=kinds,
+            findings=(f"{why}: the port is taken as HTTP, sidecar mode assumed",),
+            reason="ReadFailed" if mesh is not None and mesh.failed is not None else "NotObserved",
+        )
+    service = mesh.service
+    exported = export_to(spec, namespace, service)
+    findings: list[str] = []
+    if service is None:
+        return MeshPlan(
+            dataplane="unknown",
+            export_to=exported,
+            envoy_filter_namespaces=filter_namespaces,
+            envoy_filter_kinds=kinds,
+            findings=(f"Service {namespace}/{spec.service} does not exist: clients have nothing to call",),
+            reason="ServiceNotFound",
+            reached="False",
+        )
+    port = _service_port(spec, service)
+    wanted = spec.service_port or spec.target_port
+    if port is None:
+        listed = ", ".join(str(p.port) for p in service.ports) or "none"
+        return MeshPlan(
+            export_to=exported,
+            refusal=f"Service {namespace}/{spec.service} has no port {wanted} (its ports: {listed}): set "
+            "spec.servicePort to the port clients call",
+            reason="PortNotFound",
+            reached="False",
+        )
+    protocol = protocol_of(port)
+    shown = f"{port.name or port.port}/{protocol or 'detected'}"
+    if protocol not in _HTTP and protocol != "":
+        return MeshPlan(
+            service_port=shown,
+            protocol=protocol,
+            export_to=exported,
+            refusal=f"Service port {port.name or port.port} ({port.port}) is {protocol} to Istio "
+            f"({'appProtocol' if port.app_protocol else 'port name'}): sluice's splits and per-pod weights are HTTP "
+            "routes, which Istio applies to HTTP ports only; name the port http-* (or grpc-*, http2-*) or set "
+            "appProtocol: http",
+            reason="PortNotHTTP",
+            reached="False",
+        )
+    if protocol == "":
+        findings_note = f"port {port.port} has no protocol in its name or appProtocol: Istio detects HTTP by sniffing"
+    else:
+        findings_note = ""
+    ambient = mesh.namespace_labels.get(DATAPLANE_MODE_LABEL) == "ambient"
+    waypoint, waypoint_ns = _waypoint(service, mesh.namespace_labels) if ambient else (None, None)
+    hosts = [service_host(pool, spec)] + ([endpoints_host(pool)] if spec.routing.endpoint_weights else [])
+    findings += _sidecar_findings(spec, namespace, exported, mesh.sidecars, hosts)
+    reached: Literal["True", "False"] = "False" if findings else "True"
+    reason = "HiddenBySidecar" if findings else "Reached"
+    if ambient and waypoint is None:
+        findings.insert(
+            0,
+            f"namespace {namespace} is ambient and Service {spec.service} uses no waypoint: ztunnel applies no "
+            "VirtualService, DestinationRule or EnvoyFilter, so ambient clients are balanced by ztunnel, not by "
+            f"sluice's weights (sidecar and gateway clients still follow them); label the Service "
+            f"{USE_WAYPOINT_LABEL}=<waypoint>",
+        )
+        reason, reached = "NoWaypoint", "False"
+    if ambient and waypoint is not None:
+        if "routes" in kinds:
+            return MeshPlan(
+                dataplane="ambient-waypoint",
+                waypoint=waypoint,
+                waypoint_namespace=waypoint_ns,
+                service_port=shown,
+                protocol=protocol,
+                export_to=exported,
+                refusal=f"Service {spec.service} uses waypoint {waypoint}, which applies no EnvoyFilter without "
+                "targetRefs: routing.weightsVia EnvoyFilter cannot reach it; use weightsVia VirtualService",
+                reason="EnvoyFilterOnWaypoint",
+                reached="False",
+            )
+        if kinds:
+            findings.append(
+                f"the -lb EnvoyFilter is not rendered: waypoint {waypoint} applies no EnvoyFilter without targetRefs"
+            )
+        kinds, filter_namespaces = (), ()
+    dataplane: Literal["sidecar", "ambient", "ambient-waypoint"] = (
+        "sidecar" if not ambient else ("ambient-waypoint" if waypoint else "ambient")
+    )
+    if kinds and spec.routing.client_namespaces is None and exported != (".",):
+        findings.append(
+            f"the EnvoyFilters reach proxies in {namespace} only (routing.clientNamespaces unset): clients in other "
+            "namespaces get neither the least-request tuning nor the EnvoyFilter route weights"
+        )
+    if findings_note:
+        findings.append(findings_note)
+    return MeshPlan(
+        dataplane=dataplane,
+        waypoint=waypoint,
+        waypoint_namespace=waypoint_ns,
+        protocol=protocol,
+        service_port=shown,
+        export_to=exported,
+        envoy_filter_namespaces=filter_namespaces,
+        envoy_filter_kinds=kinds,
+        findings=tuple(findings),
+        reason=reason,
+        reached=reached,
+    )
