@@ -30,7 +30,7 @@ import sys
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp.test_utils
 import aiohttp.web
@@ -218,8 +218,8 @@ class ApiServer(kmock.KubernetesScaffold):
         apiVersionPriorities), then every CRD group (GroupPriorityMinimum 1000 each) by name — the order
         kubectl's RESTMapper takes the first match in, so of two groups serving one plural the first by name wins
         (`inferencepool` is GIE's inference.networking.k8s.io beside inference.sluice.dev)."""
-        answer = await super()._serve_apis(request)
-        groups = answer["groups"]
+        answer = cast(dict[str, Any], await super()._serve_apis(request))
+        groups: list[dict[str, Any]] = answer["groups"]
         answer["groups"] = sorted(groups, key=lambda g: (-BUILTIN_GROUP_PRIORITY.get(g["name"], 1000), g["name"]))
         return answer
 

@@ -370,7 +370,7 @@ class Stack:
         assert self.core is not None
         if app in self._service_names:
             return
-        manifest = {
+        manifest: Any = {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"name": app, "labels": {"app": app}},
