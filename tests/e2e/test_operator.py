@@ -148,6 +148,29 @@ def test_service_entry_endpoints_carry_each_pods_identity_for_mtls(stack: Stack)
     entry = stack.istio("serviceentries", "sluice-llama")
     assert entry is not None
     assert {e["serviceAccount"] for e in entry["spec"]["endpoints"]} == {"llama-server"}
+    # the simulated pods have no sidecar (no injector label): mutual TLS to them would fail
+    assert {e["labels"]["security.istio.io/tlsMode"] for e in entry["spec"]["endpoints"]} == {"disabled"}
+
+
+def port_named(name: str) -> str:
+    return json.dumps({"spec": {"ports": [{"name": name, "port": 8000, "targetPort": 8000}]}})
+
+
+def test_the_pool_says_which_proxies_its_routing_reaches_from_its_service_and_namespace(stack: Stack) -> None:
+    found = pool(stack)
+    assert condition(found, "MeshReach")["status"] == "True", condition(found, "MeshReach")
+    mesh = found["status"]["mesh"]
+    assert mesh["dataplane"] == "sidecar"
+    assert mesh["servicePort"] == "http/HTTP"  # the Service the stack created, read through the API
+    assert mesh["exportTo"] == ["*"]
+    # a Service port renamed tcp-*: Istio would apply no HTTP route on it; sluice refuses and writes nothing
+    stack.kubectl("patch", "service", "llama", "-n", "llm", "--type", "merge", "-p", port_named("tcp-vllm"))
+    try:
+        wait_until(lambda: condition(pool(stack), "MeshReach")["reason"] == "PortNotHTTP", 30, "PortNotHTTP")
+        assert condition(pool(stack), "Ready")["reason"] == "MeshRefused"
+    finally:
+        stack.kubectl("patch", "service", "llama", "-n", "llm", "--type", "merge", "-p", port_named("http"))
+    wait_until(lambda: condition(pool(stack), "MeshReach")["status"] == "True", 30, "MeshReach=True again")
 
 
 def test_someone_elses_edit_of_an_istio_object_is_corrected_at_the_next_pass(stack: Stack) -> None:
@@ -448,7 +471,7 @@ def test_every_api_call_of_the_operator_is_allowed_by_the_chart_and_every_rule_i
 
 def test_deleting_the_pool_deletes_what_sluice_created(stack: Stack) -> None:
     assert stack.istio("serviceentries", "sluice-llama") is not None
-    stack.kubectl("delete", "inferencepool", "llama", "-n", "llm", "--wait=false")
+    stack.kubectl("delete", "slp", "llama", "-n", "llm", "--wait=false")
     wait_until(
         lambda: all(
             stack.istio(p, "sluice-llama") is None for p in ("serviceentries", "destinationrules", "virtualservices")

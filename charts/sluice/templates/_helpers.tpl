@@ -23,13 +23,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [secrets]
   verbs: [get]
 - apiGroups: [""]
-  # the pool's Service: its port's protocol, exportTo annotation and waypoint label (status.mesh)
+  # the pool's Service: its port's protocol, exportTo annotation and waypoint label (status.mesh); watched, so a
+  # steady pass reads it only when it changed
   resources: [services]
-  verbs: [get]
+  verbs: [get, list, watch]
 - apiGroups: [networking.istio.io]
   # client namespaces' Sidecars: whether their egress hosts hide the pool's hosts (status.mesh)
   resources: [sidecars]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

@@ -50,6 +50,8 @@ from sluice.istio.render import PoolRef, object_name, subset_name
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_ISTIO = ROOT.parent / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"
+SHARED_SIDECAR = ROOT.parent / "shared" / "istio" / "istio-1.30.3-sidecar-crd.yaml"
+"""Istio's Sidecar CRD: the operator watches Sidecars (their egress hosts can hide the pool's hosts)."""
 SHARED_GIE = ROOT.parent / "shared" / "istio" / "gie-v1.6.0-inferencepool-crd.yaml"
 """The Gateway API Inference Extension's InferencePool CRD (inference.networking.k8s.io): same kind, same plural."""
 POOL_RESOURCE = "inferencepools.inference.sluice.dev"
@@ -228,7 +230,7 @@ class Stack:
         if with_gie:
             crds.append(str(SHARED_GIE))
         if SHARED_ISTIO.exists():
-            crds.append(str(SHARED_ISTIO))
+            crds += [str(SHARED_ISTIO), str(SHARED_SIDECAR)]
         else:
             raise FileNotFoundError(f"Istio CRDs not found at {SHARED_ISTIO}")
         args = [

@@ -70,8 +70,10 @@ def _fenced() -> Iterator[float | None]:
 
 
 SIDECARS = ("networking.istio.io", "v1", "sidecars")
-MESH_SECONDS = 30.0
-"""How long a read of the mesh side (Service, namespace labels, Sidecars) is used before it is read again."""
+MESH_SECONDS = 600.0
+"""How long a read of the mesh side (Service, namespace labels, Sidecars) is used without a GET: the operator's
+watches of Services, Namespaces and Sidecars (`mesh_observed`) drop a read as soon as its object changes; this
+bounds what a missed event could cost (a steady pass reads nothing)."""
 
 
 def observed_service(service: dict[str, Any]) -> ObservedService:
@@ -291,6 +293,16 @@ class KubeCluster:
         except ClusterError as failure:
             return ObservedMesh(failed=f"{failure.status} {failure.reason}")
         return ObservedMesh(service=service, namespace_labels=labels, sidecars=sidecars)
+
+    def mesh_observed(self, kind: str, namespace: str, name: str) -> None:
+        """A watch event of a Service, Namespace or Sidecar: the reads it makes stale are read again next pass."""
+        if kind == "Service":
+            self._mesh_reads.pop(("service", namespace, name), None)
+        elif kind == "Namespace":
+            self._mesh_reads.pop(("namespace", name), None)
+        elif kind == "Sidecar":
+            for key in [key for key in self._mesh_reads if key[0] == "sidecars"]:
+                self._mesh_reads.pop(key, None)
 
     def _read(self, key: tuple[str, ...], read: Callable[[], T]) -> T:
         kept = self._mesh_reads.get(key)

@@ -24,7 +24,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -37,7 +37,7 @@ from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
 from sluice.core.shards import PoolTurn, after_pass, next_turn
-from sluice.io.kube import KubeCluster, load_api_client
+from sluice.io.kube import SIDECARS, KubeCluster, load_api_client
 from sluice.io.ports import Cluster, ObjectKey, WriteResult
 from sluice.io.prometheus import PromIO
 from sluice.istio.kinds import ISTIO_KINDS
@@ -338,6 +338,27 @@ async def istio_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 
 for _kind in ISTIO_KINDS.values():
     kopf.on.event(_kind.group, _kind.version, _kind.plural, id=f"istio-{_kind.plural}")(istio_event)
+
+
+def _mesh_event(kind: str) -> Callable[..., Awaitable[None]]:
+    async def mesh_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+        """A Service, Namespace or Sidecar listed or changed: the pools' reads of it (`KubeCluster.mesh`) are read
+        again at their next pass."""
+        cluster = runtime_of(memo).cluster
+        obj: dict[str, Any] = dict(event.get("object") or {})
+        meta = obj.get("metadata") or {}
+        if cluster is not None:
+            cluster.mesh_observed(kind, str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+    return mesh_event
+
+
+for _mesh_kind, (_group, _version, _plural) in (
+    ("Service", ("", "v1", "services")),
+    ("Namespace", ("", "v1", "namespaces")),
+    ("Sidecar", SIDECARS),
+):
+    kopf.on.event(_group, _version, _plural, id=f"mesh-{_plural}")(_mesh_event(_mesh_kind))
 
 
 def pod_matters(event_type: str, pod: dict[str, Any]) -> bool:
