@@ -284,7 +284,7 @@ BAD += [
         "gateway namespace not among the client namespaces",
         {"routing": {"clientNamespaces": ["team-a"], "gateways": ["mesh", "edge/public"]}},
         "spec.routing.clientNamespaces",
-        "list the namespace of every '<namespace>/<name>' gateway in clientNamespaces",
+        "list the namespace of every '<namespace>/<name>' gateway in clientNamespaces (and the namespace its pods",
     ),
 ]
 BAD += [

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sluice.core.mesh import PoolId, protocol_of
+from sluice.core.mesh import protocol_of
 from sluice.core.observed import ObservedMesh, ObservedService, ObservedSidecar, ServicePort
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.devstack.apivalidation import SchemaRegistry
@@ -30,6 +30,7 @@ from sluice.devstack.stack import SHARED_ISTIO
 from sluice.istio.render import PoolRef, render
 from sluice.runtime import handlers
 from sluice.runtime.config import OperatorConfig
+from sluice.runtime.reconciler import Reconciler
 from tests.helpers import at, observed, pod, sig, spec
 from tests.test_reconciler import Loop
 
@@ -171,18 +172,25 @@ def test_envoy_filters_go_to_every_client_namespace_without_an_owner_reference_o
         routing={"leastRequest": {}, "clientNamespaces": [".", "team-a", "edge"], "gateways": ["mesh", "edge/public"]},
     )
     filters = {key: o for key, o in rendered.items() if key.startswith("EnvoyFilter/")}
-    assert set(filters) == {f"EnvoyFilter/{ns}/sluice-llama-lb" for ns in ("llm", "team-a", "edge")}
+    # copies elsewhere are named after the pool's namespace too
+    names = {
+        "EnvoyFilter/llm/sluice-llama-lb",
+        "EnvoyFilter/team-a/sluice-llama.llm-lb",
+        "EnvoyFilter/edge/sluice-llama.llm-lb",
+    }
+    assert set(filters) == names
     assert "ownerReferences" in filters["EnvoyFilter/llm/sluice-llama-lb"]["metadata"]
     # Kubernetes' garbage collector treats a cross-namespace owner as absent: the pool's finalizer releases these
-    assert "ownerReferences" not in filters["EnvoyFilter/team-a/sluice-llama-lb"]["metadata"]
-    assert filters["EnvoyFilter/edge/sluice-llama-lb"]["metadata"]["labels"]["sluice.dev/pool-namespace"] == "llm"
-    contexts = [p["match"]["context"] for p in filters["EnvoyFilter/edge/sluice-llama-lb"]["spec"]["configPatches"]]
+    assert "ownerReferences" not in filters["EnvoyFilter/team-a/sluice-llama.llm-lb"]["metadata"]
+    edge = filters["EnvoyFilter/edge/sluice-llama.llm-lb"]
+    assert edge["metadata"]["labels"]["sluice.dev/pool-namespace"] == "llm"
+    contexts = [p["match"]["context"] for p in edge["spec"]["configPatches"]]
     assert contexts == ["SIDECAR_OUTBOUND", "GATEWAY"]
 
 
 def test_every_namespace_puts_the_envoy_filters_in_the_root_namespace(istio):
     rendered = objects(mesh(), istio, routing={"weightsVia": "EnvoyFilter", "clientNamespaces": ["*"]})
-    assert [k for k in rendered if k.startswith("EnvoyFilter/")] == ["EnvoyFilter/istio-system/sluice-llama-routes"]
+    assert [k for k in rendered if k.startswith("EnvoyFilter/")] == ["EnvoyFilter/istio-system/sluice-llama.llm-routes"]
 
 
 def test_without_client_namespaces_the_status_says_the_envoy_filters_reach_the_pools_namespace_only():
@@ -261,17 +269,31 @@ def test_envoy_filter_route_weights_are_refused_behind_a_waypoint():
 # ---------------------------------------------------------------------------------------------- Sidecar egress
 
 
-def test_a_client_sidecar_hiding_the_pool_hosts_is_named():
+def test_a_listed_client_namespaces_sidecar_hiding_the_pool_hosts_is_named():
     hiding = ObservedSidecar(namespace="team-a", name="default", egress_hosts=[["./*", "istio-system/*"]])
     seeing = ObservedSidecar(namespace="team-b", name="default", egress_hosts=[["llm/*"]])
     partial = ObservedSidecar(namespace="team-c", name="default", egress_hosts=[["llm/llama.llm.svc.cluster.local"]])
-    _, plan = planned(mesh(sidecars=[hiding, seeing, partial]))
+    clients = {"routing": {"clientNamespaces": ["team-a", "team-b", "team-c"]}}
+    _, plan = planned(mesh(sidecars=[hiding, seeing, partial]), **clients)
     status, reason, message = condition(plan)
     assert (status, reason) == ("False", "HiddenBySidecar")
     assert "Sidecar team-a/default hides llama.llm.svc.cluster.local, llama.llm.sluice.internal" in message
     assert "team-b" not in message
     # the Service visible and the ServiceEntry hidden: clients would route to a cluster they do not have
     assert "Sidecar team-c/default hides llama.llm.sluice.internal " in message
+
+
+def test_without_client_namespaces_only_a_sidecar_showing_the_service_but_hiding_the_entry_is_named():
+    """A namespace whose Sidecar hides the Service too is no client (a locked-down mesh is not a finding)."""
+    not_a_client = ObservedSidecar(namespace="team-a", name="default", egress_hosts=[["./*"]])
+    _, plan = planned(mesh(sidecars=[not_a_client]))
+    assert condition(plan)[:2] == ("True", "Reached")
+    broken = ObservedSidecar(namespace="team-c", name="default", egress_hosts=[["llm/llama.llm.svc.cluster.local"]])
+    _, plan = planned(mesh(sidecars=[not_a_client, broken]))
+    status, reason, message = condition(plan)
+    assert (status, reason) == ("False", "HiddenBySidecar")
+    assert "team-c/default hides llama.llm.sluice.internal " in message
+    assert "team-a" not in message
 
 
 def test_a_sidecar_outside_the_client_namespaces_is_not_judged():
@@ -284,7 +306,6 @@ def test_without_the_mesh_side_nothing_is_judged_and_the_port_is_taken_as_http(i
     _, plan = planned(None)
     assert condition(plan)[:2] == ("Unknown", "NotObserved")
     assert plan.mesh.protocol == "HTTP"
-    assert PoolId("llama", "llm") == POOL.id
 
 
 def test_a_choice_count_envoy_never_reads_with_endpoint_weights_is_said_in_spec_valid():
@@ -296,3 +317,95 @@ def test_a_choice_count_envoy_never_reads_with_endpoint_weights_is_said_in_spec_
     assert "choiceCount 4 has no effect" in valid.message
     _, plan = planned(mesh(), routing={"leastRequest": {"choiceCount": 4}, "endpointWeights": False})
     assert "choiceCount" not in next(c for c in plan.status.conditions if c.type == "SpecValid").message
+
+
+def test_unusable_exportto_annotation_entries_are_left_out_and_named(istio):
+    svc = service(**{"networking.istio.io/exportTo": "team-a, Team_B, a/b,"})
+    rendered = objects(mesh(svc), istio)
+    assert {tuple(o["spec"]["exportTo"]) for o in rendered.values()} == {(".", "team-a")}
+    _, plan = planned(mesh(svc))
+    assert plan.status.mesh is not None
+    assert any("'Team_B', 'a/b'" in finding for finding in plan.status.mesh.findings)
+    _, plan = planned(mesh(service(**{"networking.istio.io/exportTo": "~"})))  # hidden: the pool's own namespace
+    assert plan.mesh.export_to == (".",)
+
+
+def test_a_waypoint_in_another_namespace_is_exported_to():
+    labels = {"istio.io/use-waypoint": "wp", "istio.io/use-waypoint-namespace": "gateways"}
+    m = mesh(service(labels=labels, **{"networking.istio.io/exportTo": "."}), ns={"istio.io/dataplane-mode": "ambient"})
+    _, plan = planned(m)
+    assert plan.mesh.export_to == (".", "gateways")
+    assert plan.status.mesh is not None
+    assert plan.status.mesh.waypoint == "gateways/wp"
+
+
+def test_a_service_without_the_port_reports_no_protocol():
+    _, plan = planned(mesh(service(ServicePort(port=80, name="http"))))
+    assert plan.status.mesh is not None
+    assert plan.status.mesh.protocol is None
+
+
+def test_gateways_with_dotted_names_are_accepted():
+    s = spec(routing={"gateways": ["mesh", "istio-system/public.gw", "local.gw"]})
+    assert s.routing.gateways == ["mesh", "istio-system/public.gw", "local.gw"]
+
+
+# ---------------------------------------------------------------------------------------------- transitions
+
+
+def _filters(loop: Loop) -> list[tuple[str, str]]:
+    return sorted((ns, name) for ns, kind, name in loop.cluster.objects if kind == "EnvoyFilter")
+
+
+def _delete(loop: Loop) -> None:
+    runtime = handlers.Runtime(config=OperatorConfig())
+    runtime.cluster = loop.cluster  # type: ignore[assignment]
+    memo = SimpleNamespace(runtime=runtime)
+    asyncio.run(handlers.pool_deleted(name="llama", namespace="llm", memo=memo, uid="u1", status=loop.status))
+
+
+def test_copies_are_found_after_a_refused_pass_when_narrowed_and_when_the_pool_is_deleted():
+    wide = {"leastRequest": {}, "clientNamespaces": ["team-a", "team-b"]}
+    loop = Loop(routing=wide)
+    loop.cluster.mesh_view = mesh()
+    loop.run(0)
+    assert [ns for ns, _ in _filters(loop)] == ["llm", "team-a", "team-b"]
+    loop.cluster.mesh_view = mesh(service(ServicePort(port=8000, name="tcp")))
+    loop.run(5)  # refused: nothing written, the copies stay where they are, and the status still says where
+    assert loop.status is not None
+    assert loop.status["mesh"]["envoyFilterNamespaces"] == ["llm", "team-a", "team-b"]
+    loop.cluster.mesh_view = mesh()
+    loop.run(10, routing={"leastRequest": {}, "clientNamespaces": ["team-a"]})
+    assert [ns for ns, _ in _filters(loop)] == ["llm", "team-a"]
+    loop.cluster.mesh_view = mesh(service(ServicePort(port=8000, name="tcp")))
+    loop.run(15)
+    _delete(loop)
+    assert _filters(loop) == []
+
+
+def test_copies_are_found_by_their_labels_even_where_no_status_says():
+    loop = Loop(routing={"leastRequest": {}, "clientNamespaces": ["team-a", "team-b"]})
+    loop.cluster.mesh_view = mesh()
+    loop.run(0)
+    # a restarted operator and a status lost (or written by another version): the labels still name the pool
+    loop.reconciler = Reconciler(loop.cluster, loop.prom)
+    loop.status = None
+    loop.run(5, routing={"leastRequest": {}})
+    assert _filters(loop) == [("llm", "sluice-llama-lb")]
+
+
+def test_pools_of_one_name_in_two_namespaces_writing_into_a_third_stay_apart():
+    s = spec(routing={"leastRequest": {}, "clientNamespaces": ["team-a"]})
+    names = set()
+    for namespace in ("llm", "other"):
+        pool = PoolRef("llama", namespace, f"uid-{namespace}")
+        when = at(0)
+        seen = observed([injected("a")], SIGNALS, when).model_copy(update={"mesh": mesh()})
+        plan = plan_pass(s, 1, seen, None, when, pool=pool.id)
+        names |= {
+            (o["metadata"]["namespace"], o["metadata"]["name"])
+            for o in render(pool, s, plan)
+            if o["kind"] == "EnvoyFilter"
+        }
+    assert ("team-a", "sluice-llama.llm-lb") in names
+    assert ("team-a", "sluice-llama.other-lb") in names

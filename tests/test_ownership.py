@@ -119,3 +119,21 @@ def test_drift_is_a_field_sluice_wrote_changed_or_gone_not_one_somebody_added() 
     unlabelled = json.loads(json.dumps(written))
     unlabelled["metadata"]["labels"] = {}
     assert drifted(unlabelled, written)
+
+
+def test_another_pools_object_of_the_same_name_is_refused_not_overwritten():
+    """Two pools named alike in two namespaces, both managed by sluice: an object labelled for the other pool's
+    namespace is not this pool's (before the label was compared, the second pool overwrote the first's)."""
+    labels = {"app.kubernetes.io/managed-by": "sluice", "sluice.dev/pool": "llama"}
+    mine = {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": {"name": "x", "namespace": "team-a", "labels": {**labels, "sluice.dev/pool-namespace": "llm"}},
+        "spec": {"configPatches": []},
+    }
+    theirs = json.loads(json.dumps(mine))
+    theirs["metadata"]["labels"]["sluice.dev/pool-namespace"] = "other"
+    assert decide(theirs, mine, None, adopt=False).action == "refuse"
+    older = json.loads(json.dumps(mine))
+    del older["metadata"]["labels"]["sluice.dev/pool-namespace"]  # written before the label existed: still ours
+    assert decide(older, mine, None, adopt=False).action == "write"

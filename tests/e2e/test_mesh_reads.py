@@ -122,8 +122,8 @@ def test_a_pass_reads_the_mesh_side_writes_each_client_namespace_and_deletion_cl
     modes = {e["address"]: e["labels"]["security.istio.io/tlsMode"] for e in entry["spec"]["endpoints"]}
     assert modes == {"10.0.0.1": "istio", "10.0.0.2": "disabled"}
     filters = envoy_filters(api)
-    assert set(filters) == {"llm/sluice-llama-lb", "team-a/sluice-llama-lb", "edge/sluice-llama-lb"}
-    assert "ownerReferences" not in filters["team-a/sluice-llama-lb"]["metadata"]
+    assert set(filters) == {"llm/sluice-llama-lb", "team-a/sluice-llama.llm-lb", "edge/sluice-llama.llm-lb"}
+    assert "ownerReferences" not in filters["team-a/sluice-llama.llm-lb"]["metadata"]
 
     status = yaml.safe_load(api.kubectl("get", "slp", "llama", "-n", "llm", "-o", "yaml").stdout)["status"]
     assert status["mesh"]["envoyFilterNamespaces"] == ["edge", "llm", "team-a"]

@@ -29,6 +29,8 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+CLIENT_NAMESPACE = r"^([*.]|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$"
+"""An exportTo entry sluice writes: '.', '*' or a namespace name (Istio's '~' hides, and is refused on most kinds)."""
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 LABEL_KEY = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"

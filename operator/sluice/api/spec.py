@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from sluice.api.base import (
+    CLIENT_NAMESPACE,
     DNS_1123_LABEL,
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -618,14 +619,14 @@ def _gateways_exported(routing: RoutingSpec) -> bool:
 
 
 MAX_NAMESPACES = 64
-ClientNamespace = Annotated[str, Field(max_length=63, pattern=r"^([*.]|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$")]
+ClientNamespace = Annotated[str, Field(max_length=63, pattern=CLIENT_NAMESPACE)]
 """An exportTo entry sluice accepts: '.', '*' or a namespace name."""
 Gateway = Annotated[
     str,
     Field(
         min_length=1,
         max_length=317,
-        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
     ),
 ]
 """A VirtualService gateway reference: 'mesh', '<name>' or '<namespace>/<name>'."""
@@ -643,7 +644,8 @@ class RoutingSpec(ApiModel):
             cel="!has(self.clientNamespaces) || self.clientNamespaces.exists(n, n == '*') || self.gateways.all(g, "
             "g.indexOf('/') < 0 || g.substring(0, g.indexOf('/')) in self.clientNamespaces)",
             message="a gateway in another namespace only sees sluice's routing if that namespace is exported to: "
-            "list the namespace of every '<namespace>/<name>' gateway in clientNamespaces",
+            "list the namespace of every '<namespace>/<name>' gateway in clientNamespaces (and the namespace its "
+            "pods run in, when it differs)",
             check=_gateways_exported,
             field_path=".clientNamespaces",
         ),

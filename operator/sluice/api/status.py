@@ -267,7 +267,8 @@ class MeshStatus(StatusModel):
     envoy_filter_namespaces: list[str] = Field(
         default_factory=list,
         description="Where the pool's EnvoyFilters are written (they reach the proxies of these namespaces; the "
-        "root namespace reaches every proxy); empty when none is rendered.",
+        "root namespace reaches every proxy); empty when none is rendered. A pass that writes nothing (no routable "
+        "pod, or the mesh refused) keeps the namespaces of the last pass that did.",
     )
     findings: list[str] = Field(
         default_factory=list, description="What in the mesh keeps some clients from sluice's routing, in words."

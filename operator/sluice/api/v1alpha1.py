@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from sluice.api.base import (
     API_VERSION,
+    CLIENT_NAMESPACE,
     DNS_1123_LABEL,
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -138,6 +139,7 @@ class InferencePool(ApiModel):
 
 __all__ = [
     "API_VERSION",
+    "CLIENT_NAMESPACE",
     "DNS_1123_LABEL",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",

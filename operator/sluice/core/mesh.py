@@ -14,10 +14,11 @@ The outcome goes into `status.mesh` and the `MeshReach` condition, and `sluice.i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-from sluice.api.v1alpha1 import InferencePoolSpec, MeshStatus
+from sluice.api.v1alpha1 import CLIENT_NAMESPACE, InferencePoolSpec, MeshStatus
 from sluice.core.observed import ObservedMesh, ObservedService, ObservedSidecar, ServicePort
 from sluice.core.status import Want
 
@@ -109,9 +110,9 @@ class MeshPlan:
     dataplane: Literal["sidecar", "ambient", "ambient-waypoint", "unknown"] = "unknown"
     waypoint: str | None = None
     waypoint_namespace: str | None = None
-    protocol: IstioProtocol = "HTTP"
+    protocol: IstioProtocol | None = "HTTP"
     """The ServiceEntry port's protocol: the Service port's, so clients speak to the pods as they would without
-    sluice ("" leaves it to Istio's detection, as for the Service)."""
+    sluice ("" leaves it to Istio's detection, as for the Service; None: no port found, nothing rendered)."""
     service_port: str | None = None
     export_to: tuple[str, ...] = ("*",)
     envoy_filter_namespaces: tuple[str, ...] = ()
@@ -131,7 +132,7 @@ class MeshPlan:
                 if self.waypoint_namespace is None
                 else f"{self.waypoint_namespace}/{self.waypoint}",
                 "service_port": self.service_port,
-                "protocol": self.protocol or "(detected)",
+                "protocol": None if self.protocol is None else (self.protocol or "(detected)"),
                 "export_to": list(self.export_to),
                 "envoy_filter_namespaces": list(self.envoy_filter_namespaces),
                 "findings": list(self.findings),
@@ -170,20 +171,28 @@ def needs_route(spec: InferencePoolSpec, split: bool) -> bool:
     return spec.routing.endpoint_weights or split
 
 
-def export_to(spec: InferencePoolSpec, namespace: str, service: ObservedService | None) -> tuple[str, ...]:
-    """exportTo for every object sluice writes: the pool's client namespaces, or as the Service is exported.
+def export_to(
+    spec: InferencePoolSpec, namespace: str, service: ObservedService | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """exportTo for every object sluice writes, and the Service annotation's entries it could not use.
 
-    Never narrower than the Service's own: a hidden VirtualService lets clients bypass sluice, a hidden ServiceEntry
-    leaves them routing to a cluster they do not have. Without the annotation the Service's export is the mesh's
-    default (`defaultServiceExportTo`, '*' unless set), which sluice cannot read: '*'. Written as Istio's
-    validation wants it (pkg/config/validation/validation.go): '*' alone, or '.' and other namespaces once each."""
+    The pool's client namespaces, or as the Service is exported — never narrower than the Service's own: a hidden
+    VirtualService lets clients bypass sluice, a hidden ServiceEntry leaves them routing to a cluster they do not
+    have. Without the annotation the Service's export is the mesh's default (`defaultServiceExportTo`, '*' unless
+    set), which sluice cannot read: '*'. Written as Istio's validation wants it (pkg/config/validation/
+    validation.go): '*' alone, or '.' and other namespaces once each; an annotation entry that is none of '.',
+    '*', '~' or a namespace name would make Istio refuse every object, so it is left out (and named)."""
     names = spec.routing.client_namespaces
+    dropped: list[str] = []
     if names is None:
-        raw = (service.annotations.get(EXPORT_TO_ANNOTATION) if service is not None else None) or "*"
-        names = [entry.strip() for entry in raw.split(",") if entry.strip() and entry.strip() != "~"]
+        raw = service.annotations.get(EXPORT_TO_ANNOTATION) if service is not None else None
+        entries = [entry.strip() for entry in (raw or "*").split(",")]
+        names = [entry for entry in entries if re.fullmatch(CLIENT_NAMESPACE, entry)]
+        dropped = [entry for entry in entries if entry not in names and entry not in ("~", "")]
+        names = names or ["."]  # hidden ('~') or nothing usable: the pool's own namespace
     if "*" in names:
-        return ("*",)
-    return (".", *sorted({name for name in names if name not in (".", namespace)}))
+        return ("*",), tuple(dropped)
+    return (".", *sorted({name for name in names if name not in (".", namespace)})), tuple(dropped)
 
 
 def envoy_filter_namespaces(spec: InferencePoolSpec, namespace: str) -> tuple[str, ...]:
@@ -242,24 +251,27 @@ def _hidden(sidecar: ObservedSidecar, namespace: str, hosts: list[str]) -> list[
 
 
 def _sidecar_findings(
-    spec: InferencePoolSpec,
-    namespace: str,
-    exported: tuple[str, ...],
-    sidecars: list[ObservedSidecar],
-    hosts: list[str],
+    spec: InferencePoolSpec, namespace: str, sidecars: list[ObservedSidecar], hosts: list[str]
 ) -> list[str]:
-    """Client namespaces whose Sidecar hides the pool's hosts: a namespace's own Sidecar without a
-    workloadSelector, else the root namespace's (the mesh default); Sidecars with a selector are reported too."""
+    """Sidecars that hide the pool's hosts from proxies that call it: a namespace's own Sidecar, else the root
+    namespace's selector-less one (the mesh default). In a namespace routing.clientNamespaces lists, hiding any of
+    the hosts is a finding; elsewhere only the Service visible and the ServiceEntry host hidden is (its proxies
+    would follow the VirtualService to a cluster they do not have) — a Sidecar hiding the Service too just means
+    the namespace is no client."""
     root = spec.routing.root_namespace
-    clients = None if "*" in exported else {namespace if name == "." else name for name in exported}
+    listed = spec.routing.client_namespaces
+    clients = None if listed is None or "*" in listed else {namespace if n == "." else n for n in listed}
     findings = []
     for sidecar in sorted(sidecars, key=lambda s: (s.namespace, s.name)):
-        governs = sidecar.namespace != root or not sidecar.selects_workloads
-        if not governs or (clients is not None and sidecar.namespace not in clients and sidecar.namespace != root):
+        if sidecar.namespace == root and sidecar.selects_workloads:
+            continue  # a root-namespace Sidecar with a selector governs nothing outside the root namespace
+        if clients is not None and sidecar.namespace not in clients and sidecar.namespace != root:
             continue
         hidden = _hidden(sidecar, namespace, hosts)
         if not hidden:
             continue
+        if clients is None and (hosts[0] in hidden or len(hosts) == 1):
+            continue  # not a client: it does not see the Service either
         if sidecar.namespace == root and not sidecar.selects_workloads:
             scope = "namespaces without their own Sidecar"
         elif sidecar.selects_workloads:
@@ -282,7 +294,7 @@ def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | No
     kinds = wanted_envoy_filters(spec, split)
     filter_namespaces = envoy_filter_namespaces(spec, namespace) if kinds else ()
     if pool is None or mesh is None or mesh.failed is not None:
-        exported = export_to(spec, namespace, None)
+        exported, _ = export_to(spec, namespace, None)
         if mesh is not None and mesh.failed is not None:
             why = f"reading the mesh failed: {mesh.failed}"
         else:
@@ -295,8 +307,13 @@ def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | No
             reason="ReadFailed" if mesh is not None and mesh.failed is not None else "NotObserved",
         )
     service = mesh.service
-    exported = export_to(spec, namespace, service)
+    exported, dropped = export_to(spec, namespace, service)
     findings: list[str] = []
+    if dropped:
+        findings.append(
+            f"Service annotation {EXPORT_TO_ANNOTATION} entries {', '.join(repr(d) for d in dropped)} are no "
+            "namespace name, '.', '*' or '~': left out of sluice's exportTo (Istio would refuse them)"
+        )
     if service is None:
         return MeshPlan(
             dataplane="unknown",
@@ -312,6 +329,7 @@ def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | No
     if port is None:
         listed = ", ".join(str(p.port) for p in service.ports) or "none"
         return MeshPlan(
+            protocol=None,
             export_to=exported,
             refusal=f"Service {namespace}/{spec.service} has no port {wanted} (its ports: {listed}): set "
             "spec.servicePort to the port clients call",
@@ -339,9 +357,12 @@ def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | No
     ambient = mesh.namespace_labels.get(DATAPLANE_MODE_LABEL) == "ambient"
     waypoint, waypoint_ns = _waypoint(service, mesh.namespace_labels) if ambient else (None, None)
     hosts = [service_host(pool, spec)] + ([endpoints_host(pool)] if spec.routing.endpoint_weights else [])
-    findings += _sidecar_findings(spec, namespace, exported, mesh.sidecars, hosts)
-    reached: Literal["True", "False"] = "False" if findings else "True"
-    reason = "HiddenBySidecar" if findings else "Reached"
+    hidden = _sidecar_findings(spec, namespace, mesh.sidecars, hosts)
+    findings += hidden
+    reached: Literal["True", "False"] = "False" if hidden else "True"
+    reason = "HiddenBySidecar" if hidden else "Reached"
+    if waypoint_ns is not None and waypoint_ns != namespace and exported != ("*",) and waypoint_ns not in exported:
+        exported = (*exported, waypoint_ns)  # the waypoint's proxies must see what it routes with
     if ambient and waypoint is None:
         findings.insert(
             0,

@@ -101,6 +101,11 @@ def plan_pass(
     eligible = [v for v in verdicts if v.eligible]
     routable = [v for v in eligible if allocations[v.name].routable]
     mesh = assess(spec, pool, observed.mesh, bool(canary.weights))
+    publish = bool(routable) and mesh.refusal is None
+    mesh_status = mesh.status()
+    if not publish and previous is not None and previous.mesh is not None:
+        # nothing is written: the EnvoyFilters are where the last publishing pass put them (pruning looks there)
+        mesh_status = mesh_status.model_copy(update={"envoy_filter_namespaces": previous.mesh.envoy_filter_namespaces})
     wants = [
         conditions.ready(len(routable), len(eligible), mesh.refusal),
         conditions.spec_valid(gate_warnings(spec), routing_warnings(spec)),
@@ -120,7 +125,7 @@ def plan_pass(
             "canary": canary.status,
             "endpoints": rows,
             "signal_checks": screened.checks,
-            "mesh": mesh.status(),
+            "mesh": mesh_status,
             "last_reconcile_time": now,
         }
     )
@@ -141,7 +146,7 @@ def plan_pass(
         ),
         revision_weights=canary.weights,
         revisions=tuple(sorted({v.revision for v in verdicts if v.revision is not None})),
-        publish=bool(routable) and mesh.refusal is None,
+        publish=publish,
         previous=previous,
         mirror=canary.mirror,
         mesh=mesh,

@@ -289,7 +289,8 @@ class KubeCluster:
         try:
             service = self._read(("service", namespace, spec.service), lambda: self._service(namespace, spec.service))
             labels = self._read(("namespace", namespace), lambda: self._namespace_labels(namespace))
-            sidecars = self._read(("sidecars", namespace), lambda: self._sidecars(namespace, spec))
+            clients = tuple(sorted(spec.routing.client_namespaces or ()))
+            sidecars = self._read(("sidecars", namespace, *clients), lambda: self._sidecars(namespace, spec))
         except ClusterError as failure:
             return ObservedMesh(failed=f"{failure.status} {failure.reason}")
         return ObservedMesh(service=service, namespace_labels=labels, sidecars=sidecars)
@@ -380,23 +381,44 @@ class KubeCluster:
                 )
             )
             keys += [ObjectKey(k.kind, item["metadata"]["name"]) for item in _json(answer).get("items", [])]
+        return keys + self._envoy_filters_elsewhere(namespace, selector, elsewhere)
+
+    def _envoy_filters_elsewhere(self, namespace: str, selector: str, elsewhere: frozenset[str]) -> list[ObjectKey]:
+        """The pool's EnvoyFilter copies outside its namespace: listed cluster-wide by their labels (wherever an
+        earlier pass put them), or, where the operator may only read some namespaces, in `elsewhere` (those it
+        cannot read are skipped and logged: a pool's deletion must not hang on them)."""
         filters = ISTIO_KINDS["EnvoyFilter"]
-        elsewhere_selector = f"{selector},{POOL_NAMESPACE_LABEL}={namespace}"
-        for where in sorted(elsewhere - {namespace}):
-            answer = _call(
-                lambda where=where: self.custom.list_namespaced_custom_object(  # type: ignore[misc]
-                    filters.group,
-                    filters.version,
-                    where,
-                    filters.plural,
-                    label_selector=elsewhere_selector,
-                    _preload_content=False,
-                )
+        labelled = f"{selector},{POOL_NAMESPACE_LABEL}={namespace}"
+        try:
+            answer = self.custom.list_cluster_custom_object(
+                filters.group, filters.version, filters.plural, label_selector=labelled, _preload_content=False
             )
-            keys += [
-                ObjectKey(filters.kind, item["metadata"]["name"], where) for item in _json(answer).get("items", [])
-            ]
-        return keys
+            items = _json(answer).get("items", [])
+        except ApiException as failure:
+            if failure.status != 403:
+                raise ClusterError(int(failure.status or 0), str(failure.reason or "error")) from failure
+            items = []
+            for where in sorted(elsewhere - {namespace}):
+                try:
+                    answer = self.custom.list_namespaced_custom_object(
+                        filters.group,
+                        filters.version,
+                        where,
+                        filters.plural,
+                        label_selector=labelled,
+                        _preload_content=False,
+                    )
+                except ApiException as denied:
+                    if denied.status != 403:
+                        raise ClusterError(int(denied.status or 0), str(denied.reason or "error")) from denied
+                    log.warning("EnvoyFilters of pool %s in namespace %s cannot be listed (403)", namespace, where)
+                    continue
+                items += _json(answer).get("items", [])
+        return [
+            ObjectKey(filters.kind, item["metadata"]["name"], item["metadata"]["namespace"])
+            for item in items
+            if item["metadata"]["namespace"] != namespace
+        ]
 
     # ---- writes
 

@@ -79,7 +79,7 @@ class MemoryCluster:
                 continue
             if ns == namespace:
                 keys.append(ObjectKey(kind, name))
-            elif ns in elsewhere and kind == "EnvoyFilter" and labels.get(POOL_NAMESPACE_LABEL) == namespace:
+            elif kind == "EnvoyFilter" and labels.get(POOL_NAMESPACE_LABEL) == namespace:  # listed cluster-wide
                 keys.append(ObjectKey(kind, name, ns))
         return keys
 

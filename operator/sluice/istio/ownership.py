@@ -112,8 +112,17 @@ class Decision:
     """The object to apply (`write`) or to replace the live one with (`restore`)."""
 
 
+def another_pools(live: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """A sluice object labelled for another pool (same name, another namespace: its EnvoyFilter copies)."""
+    have = live.get("metadata", {}).get("labels") or {}
+    want = desired.get("metadata", {}).get("labels") or {}
+    return any(key in have and key in want and have[key] != want[key] for key in (POOL_LABEL, POOL_NAMESPACE_LABEL))
+
+
 def decide(live: dict[str, Any] | None, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> Decision:
     owner = ownership(live, pool_uid)
+    if live is not None and owner == "ours" and another_pools(live, desired):
+        return Decision("refuse")
     if live is None or owner == "ours":
         return Decision("write", desired) if live is None or differs(live, desired) else Decision("unchanged")
     if owner == "foreign":

@@ -89,8 +89,15 @@ def _metadata(pool: PoolRef, kind_suffix: str = "", namespace: str | None = None
     there) has no ownerReference — Kubernetes' garbage collector treats a cross-namespace owner as absent and
     would delete it — and is released by the pool's finalizer instead; its labels name the pool's namespace."""
     where = namespace or pool.namespace
+    # A copy elsewhere is named after the pool's namespace too ('.' cannot occur in a pool name): pools of one
+    # name in two namespaces both writing into a third stay two objects.
+    name = (
+        object_name(pool) + kind_suffix
+        if where == pool.namespace
+        else f"sluice-{pool.name}.{pool.namespace}{kind_suffix}"
+    )
     meta: dict[str, Any] = {
-        "name": object_name(pool) + kind_suffix,
+        "name": name,
         "namespace": where,
         "labels": {**MANAGED_BY, POOL_LABEL: pool.name, POOL_NAMESPACE_LABEL: pool.namespace},
     }
@@ -120,7 +127,8 @@ def endpoint_tls_mode(tls_mode: str | None) -> str:
 def render_service_entry(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> dict[str, Any]:
     revision_label = spec.canary.revision_label if spec.canary else None
     mesh = plan.mesh
-    port_name = ENDPOINT_PORT_NAME.get(mesh.protocol, "http")
+    protocol = mesh.protocol if mesh.protocol is not None else "HTTP"
+    port_name = ENDPOINT_PORT_NAME.get(protocol, "http")
     endpoints = []
     for endpoint in sorted(plan.endpoints, key=lambda e: e.pod):
         labels = {TLS_MODE_LABEL: endpoint_tls_mode(endpoint.tls_mode), POOL_LABEL: pool.name}
@@ -137,8 +145,8 @@ def render_service_entry(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> 
             entry["serviceAccount"] = endpoint.service_account
         endpoints.append(entry)
     port: dict[str, Any] = {"number": spec.target_port, "name": port_name}
-    if mesh.protocol:  # "": left to Istio's protocol detection, as the Service's own port is
-        port["protocol"] = mesh.protocol
+    if protocol:  # "": left to Istio's protocol detection, as the Service's own port is
+        port["protocol"] = protocol
     meta = _metadata(pool)
     if mesh.waypoint is not None:  # bound to the Service's waypoint, which then routes to it
         meta["labels"][USE_WAYPOINT_LABEL] = mesh.waypoint
