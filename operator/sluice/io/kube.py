@@ -223,6 +223,9 @@ class KubeCluster:
         """Pods from the operator's own pod watch; `pods` lists each namespace once to seed it (every call, if None)."""
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
+        self.namespaces: frozenset[str] | None = None
+        """The namespaces the operator may read (a namespace-scoped install); None: the whole cluster. Lists of
+        Sidecars and of EnvoyFilter copies go only where they are allowed: no call is made to be refused."""
         self.mesh_seconds = MESH_SECONDS
         self._mesh_reads: dict[tuple[str, ...], tuple[float, Any]] = {}
         """(what, namespace, name) -> (monotonic time read, answer): the mesh side, read again after mesh_seconds."""
@@ -327,26 +330,26 @@ class KubeCluster:
         return dict((_json(answer).get("metadata") or {}).get("labels") or {})
 
     def _sidecars(self, namespace: str, spec: InferencePoolSpec) -> list[ObservedSidecar]:
-        items: list[dict[str, Any]] = []
-        try:
-            items = _json(self.custom.list_cluster_custom_object(*SIDECARS, _preload_content=False)).get("items", [])
-        except ApiException as failure:
-            if failure.status == 404:
-                return []  # Istio's Sidecar kind is not installed
-            if failure.status != 403:
+        if self.namespaces is None:
+            try:
+                answer = self.custom.list_cluster_custom_object(*SIDECARS, _preload_content=False)
+            except ApiException as failure:
+                if failure.status == 404:
+                    return []  # Istio's Sidecar kind is not installed
                 raise ClusterError(int(failure.status or 0), f"Sidecars: {failure.reason}") from failure
-            # namespace-scoped install: the namespaces it may read
-            names = {namespace, spec.routing.root_namespace, *(spec.routing.client_namespaces or ())} - {".", "*"}
-            for where in sorted(names):
-                try:
-                    answer = self.custom.list_namespaced_custom_object(
-                        SIDECARS[0], SIDECARS[1], where, SIDECARS[2], _preload_content=False
-                    )
-                except ApiException as denied:
-                    if denied.status in (403, 404):
-                        continue
-                    raise ClusterError(int(denied.status or 0), f"Sidecars: {denied.reason}") from denied
-                items += _json(answer).get("items", [])
+            return [observed_sidecar(item) for item in _json(answer).get("items", [])]
+        wanted = {namespace, spec.routing.root_namespace, *(spec.routing.client_namespaces or ())} - {".", "*"}
+        items: list[dict[str, Any]] = []
+        for where in sorted(wanted & self.namespaces):
+            try:
+                answer = self.custom.list_namespaced_custom_object(
+                    SIDECARS[0], SIDECARS[1], where, SIDECARS[2], _preload_content=False
+                )
+            except ApiException as failure:
+                if failure.status == 404:
+                    return []
+                raise ClusterError(int(failure.status or 0), f"Sidecars: {failure.reason}") from failure
+            items += _json(answer).get("items", [])
         return [observed_sidecar(item) for item in items]
 
     def secret_key(self, namespace: str, name: str, key: str) -> str:
@@ -385,22 +388,24 @@ class KubeCluster:
 
     def _envoy_filters_elsewhere(self, namespace: str, selector: str, elsewhere: frozenset[str]) -> list[ObjectKey]:
         """The pool's EnvoyFilter copies outside its namespace: listed cluster-wide by their labels (wherever an
-        earlier pass put them), or, where the operator may only read some namespaces, in `elsewhere` (those it
-        cannot read are skipped and logged: a pool's deletion must not hang on them)."""
+        earlier pass put them), or, in a namespace-scoped install, in the namespaces of `elsewhere` it may read."""
         filters = ISTIO_KINDS["EnvoyFilter"]
         labelled = f"{selector},{POOL_NAMESPACE_LABEL}={namespace}"
-        try:
-            answer = self.custom.list_cluster_custom_object(
-                filters.group, filters.version, filters.plural, label_selector=labelled, _preload_content=False
+        if self.namespaces is None:
+            answer = _call(
+                lambda: self.custom.list_cluster_custom_object(
+                    filters.group, filters.version, filters.plural, label_selector=labelled, _preload_content=False
+                )
             )
             items = _json(answer).get("items", [])
-        except ApiException as failure:
-            if failure.status != 403:
-                raise ClusterError(int(failure.status or 0), str(failure.reason or "error")) from failure
+        else:
+            unreadable = sorted(elsewhere - self.namespaces - {namespace})
+            if unreadable:
+                log.warning("pool %s: EnvoyFilters in %s are outside the watched namespaces", namespace, unreadable)
             items = []
-            for where in sorted(elsewhere - {namespace}):
-                try:
-                    answer = self.custom.list_namespaced_custom_object(
+            for where in sorted((elsewhere & self.namespaces) - {namespace}):
+                answer = _call(
+                    lambda where=where: self.custom.list_namespaced_custom_object(  # type: ignore[misc]
                         filters.group,
                         filters.version,
                         where,
@@ -408,11 +413,7 @@ class KubeCluster:
                         label_selector=labelled,
                         _preload_content=False,
                     )
-                except ApiException as denied:
-                    if denied.status != 403:
-                        raise ClusterError(int(denied.status or 0), str(denied.reason or "error")) from denied
-                    log.warning("EnvoyFilters of pool %s in namespace %s cannot be listed (403)", namespace, where)
-                    continue
+                )
                 items += _json(answer).get("items", [])
         return [
             ObjectKey(filters.kind, item["metadata"]["name"], item["metadata"]["namespace"])

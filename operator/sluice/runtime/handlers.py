@@ -118,6 +118,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         load_api_client(config.kubeconfig, connections=config.workers + 4), resync_seconds=ISTIO_RESYNC_SECONDS
     )
     runtime.cluster.pod_cache = runtime.pods
+    runtime.cluster.namespaces = frozenset(config.namespaces) or None
     # A replica that owns a shard of the pools asks Prometheus for its pools' pods only, not the whole namespace.
     runtime.prom = PromIO(owned=functools.partial(owned_pods, runtime)) if config.shards > 1 else PromIO()
     refresh = timedelta(seconds=config.status_refresh)
