@@ -88,6 +88,13 @@ def summary(status: InferencePoolStatus) -> str:
         lines.append(f"pods by state: {states}; by verdict: {verdicts}; weights: {buckets}")
     for condition in status.conditions:
         lines.append(f"{condition.type}={condition.status} ({condition.reason}): {condition.message}")
+    if status.mesh is not None:
+        m = status.mesh
+        filters = f", EnvoyFilters in {', '.join(m.envoy_filter_namespaces)}" if m.envoy_filter_namespaces else ""
+        waypoint = f" waypoint={m.waypoint}" if m.waypoint else ""
+        lines.append(
+            f"mesh: {m.dataplane}{waypoint}, port {m.service_port or '-'}, exportTo {','.join(m.export_to)}{filters}"
+        )
     if status.revision_weights:
         split = ", ".join(f"{rev} {weight}%" for rev, weight in sorted(status.revision_weights.items()))
         lines.append(f"revision split: {split}")
