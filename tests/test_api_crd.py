@@ -275,6 +275,30 @@ POSITIVE_DURATIONS = [
 ]
 BAD += [
     (
+        "header condition with two kinds",
+        {"canary": {"match": [{"headers": {"x-tester": {"exact": "yes", "prefix": "y"}}}]}},
+        "spec.canary.match[0].headers.x-tester.exact",
+        "set exactly one of exact, prefix or regex",
+    ),
+    (
+        "header condition with none",
+        {"canary": {"match": [{"headers": {"x-tester": {}}}]}},
+        "spec.canary.match[0].headers.x-tester.exact",
+        "set exactly one of exact, prefix or regex",
+    ),
+    (
+        "upper-case header name",
+        {"canary": {"match": [{"headers": {"X-Tester": {"exact": "yes"}}}]}},
+        "spec.canary.match[0].headers",
+        "header names are HTTP tokens in lower case",
+    ),
+    (
+        "header routes with EnvoyFilter route weights",
+        {"canary": {"match": [{"headers": {"x-tester": {"exact": "yes"}}}]}, "routing": {"weightsVia": "EnvoyFilter"}},
+        "spec.canary.match",
+        "canary.match is a route on sluice's VirtualService",
+    ),
+    (
         "every namespace listed with others",
         {"routing": {"clientNamespaces": ["*", "team-a"]}},
         "spec.routing.clientNamespaces",
@@ -483,6 +507,8 @@ SCHEMA_BAD = [
         "",
     ),
     ("gateway with two slashes", {"routing": {"gateways": ["a/b/c"]}}, "spec.routing.gateways[0]", ""),
+    ("a match with no header", {"canary": {"match": [{"headers": {}}]}}, "spec.canary.match[0].headers", ""),
+    ("no match entry", {"canary": {"match": []}}, "spec.canary.match", ""),
 ]
 
 

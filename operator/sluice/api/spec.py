@@ -10,6 +10,7 @@ import itertools
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
+import re2  # type: ignore[import-untyped]
 from pydantic import Field, field_validator
 
 from sluice.api.base import (
@@ -486,6 +487,82 @@ class ShadowSpec(ApiModel):
     )
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+ENVOY_MAX_PROGRAM_SIZE = 100
+"""Envoy refuses a safe_regex whose RE2 program is larger (source/common/common/regex.cc, runtime
+`re2.max_program_size.error_level`, 100 unless the mesh's proxies raise it)."""
+
+
+def re2_error(pattern: str) -> str | None:
+    """Why Envoy would refuse `pattern` (it compiles safe_regex with RE2, and caps the program size), or None."""
+    try:
+        compiled = re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as failure:
+        reason = failure.args[0] if failure.args else failure
+        return reason.decode() if isinstance(reason, bytes) else str(reason)
+    if compiled.programsize > ENVOY_MAX_PROGRAM_SIZE:
+        return f"RE2 program size {compiled.programsize} > {ENVOY_MAX_PROGRAM_SIZE}, Envoy's limit"
+    return None
+
+
+def _one_condition(match: StringMatch) -> bool:
+    return sum(value is not None for value in (match.exact, match.prefix, match.regex)) == 1
+
+
+class StringMatch(ApiModel):
+    """One header condition, as Istio's StringMatch: exactly one of exact, prefix or regex."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="(has(self.exact) ? 1 : 0) + (has(self.prefix) ? 1 : 0) + (has(self.regex) ? 1 : 0) == 1",
+            message="set exactly one of exact, prefix or regex",
+            check=_one_condition,
+            field_path=".exact",
+        ),
+    )
+
+    exact: str | None = Field(default=None, max_length=1024, description="The header's whole value.")
+    prefix: str | None = Field(default=None, min_length=1, max_length=1024, description="A prefix of the value.")
+    regex: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="An RE2 expression the whole value must match (Envoy's safe_regex; no look-around, no "
+        "back-references). Checked with RE2 by the operator and `sluice plan`, which the API server cannot do.",
+    )
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles_as_re2(cls, pattern: str | None) -> str | None:
+        if pattern is not None and (reason := re2_error(pattern)) is not None:
+            raise ValueError(f"not an RE2 expression Envoy compiles: {reason}")
+        return pattern
+
+
+HEADER_NAME = r"^[a-z0-9!#$%&'*+.^_`|~-]{1,256}$"
+"""A request header, lower case (Istio refuses upper-case header matches; HTTP/2 sends them lower case)."""
+
+
+class CanaryRoute(ApiModel):
+    """Requests whose headers all match (`cookie` matches the Cookie header: a regex finds one cookie in it)."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel=f"self.all(k, k.matches({cel_string(HEADER_NAME)}))",
+            message="header names are HTTP tokens in lower case (Istio refuses upper-case header matches)",
+            check=lambda headers: all(re.fullmatch(HEADER_NAME, name) for name in headers),
+            on="headers",
+        ),
+    )
+
+    headers: dict[str, StringMatch] = Field(
+        min_length=1, max_length=16, description="Header name -> condition; every one must hold."
+    )
+
+
 def _distinct_revisions(canary: CanarySpec) -> bool:
     return canary.candidate_revision is None or canary.candidate_revision != canary.stable_revision
 
@@ -544,6 +621,15 @@ class CanarySpec(ApiModel):
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Checks that gate each step.")
     max_failed_checks: int = Field(default=3, ge=1, le=100, description="Failed checks that roll the candidate back.")
     paused: bool = Field(default=False, description="Hold the current step; checks still run and can roll back.")
+    match: list[CanaryRoute] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description="Header routes: a request matching any entry goes to the candidate at every stage of the "
+        "rollout (shadow and paused included), ahead of the weighted split — testers meet the candidate before "
+        "users do. Rendered as a route of its own on sluice's VirtualService (not in weightsVia EnvoyFilter). "
+        "Matched requests never satisfy analysis.minRequests on their own (docs/guide.md, 'Header routes').",
+    )
     shadow: ShadowSpec | None = Field(
         default=None,
         description="Shadow phase before the first live step: mirrored traffic only, judged by its own analysis; "
@@ -753,6 +839,15 @@ class InferencePoolSpec(ApiModel):
             "(ttft, kvCacheUsage, queueLength or runningRequests)",
             check=lambda spec: spec.engine != "custom" or _has_load_query(spec),
             field_path=".metrics.queries",
+        ),
+        Rule(
+            cel="!has(self.canary) || !has(self.canary.match) || self.routing.weightsVia == 'VirtualService'",
+            message="canary.match is a route on sluice's VirtualService: with routing.weightsVia EnvoyFilter the "
+            "routes belong to the VirtualService's owner (add the header route there)",
+            check=lambda spec: (
+                spec.canary is None or spec.canary.match is None or spec.routing.weights_via == "VirtualService"
+            ),
+            field_path=".canary.match",
         ),
         Rule(
             cel="!has(self.canary) || !(self.canary.revisionLabel in self.selector.matchLabels)",

@@ -160,6 +160,13 @@ class CanaryStatus(StatusModel):
     shadow_verdict: str | None = Field(
         default=None, description="How this rollout's shadow phase ended (passed, skipped, removed from the spec)."
     )
+    header_routes: bool = Field(
+        default=False,
+        description="spec.canary.match's routes are rendered to the candidate (while the rollout is in flight and "
+        "the candidate has a routable pod). Requests they carry are not counted apart: Istio's standard metrics "
+        "(istio_requests_total) carry no route name and the engines' metrics no header, so the candidate's figures "
+        "mix testers and its share of users; minRequests counts at most the share.",
+    )
     served_users: bool = Field(
         default=False,
         description="Sticky for the rollout: user requests have been routed to the candidate (a live step, or a "

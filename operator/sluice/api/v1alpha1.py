@@ -44,10 +44,13 @@ from sluice.api.base import (
 )
 from sluice.api.rules import Rule, cel_string, check_rules, emit_rules, positive_duration
 from sluice.api.spec import (
+    ENVOY_MAX_PROGRAM_SIZE,
+    HEADER_NAME,
     MAX_LABELS,
     MAX_NAMESPACES,
     MAX_QUERY_LENGTH,
     AnalysisSpec,
+    CanaryRoute,
     CanarySpec,
     CapacitySpec,
     Gate,
@@ -69,7 +72,9 @@ from sluice.api.spec import (
     SecretKeyRef,
     SessionAffinitySpec,
     ShadowSpec,
+    StringMatch,
     TritonMetrics,
+    re2_error,
 )
 from sluice.api.status import (
     CanaryStatus,
@@ -143,7 +148,9 @@ __all__ = [
     "DNS_1123_LABEL",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
+    "ENVOY_MAX_PROGRAM_SIZE",
     "GROUP",
+    "HEADER_NAME",
     "KIND",
     "LABEL_KEY",
     "LABEL_KEY_MESSAGE",
@@ -161,6 +168,7 @@ __all__ = [
     "AnalysisSpec",
     "ApiModel",
     "CanaryPhase",
+    "CanaryRoute",
     "CanarySpec",
     "CanaryStage",
     "CanaryStatus",
@@ -201,6 +209,7 @@ __all__ = [
     "SignalCheck",
     "SignalChecks",
     "StatusModel",
+    "StringMatch",
     "TritonMetrics",
     "WeightBucket",
     "WeightsVia",
@@ -211,5 +220,6 @@ __all__ = [
     "is_label_value",
     "label_keys_rule",
     "positive_duration",
+    "re2_error",
     "read_status",
 ]

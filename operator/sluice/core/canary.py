@@ -83,6 +83,8 @@ class CanaryOutcome:
     """Traffic % per revision as published; empty means no split (route to every pod of the pool)."""
     mirror: Mirror | None = None
     """The mirror to render (shadow phase only); `status.mirrorPercent` is its percent."""
+    steer: str | None = None
+    """The revision the header routes (`spec.canary.match`) send matching requests to; None: none rendered."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ def check(
     stable: RevisionStats | None,
     metrics_usable: bool,
     stable_serves: bool = True,
+    requests_cap: float | None = None,
 ) -> Check:
     """One analysis check of the candidate. Pass only when every enabled gate was evaluated on data.
 
@@ -152,8 +155,17 @@ def check(
         return Check("Inconclusive", "metrics unavailable")
     if candidate.stale_pods:
         return Check("Inconclusive", f"stale signals for pod {', '.join(candidate.stale_pods)}: not evidence")
-    if candidate.requests is None or candidate.requests < analysis.min_requests:
-        seen = 0 if candidate.requests is None else round(candidate.requests)
+    counted = candidate.requests
+    if counted is not None and requests_cap is not None:
+        counted = min(counted, requests_cap)
+    if counted is None or counted < analysis.min_requests:
+        seen = 0 if counted is None else round(counted)
+        if requests_cap is not None:
+            return Check(
+                "Inconclusive",
+                f"{seen} requests in the window counted (header-routed ones excluded: at most what the split and "
+                f"mirror send, estimated from the stable revision's), need {analysis.min_requests}",
+            )
         return Check("Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}")
     failures: list[str] = []
     missing: list[str] = []
@@ -174,6 +186,16 @@ def check(
     skipped = "" if stable_serves or "ttftRatioToStable" not in enabled_gates(analysis) else "; ttftRatioToStable "
     skipped += "does not apply: the stable revision takes no traffic at this step" if skipped else ""
     return Check("Pass", f"within every gate ({applied}){skipped}")
+
+
+def _split_share(stable: RevisionStats | None, ratio: float) -> float:
+    """The candidate requests the split (or the mirror) accounts for: `ratio` times the stable revision's. With
+    header routes, the candidate's own count also holds the testers' requests, which the engines' metrics cannot
+    tell apart (no request carries its route); counting at most this share keeps them from passing a check's
+    minRequests alone. No stable figure: nothing is counted."""
+    if stable is None or stable.requests is None:
+        return 0.0
+    return stable.requests * ratio
 
 
 def forced_split(
@@ -215,7 +237,31 @@ def _split(stable: str | None, candidate: str, planned: int, forced_to: str | No
     return {stable: 100 - planned, candidate: planned}
 
 
+STEERED_PHASES: tuple[CanaryPhase, ...] = ("Shadow", "Progressing", "Paused")
+
+
 def step_canary(
+    spec: CanarySpec | None,
+    previous: CanaryStatus | None,
+    revisions: dict[str, RevisionStats],
+    metrics_usable: bool,
+    now: datetime,
+    operation: Operation | None = None,
+) -> CanaryOutcome:
+    """The rollout's next state and what to publish; header routes (`spec.match`) to the candidate while the
+    rollout is in flight (shadow and paused included) and the candidate has a routable pod."""
+    outcome = _step(spec, previous, revisions, metrics_usable, now, operation)
+    status = outcome.status
+    if spec is None or spec.match is None or status is None or status.candidate_revision is None:
+        return outcome
+    candidate = status.candidate_revision
+    steered = status.phase in STEERED_PHASES and revisions.get(candidate, RevisionStats()).routable_pods > 0
+    routes = f"; header routes to {candidate}" if steered else ""
+    status = status.model_copy(update={"header_routes": steered, "message": status.message + routes})
+    return CanaryOutcome(status, outcome.weights, outcome.mirror, candidate if steered else None)
+
+
+def _step(
     spec: CanarySpec | None,
     previous: CanaryStatus | None,
     revisions: dict[str, RevisionStats],
@@ -298,7 +344,10 @@ def _progress(
     if cand.incidents or (due and cand.routable_pods > 0):
         planned_now = spec.steps[min(state.step_index or 0, len(spec.steps) - 1)]
         stable_stats = revisions.get(stable) if stable else None
-        ran = check(spec.analysis, cand, stable_stats, metrics_usable, stable_serves=planned_now < 100)
+        cap = _split_share(stable_stats, planned_now / max(100 - planned_now, 1)) if spec.match else None
+        ran = check(
+            spec.analysis, cand, stable_stats, metrics_usable, stable_serves=planned_now < 100, requests_cap=cap
+        )
     failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
     result = ran.result if ran else state.last_check
     reason = ran.reason if ran else state.last_check_reason
@@ -365,7 +414,10 @@ def _shadow(
     ran: Check | None = None
     if cand.incidents or (due and cand.routable_pods > 0):
         stable_stats = revisions.get(stable) if stable else None
-        ran = check(shadow.analysis, cand, stable_stats, metrics_usable, stable_serves=forced_to is None)
+        cap = _split_share(stable_stats, shadow.mirror_percent / 100) if spec.match else None
+        ran = check(
+            shadow.analysis, cand, stable_stats, metrics_usable, stable_serves=forced_to is None, requests_cap=cap
+        )
     failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
     result = ran.result if ran else state.last_check
     reason = ran.reason if ran else state.last_check_reason

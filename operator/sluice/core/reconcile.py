@@ -63,6 +63,8 @@ class Plan:
     previous: InferencePoolStatus | None = field(default=None, repr=False)
     mirror: Mirror | None = None
     """Shadow canary: the request mirror to render on the route (its percent is `status.canary.mirrorPercent`)."""
+    steer: str | None = None
+    """Header routes: the revision `spec.canary.match` sends matching requests to (None: no such route)."""
     mesh: MeshPlan = field(default_factory=MeshPlan)
     """What the mesh side allows to render (`sluice.core.mesh`); a refusal there means nothing is published."""
 
@@ -149,6 +151,7 @@ def plan_pass(
         publish=publish,
         previous=previous,
         mirror=canary.mirror,
+        steer=canary.steer,
         mesh=mesh,
     )
 

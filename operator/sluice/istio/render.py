@@ -226,6 +226,10 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
     retries = render_retries(spec)
     if retries is not None:
         http["retries"] = retries
+    routes = [http]
+    steered = _steered_route(pool, spec, plan, retries)
+    if steered is not None:
+        routes.insert(0, steered)  # Istio tries routes in order: the header match first
     return {
         "apiVersion": VIRTUAL_SERVICE.api_version,
         "kind": VIRTUAL_SERVICE.kind,
@@ -233,10 +237,34 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
         "spec": {
             "hosts": [service_host(pool, spec)],
             "gateways": list(spec.routing.gateways),
-            "http": [http],
+            "http": routes,
             "exportTo": list(plan.mesh.export_to),
         },
     }
+
+
+MATCH_ROUTE_NAME = "sluice-match"
+
+
+def _steered_route(
+    pool: PoolRef, spec: InferencePoolSpec, plan: Plan, retries: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The header route: requests matching any of `spec.canary.match` go to the candidate's subset (Istio's
+    HTTPMatchRequest: headers AND-ed within an entry, entries OR-ed)."""
+    if spec.canary is None or spec.canary.match is None or plan.steer is None or plan.steer not in plan.revisions:
+        return None
+    matches = [
+        {"headers": {name: cond.wire() for name, cond in sorted(entry.headers.items())}} for entry in spec.canary.match
+    ]
+    target = {"host": destination_host(pool, spec), "port": {"number": destination_port(spec)}}
+    route: dict[str, Any] = {
+        "name": MATCH_ROUTE_NAME,
+        "match": matches,
+        "route": [{"destination": {**target, "subset": subset_name(plan.steer)}}],
+    }
+    if retries is not None:
+        route["retries"] = retries
+    return route
 
 
 def _mirror(plan: Plan) -> tuple[str, float] | None:

@@ -1,0 +1,191 @@
+"""Header routes to the candidate (`spec.canary.match`): rendered as Istio routes, judged without the testers.
+
+The VirtualService's header match is Istio's HTTPMatchRequest (`headers: {name: {exact|prefix|regex}}`), which
+istiod translates into an Envoy RouteMatch with HeaderMatchers (pilot/pkg/networking/core/route/route.go,
+translateHeaderMatch: exact -> string_match.exact, prefix -> string_match.prefix, regex ->
+string_match.safe_regex.regex); routes are tried in order, so the header route comes first. The route
+configuration istiod would build from sluice's VirtualService is checked by real Envoys (1.38.3 and 1.40), and the
+operator's RE2 check agrees with Envoy's on what compiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from sluice.api.errors import format_validation_error
+from sluice.api.v1alpha1 import InferencePool, re2_error
+from sluice.core.canary import RevisionStats, check
+from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
+from sluice.core.reconcile import Plan, plan_pass
+from sluice.devstack.apivalidation import SchemaRegistry
+from sluice.devstack.stack import SHARED_ISTIO
+from sluice.istio.render import PoolRef, cluster_name, destination_host, destination_port, render
+from tests.helpers import at, observed, pod, sig, spec
+from tests.test_envoy_patches import BOOTSTRAP, ENVOYS, envoy_validate, istio_cluster
+
+POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
+PODS = [pod("v1-a", "a100", "v1"), pod("v1-b", "a100", "v1"), pod("v2-a", "a100", "v2")]
+SIGNALS = {"v1-a": sig(ttft=0.04, rps=5), "v1-b": sig(ttft=0.04, rps=5), "v2-a": sig(ttft=0.04, rps=5)}
+MATCH = [
+    {"headers": {"x-sluice-tester": {"exact": "yes"}}},
+    {"headers": {"cookie": {"regex": "^(.*?;\\s*)?canary=always(;.*)?$"}, "x-team": {"prefix": "ml-"}}},
+]
+MESH = ObservedMesh(service=ObservedService(name="llama", ports=[ServicePort(port=8000, name="http")]))
+
+
+@pytest.fixture(scope="module")
+def istio() -> SchemaRegistry:
+    return SchemaRegistry().load(SHARED_ISTIO)
+
+
+def planned(canary: dict[str, Any], seconds: float = 0, previous: Any = None, pods: Any = None) -> tuple[Any, Plan]:
+    s = spec(canary={"stableRevision": "v1", "candidateRevision": "v2", **canary})
+    when = at(seconds)
+    seen = observed(pods or PODS, SIGNALS, when).model_copy(update={"mesh": MESH})
+    return s, plan_pass(s, 1, seen, previous, when, pool=POOL.id)
+
+
+def virtual_service(s: Any, plan: Plan, istio: SchemaRegistry) -> dict[str, Any]:
+    objects = render(POOL, s, plan)
+    for obj in objects:
+        istio.validate(obj)
+    found = [o for o in objects if o["kind"] == "VirtualService"]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_matching_requests_go_to_the_candidate_ahead_of_the_split(istio):
+    s, plan = planned({"match": MATCH})
+    assert plan.status.canary is not None
+    assert plan.status.canary.header_routes
+    http = virtual_service(s, plan, istio)["spec"]["http"]
+    assert [route["name"] for route in http] == ["sluice-match", "sluice-weights"]
+    steered = http[0]
+    assert steered["match"] == [
+        {"headers": {"x-sluice-tester": {"exact": "yes"}}},
+        {"headers": {"cookie": {"regex": MATCH[1]["headers"]["cookie"]["regex"]}, "x-team": {"prefix": "ml-"}}},
+    ]
+    assert [r["destination"]["subset"] for r in steered["route"]] == ["rev-v2"]
+    assert {r["destination"]["subset"]: r["weight"] for r in http[1]["route"]} == {"rev-v1": 95, "rev-v2": 5}
+
+
+def test_the_shadow_phase_has_the_header_route_and_the_mirror(istio):
+    s, plan = planned({"match": MATCH, "shadow": {"mirrorPercent": 50}})
+    assert plan.status.canary is not None
+    assert plan.status.canary.phase == "Shadow"
+    http = virtual_service(s, plan, istio)["spec"]["http"]
+    assert http[0]["route"][0]["destination"]["subset"] == "rev-v2"
+    assert "mirrors" not in http[0]  # testers' requests are not copied again
+    assert [r["destination"]["subset"] for r in http[1]["route"]] == ["rev-v1"]
+    assert http[1]["mirrors"][0]["destination"]["subset"] == "rev-v2"
+
+
+def test_no_header_route_without_routable_candidate_pods_or_after_the_rollout(istio):
+    s, plan = planned({"match": MATCH}, pods=PODS[:2])
+    assert plan.status.canary is not None
+    assert plan.status.canary.phase == "Waiting"
+    assert not plan.status.canary.header_routes
+    assert all(route["name"] != "sluice-match" for route in virtual_service(s, plan, istio)["spec"]["http"])
+    s, plan = planned({"match": MATCH, "steps": [100], "stepInterval": "1s", "analysis": {"minRequests": 0}})
+    promoted = plan_pass(s, 1, observed(PODS, SIGNALS, at(40)).model_copy(update={"mesh": MESH}), plan.status, at(40))
+    assert promoted.status.canary is not None
+    assert promoted.status.canary.phase == "Promoted"
+    assert promoted.steer is None
+
+
+def test_testers_requests_alone_never_satisfy_min_requests():
+    """The candidate's count mixes testers and its share of users (no metric tells them apart): at most the share
+    the split sends, estimated from the stable revision's requests, is counted."""
+    analysis = spec(canary={"candidateRevision": "v2"}).canary.analysis  # type: ignore[union-attr]
+    busy_testers = RevisionStats(routable_pods=1, healthy_pods=1, requests=300, error_rate=0.0, ttft_p95=0.1)
+    stable = RevisionStats(routable_pods=2, healthy_pods=2, requests=190, error_rate=0.0, ttft_p95=0.1)
+    share = stable.requests * 5 / 95  # type: ignore[operator]
+    capped = check(analysis, busy_testers, stable, True, requests_cap=share)
+    assert capped.result == "Inconclusive"
+    assert "10 requests in the window counted (header-routed ones excluded" in capped.reason
+    assert check(analysis, busy_testers, stable, True).result == "Pass"  # without header routes: every request
+    enough = RevisionStats(routable_pods=2, healthy_pods=2, requests=1900, error_rate=0.0, ttft_p95=0.1)
+    assert check(analysis, busy_testers, enough, True, requests_cap=enough.requests * 5 / 95).result == "Pass"  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------------------------- RE2, as Envoy
+
+
+BAD_REGEXES = ["(?=x)yes", "(a)\\1", "(?<=a)b", "[z-a]", "x{2,1}", "(unclosed", "a{100}"]
+GOOD_REGEXES = ["^yes$", "canary=(always|[0-9a-f]{8})", "(?i)tester", "\\bml-\\w+"]
+
+
+@pytest.mark.parametrize("pattern", BAD_REGEXES)
+def test_a_regex_envoy_cannot_compile_is_refused_with_its_field(pattern):
+    document = {
+        "apiVersion": "inference.sluice.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p", "namespace": "llm"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "llama"}},
+            "targetPort": 8000,
+            "service": "llama",
+            "canary": {"candidateRevision": "v2", "match": [{"headers": {"x-tester": {"regex": pattern}}}]},
+        },
+    }
+    with pytest.raises(ValidationError) as refused:
+        InferencePool.model_validate(document)
+    text = format_validation_error("InferencePool", "p", refused.value)
+    assert "spec.canary.match[0].headers.x-tester.regex: Invalid value" in text
+    assert "not an RE2 expression Envoy compiles" in text
+
+
+def _envoy_routes(s: Any, vs: dict[str, Any], subsets: list[str]) -> dict[str, Any]:
+    """The route configuration istiod builds from the VirtualService's http routes, on the bootstrap's vhost."""
+    host, port = destination_host(POOL, s), destination_port(s)
+    vhost_host, vhost_port = f"llama.{POOL.namespace}.svc.cluster.local", s.target_port
+    config = yaml.safe_load(BOOTSTRAP.read_text().replace("HOST", vhost_host).replace("PORT", str(vhost_port)))
+    names = {cluster_name(port, subset, host) for subset in subsets} | {cluster_name(vhost_port, None, vhost_host)}
+    config["static_resources"]["clusters"] = [istio_cluster(name) for name in sorted(names)]
+    routes = []
+    for http in vs["spec"]["http"]:
+        destinations = [
+            (cluster_name(port, r["destination"].get("subset"), host), r.get("weight", 100)) for r in http["route"]
+        ]
+        if len(destinations) == 1:
+            action: dict[str, Any] = {"cluster": destinations[0][0], "timeout": "0s"}
+        else:
+            clusters = [{"name": name, "weight": weight} for name, weight in destinations]
+            action = {"weighted_clusters": {"clusters": clusters}, "timeout": "0s"}
+        for match in http.get("match") or [{}]:
+            headers = []
+            for name, condition in (match.get("headers") or {}).items():
+                kind, value = next(iter(condition.items()))
+                string_match = {"safe_regex": {"regex": value}} if kind == "regex" else {kind: value}
+                headers.append({"name": name, "string_match": string_match})
+            route_match: dict[str, Any] = {"prefix": "/"}
+            if headers:
+                route_match["headers"] = headers
+            routes.append({"name": http["name"], "match": route_match, "route": action})
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["route_config"]["virtual_hosts"][0]["routes"] = routes
+    return config
+
+
+@pytest.mark.parametrize("envoy", sorted(ENVOYS))
+def test_real_envoy_accepts_the_header_routes_istiod_builds_from_the_virtual_service(envoy, istio, tmp_path):
+    s, plan = planned({"match": MATCH})
+    config = _envoy_routes(s, virtual_service(s, plan, istio), ["rev-v1", "rev-v2"])
+    result = envoy_validate(config, tmp_path, ENVOYS[envoy])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("envoy", sorted(ENVOYS))
+def test_the_operators_re2_check_agrees_with_envoys(envoy, istio, tmp_path):
+    """Each pattern put on the header route as it is (the models' check bypassed): Envoy refuses exactly the ones
+    `re2_error` refuses — so the check can fail, and it fails where Envoy would."""
+    s, plan = planned({"match": [{"headers": {"x-tester": {"exact": "yes"}}}]})
+    vs = virtual_service(s, plan, istio)
+    for pattern in BAD_REGEXES + GOOD_REGEXES:
+        vs["spec"]["http"][0]["match"] = [{"headers": {"x-tester": {"regex": pattern}}}]
+        result = envoy_validate(_envoy_routes(s, vs, ["rev-v1", "rev-v2"]), tmp_path, ENVOYS[envoy])
+        assert (result.returncode == 0) == (re2_error(pattern) is None), (pattern, result.stderr[-400:])
