@@ -273,7 +273,32 @@ POSITIVE_DURATIONS = [
         {"protection": {"outlierDetection": {"baseEjectionTime": "0s"}}},
     ),
 ]
+AB_TEST = {"key": {"header": "x-user-id"}, "percent": 20, "duration": "1h"}
 BAD += [
+    (
+        "A/B test with a shadow",
+        {"canary": {"abTest": AB_TEST, "shadow": {}}},
+        "spec.canary.abTest",
+        "abTest and shadow are two kinds of rollout: choose one",
+    ),
+    (
+        "A/B key with a header and a cookie",
+        {"canary": {"abTest": {**AB_TEST, "key": {"header": "x-user-id", "cookie": "sid"}}}},
+        "spec.canary.abTest.key.header",
+        "set exactly one of header or cookie",
+    ),
+    (
+        "A/B test with EnvoyFilter route weights",
+        {"canary": {"abTest": AB_TEST}, "routing": {"weightsVia": "EnvoyFilter"}},
+        "spec.canary.abTest",
+        "canary.abTest is a route on sluice's VirtualService",
+    ),
+    (
+        "A/B test of no length",
+        {"canary": {"abTest": {**AB_TEST, "duration": "0s"}}},
+        "spec.canary.abTest.duration",
+        "must be greater than 0s",
+    ),
     (
         "header condition with two kinds",
         {"canary": {"match": [{"headers": {"x-tester": {"exact": "yes", "prefix": "y"}}}]}},

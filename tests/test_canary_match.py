@@ -13,11 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import re2  # type: ignore[import-untyped]
 import yaml
 from pydantic import ValidationError
 
 from sluice.api.errors import format_validation_error
 from sluice.api.v1alpha1 import InferencePool, re2_error
+from sluice.core.abtest import ALPHABETS, buckets, key_match
 from sluice.core.canary import RevisionStats, check
 from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
 from sluice.core.reconcile import Plan, plan_pass
@@ -189,3 +191,81 @@ def test_the_operators_re2_check_agrees_with_envoys(envoy, istio, tmp_path):
         vs["spec"]["http"][0]["match"] = [{"headers": {"x-tester": {"regex": pattern}}}]
         result = envoy_validate(_envoy_routes(s, vs, ["rev-v1", "rev-v2"]), tmp_path, ENVOYS[envoy])
         assert (result.returncode == 0) == (re2_error(pattern) is None), (pattern, result.stderr[-400:])
+
+
+# ---------------------------------------------------------------------------------------------- A/B tests
+
+
+AB = {"key": {"header": "x-user-id"}, "percent": 20, "duration": "60s"}
+
+
+@pytest.mark.parametrize("alphabet", ["hex", "alphanumeric", "digits"])
+def test_bucket_regexes_take_the_share_asked_within_half_a_bucket_and_envoy_compiles_every_one(alphabet):
+    """Every two-character suffix enumerated: the regex's candidate buckets are counted, not taken from the code."""
+    chars = ALPHABETS[alphabet]  # type: ignore[index]
+    suffixes = [a + b for a in chars for b in chars]
+    for percent in (0.5, 1, 5, 12.5, 20, 33, 50, 66.7, 90, 99):
+        split = buckets(alphabet, percent)  # type: ignore[arg-type]
+        assert re2_error(f".*{split.tail}") is None, (alphabet, percent, split.tail)
+        taken = sum(1 for suffix in suffixes if re2.fullmatch(f".*{split.tail}", "user-" + suffix))
+        assert taken == split.buckets
+        assert split.share == pytest.approx(100 * taken / len(suffixes))
+        bucket = 100 / len(suffixes)
+        assert abs(split.share - percent) <= bucket / 2 or (percent < bucket and taken == 1), (percent, split.share)
+
+
+def test_a_cookie_key_is_matched_inside_the_cookie_header_and_only_under_its_own_name():
+    spec_ = spec(canary={"candidateRevision": "v2", "abTest": {**AB, "key": {"cookie": "sid"}, "percent": 50}})
+    assert spec_.canary is not None
+    assert spec_.canary.ab_test is not None
+    pattern = key_match(spec_.canary.ab_test)["cookie"]["regex"]
+    inside = [f"sid=abc{c}0" for c in "01234567"]  # the first half of hex buckets: 0x00-0x7f
+    outside = [f"sid=abc{c}0" for c in "89abcdef"]
+    for value in inside:
+        assert re2.fullmatch(pattern, value)
+        assert re2.fullmatch(pattern, f"theme=dark; {value}; lang=en")
+    for value in outside:
+        assert not re2.fullmatch(pattern, f"theme=dark; {value}")
+    assert not re2.fullmatch(pattern, "xsid=abc00")  # another cookie whose name ends the same
+    assert not re2.fullmatch(pattern, "theme=dark")  # no key: the stable revision
+
+
+def test_an_ab_test_renders_the_key_route_and_keeps_the_weighted_route_on_stable(istio, tmp_path):
+    s, plan = planned({"abTest": AB})
+    assert plan.status.canary is not None
+    assert plan.status.canary.phase == "Progressing"
+    assert plan.status.canary.ab_share == pytest.approx(100 * 51 / 256, abs=1e-4)  # 51 of 256 buckets
+    vs = virtual_service(s, plan, istio)
+    http = vs["spec"]["http"]
+    assert [route["name"] for route in http] == ["sluice-ab", "sluice-weights"]
+    assert http[0]["match"] == [{"headers": {"x-user-id": {"regex": ".*" + buckets("hex", 20).tail}}}]
+    assert http[0]["route"][0]["destination"]["subset"] == "rev-v2"
+    assert [(r["destination"]["subset"], r["weight"]) for r in http[1]["route"]] == [("rev-v1", 100)]
+    for envoy in sorted(ENVOYS):
+        result = envoy_validate(_envoy_routes(s, vs, ["rev-v1", "rev-v2"]), tmp_path, ENVOYS[envoy])
+        assert result.returncode == 0, result.stderr[-400:]
+
+
+def test_an_ab_test_promotes_after_its_duration_on_a_passing_check_and_rolls_back_on_failures():
+    s, plan = planned({"abTest": AB, "analysis": {"minRequests": 0, "interval": "5s"}})
+    status = plan.status
+    for seconds in range(5, 70, 5):
+        seen = observed(PODS, SIGNALS, at(seconds)).model_copy(update={"mesh": MESH})
+        status = plan_pass(s, 1, seen, status, at(seconds), pool=POOL.id).status
+        assert status.canary is not None
+        if status.canary.phase == "Promoted":
+            break
+    assert status.canary is not None
+    assert status.canary.phase == "Promoted"
+    assert seconds >= 60
+    bad = {**SIGNALS, "v2-a": sig(ttft=0.04, rps=5, errors=0.5)}
+    s, plan = planned({"abTest": AB, "analysis": {"minRequests": 0, "interval": "1s"}, "maxFailedChecks": 2})
+    status = plan.status
+    for seconds in range(1, 10):
+        seen = observed(PODS, bad, at(seconds)).model_copy(update={"mesh": MESH})
+        result = plan_pass(s, 1, seen, status, at(seconds), pool=POOL.id)
+        status = result.status
+    assert status.canary is not None
+    assert status.canary.phase == "RolledBack"
+    assert result.steer is None
+    assert status.canary.ab_share is None

@@ -563,6 +563,53 @@ class CanaryRoute(ApiModel):
     )
 
 
+COOKIE_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,256}$"
+"""A cookie name: an HTTP token (RFC 6265)."""
+KeyAlphabet = Literal["hex", "alphanumeric", "digits"]
+
+
+def _one_key(key: StickyKey) -> bool:
+    return (key.header is None) != (key.cookie is None)
+
+
+class StickyKey(ApiModel):
+    """Where a user's key travels: a request header, or a cookie (matched inside the Cookie header)."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="has(self.header) != has(self.cookie)",
+            message="set exactly one of header or cookie",
+            check=_one_key,
+            field_path=".header",
+        ),
+    )
+
+    header: str | None = Field(default=None, pattern=HEADER_NAME, description="A lower-case request header.")
+    cookie: str | None = Field(default=None, pattern=COOKIE_NAME, description="A cookie's name.")
+
+
+class AbTestSpec(ApiModel):
+    """An A/B test: each user (a key value) stays on one revision for the whole experiment.
+
+    Istio's weighted routes pick per request, so the assignment is a rule every proxy evaluates the same way: a
+    regex on the key's last two characters sends a fixed set of buckets to the candidate (docs/guide.md, "A/B
+    tests"). The share is exact for keys whose last characters are uniform over `keyAlphabet` (random ids)."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("duration"),)
+
+    key: StickyKey = Field(description="The user's key.")
+    percent: float = Field(gt=0, lt=100, description="Share of keys assigned to the candidate, in percent.")
+    duration: Duration = Field(
+        description="Length of the experiment: after it, a passing check promotes the candidate (failed checks "
+        "roll it back at any time, as in a staged rollout)."
+    )
+    key_alphabet: KeyAlphabet = Field(
+        default="hex",
+        description="The characters keys end in: hex (UUIDs, hashes), alphanumeric, digits. Decides the buckets "
+        "(two trailing characters: 256, 3844 or 100) and so how close the assigned share comes to `percent`.",
+    )
+
+
 def _distinct_revisions(canary: CanarySpec) -> bool:
     return canary.candidate_revision is None or canary.candidate_revision != canary.stable_revision
 
@@ -575,6 +622,12 @@ class CanarySpec(ApiModel):
             message="candidateRevision must differ from stableRevision",
             check=_distinct_revisions,
             field_path=".candidateRevision",
+        ),
+        Rule(
+            cel="!has(self.abTest) || !has(self.shadow)",
+            message="abTest and shadow are two kinds of rollout: choose one",
+            check=lambda canary: canary.ab_test is None or canary.shadow is None,
+            field_path=".abTest",
         ),
         Rule(
             cel="self.all(s, s >= 1 && s <= 100)",
@@ -629,6 +682,11 @@ class CanarySpec(ApiModel):
         "rollout (shadow and paused included), ahead of the weighted split — testers meet the candidate before "
         "users do. Rendered as a route of its own on sluice's VirtualService (not in weightsVia EnvoyFilter). "
         "Matched requests never satisfy analysis.minRequests on their own (docs/guide.md, 'Header routes').",
+    )
+    ab_test: AbTestSpec | None = Field(
+        default=None,
+        description="An A/B test instead of steps: a fixed share of users (by key) on the candidate for a "
+        "duration, each user always on the same revision; the same gates, promotion and rollback.",
     )
     shadow: ShadowSpec | None = Field(
         default=None,
@@ -839,6 +897,15 @@ class InferencePoolSpec(ApiModel):
             "(ttft, kvCacheUsage, queueLength or runningRequests)",
             check=lambda spec: spec.engine != "custom" or _has_load_query(spec),
             field_path=".metrics.queries",
+        ),
+        Rule(
+            cel="!has(self.canary) || !has(self.canary.abTest) || self.routing.weightsVia == 'VirtualService'",
+            message="canary.abTest is a route on sluice's VirtualService: with routing.weightsVia EnvoyFilter the "
+            "routes belong to the VirtualService's owner",
+            check=lambda spec: (
+                spec.canary is None or spec.canary.ab_test is None or spec.routing.weights_via == "VirtualService"
+            ),
+            field_path=".canary.abTest",
         ),
         Rule(
             cel="!has(self.canary) || !has(self.canary.match) || self.routing.weightsVia == 'VirtualService'",

@@ -167,6 +167,11 @@ class CanaryStatus(StatusModel):
         "(istio_requests_total) carry no route name and the engines' metrics no header, so the candidate's figures "
         "mix testers and its share of users; minRequests counts at most the share.",
     )
+    ab_share: float | None = Field(
+        default=None,
+        description="A/B test: percent of keys the rendered bucket route sends to the candidate (exact for keys "
+        "whose last two characters are uniform over keyAlphabet); absent while no such route is rendered.",
+    )
     served_users: bool = Field(
         default=False,
         description="Sticky for the rollout: user requests have been routed to the candidate (a live step, or a "

@@ -39,6 +39,7 @@ from sluice.api.v1alpha1 import (
     OperationRecord,
     ShadowSpec,
 )
+from sluice.core.abtest import buckets
 from sluice.core.operations import (
     apply_operation,
     first_state,
@@ -250,15 +251,32 @@ def step_canary(
 ) -> CanaryOutcome:
     """The rollout's next state and what to publish; header routes (`spec.match`) to the candidate while the
     rollout is in flight (shadow and paused included) and the candidate has a routable pod."""
+    ab = spec.ab_test if spec is not None else None
+    if spec is not None and ab is not None:
+        # an A/B test is one step at 0 % on the weighted route, held for its duration: the candidate's users come
+        # through the key's route (`sluice.core.abtest`), then the promotion or the rollback as after a last step
+        spec = spec.model_copy(update={"steps": [0], "step_interval": ab.duration})
     outcome = _step(spec, previous, revisions, metrics_usable, now, operation)
     status = outcome.status
-    if spec is None or spec.match is None or status is None or status.candidate_revision is None:
+    if spec is None or (spec.match is None and ab is None) or status is None or status.candidate_revision is None:
         return outcome
     candidate = status.candidate_revision
     steered = status.phase in STEERED_PHASES and revisions.get(candidate, RevisionStats()).routable_pods > 0
-    routes = f"; header routes to {candidate}" if steered else ""
-    status = status.model_copy(update={"header_routes": steered, "message": status.message + routes})
-    return CanaryOutcome(status, outcome.weights, outcome.mirror, candidate if steered else None)
+    update: dict[str, object] = {"header_routes": steered and spec.match is not None}
+    notes = [f"header routes to {candidate}"] if steered and spec.match is not None else []
+    if ab is not None:
+        split = buckets(ab.key_alphabet, ab.percent)
+        key = f"header {ab.key.header}" if ab.key.header else f"cookie {ab.key.cookie}"
+        update["ab_share"] = round(split.share, 4) if steered else None
+        if steered:
+            notes.append(
+                f"A/B: keys ({key}) in {split.buckets} of {split.of} buckets on {candidate}, {split.share:.2f}% of "
+                f"uniform {ab.key_alphabet} keys ({ab.percent:g}% asked)"
+            )
+    update["message"] = "; ".join([status.message, *notes])
+    return CanaryOutcome(
+        status.model_copy(update=update), outcome.weights, outcome.mirror, candidate if steered else None
+    )
 
 
 def _step(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import re2  # type: ignore[import-untyped]
 import yaml
 from kubernetes import client as k8s
 
@@ -650,6 +652,10 @@ class Sample:
     failed after the answer had started (never retried)."""
     first: str = ""
     """The pod its first attempt went to (`pod` is the last attempt's)."""
+    tester: bool = False
+    """The request carried the tester headers (`Traffic.tester_headers`)."""
+    user: str | None = None
+    """The user key it carried (`Traffic.user_header`), if any."""
 
 
 @dataclass(frozen=True)
@@ -679,6 +685,28 @@ class MirrorRoute:
     percent: float
 
 
+def user_key(index: int) -> str:
+    """User `index`'s key: 16 hex digits, as a random session or user id looks (the same for every request)."""
+    return hashlib.sha256(f"user-{index}".encode()).hexdigest()[:16]
+
+
+def headers_match(headers: dict[str, str], conditions: dict[str, dict[str, str]]) -> bool:
+    """Envoy's header matching for one Istio match entry: every condition holds (exact, prefix, or a regex that
+    matches the whole value, RE2 as Envoy's safe_regex); a missing header matches none."""
+    for name, condition in conditions.items():
+        value = headers.get(name)
+        if value is None:
+            return False
+        kind, wanted = next(iter(condition.items()))
+        if kind == "exact" and value != wanted:
+            return False
+        if kind == "prefix" and not value.startswith(wanted):
+            return False
+        if kind == "regex" and re2.fullmatch(wanted, value) is None:
+            return False
+    return True
+
+
 @dataclass
 class Traffic:
     """Bounded load through the published routing: revision split, then weighted least-request, the route's
@@ -700,6 +728,14 @@ class Traffic:
     """Per pod: mirror copies sent to it (answers discarded)."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     seed: int = 7
+    tester_share: float = 0.0
+    """Share of requests sent with `tester_headers` (testers steered by the canary's header routes)."""
+    tester_headers: dict[str, str] = field(default_factory=lambda: {"x-sluice-tester": "yes"})
+    user_header: str | None = None
+    """Every request carries a user key in this header, drawn from `users` users (each the same key every time)."""
+    users: int = 200
+    matched: tuple[tuple[tuple[dict[str, dict[str, str]], ...], dict[str, int]], ...] = ()
+    """The header routes ahead of the weighted one, in order: (their match entries, their split)."""
 
     def refresh_routes(self) -> None:
         """Read the ServiceEntry (per-pod weights) and VirtualService (revision split) sluice wrote."""
@@ -720,12 +756,24 @@ class Traffic:
                 )
             )
         revision_of = {subset_name(revision): revision for revision in by_revision if revision}
-        split: dict[str, int] = {}
-        http_route = (service or {}).get("spec", {}).get("http", [{}])[0]
+
+        def split_of(route: dict[str, Any]) -> dict[str, int]:
+            split: dict[str, int] = {}
+            for target in route.get("route", []):
+                subset = target["destination"].get("subset")
+                split[revision_of.get(subset, subset) if subset else ""] = int(target.get("weight", 100))
+            return split
+
+        http = (service or {}).get("spec", {}).get("http", [{}])
+        # Envoy tries the routes in order: the first whose match holds (or that has none) takes the request.
+        self.matched = tuple(
+            (tuple(entry.get("headers") or {} for entry in route["match"]), split_of(route))
+            for route in http
+            if route.get("match")
+        )
+        http_route: dict[str, Any] = next((route for route in http if not route.get("match")), {})
         self.retries = RetryPolicy.of(http_route.get("retries"))
-        for route in http_route.get("route", []):
-            subset = route["destination"].get("subset")
-            split[revision_of.get(subset, subset) if subset else ""] = int(route.get("weight", 100))
+        split = split_of(http_route)
         self.mirrors = tuple(
             MirrorRoute(
                 revision_of.get(mirror["destination"].get("subset", ""), ""),
@@ -744,8 +792,14 @@ class Traffic:
         pod, ip, _ = rng.choices(endpoints, weights=effective)[0]
         return pod, ip
 
-    def pick(self, rng: random.Random, avoid: frozenset[str] = frozenset()) -> tuple[str, str, str] | None:
+    def pick(
+        self, rng: random.Random, avoid: frozenset[str] = frozenset(), headers: dict[str, str] | None = None
+    ) -> tuple[str, str, str] | None:
         split, by_revision = self.routes
+        for entries, route_split in self.matched:
+            if any(headers_match(headers or {}, entry) for entry in entries):
+                split = route_split
+                break
         if avoid:  # a retry that ignores previous hosts
             by_revision = {r: [e for e in group if e[0] not in avoid] for r, group in by_revision.items()}
             by_revision = {r: group for r, group in by_revision.items() if group}
@@ -774,10 +828,13 @@ class Traffic:
             try:
                 while time.monotonic() < end and not self.stop.is_set():
                     await asyncio.sleep(rng.expovariate(self.rate))
-                    choice = self.pick(rng)
+                    headers = dict(self.tester_headers) if rng.random() < self.tester_share else {}
+                    if self.user_header is not None:
+                        headers[self.user_header] = user_key(rng.randrange(self.users))
+                    choice = self.pick(rng, headers=headers)
                     if choice is None or len(tasks) > 200:
                         continue
-                    task = asyncio.create_task(self._one(http, prompt, *choice))
+                    task = asyncio.create_task(self._one(http, prompt, *choice, headers=headers))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     for mirror in self.mirrors:
@@ -807,7 +864,16 @@ class Traffic:
         finally:
             self.active[pod] -= 1
 
-    async def _one(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str, revision: str) -> None:
+    async def _one(
+        self,
+        http: aiohttp.ClientSession,
+        prompt: str,
+        pod: str,
+        ip: str,
+        revision: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        headers = headers or {}
         policy, tried, attempts, first = self.retries, {pod}, 1, pod
         rng = random.Random(hash((pod, time.monotonic())))
         while True:
@@ -820,13 +886,17 @@ class Traffic:
                 self.active[pod] -= 1
             if ok or condition not in policy.retry_on or attempts > policy.attempts:
                 break
-            retry = self.pick(rng, frozenset(tried) if policy.ignore_previous_hosts else frozenset())
+            retry = self.pick(rng, frozenset(tried) if policy.ignore_previous_hosts else frozenset(), headers)
             if retry is None:
                 break
             pod, ip, revision = retry
             tried.add(pod)
             attempts += 1
-        self.samples.append(Sample(time.monotonic(), pod, revision, ttft, ok, attempts, condition, first))
+        tester = bool(self.tester_headers) and all(headers.get(k) == v for k, v in self.tester_headers.items())
+        user = headers.get(self.user_header) if self.user_header else None
+        self.samples.append(
+            Sample(time.monotonic(), pod, revision, ttft, ok, attempts, condition, first, tester=tester, user=user)
+        )
 
     def finished(self) -> list[Sample]:
         """The samples so far, copied in one step: the traffic's loop appends from its own thread, and iterating

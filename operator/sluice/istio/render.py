@@ -20,6 +20,7 @@ from typing import Any
 
 from sluice.api.durations import format_duration
 from sluice.api.v1alpha1 import API_VERSION, KIND, InferencePoolSpec
+from sluice.core.abtest import key_match
 from sluice.core.mesh import (
     ENDPOINT_PORT_NAME,
     TLS_MODE_LABEL,
@@ -226,10 +227,9 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
     retries = render_retries(spec)
     if retries is not None:
         http["retries"] = retries
-    routes = [http]
-    steered = _steered_route(pool, spec, plan, retries)
-    if steered is not None:
-        routes.insert(0, steered)  # Istio tries routes in order: the header match first
+    # Istio tries routes in order: testers' header match first, then the A/B test's keys, then the split
+    candidates = (_steered_route(pool, spec, plan, retries), _ab_route(pool, spec, plan, retries))
+    routes = [*(route for route in candidates if route is not None), http]
     return {
         "apiVersion": VIRTUAL_SERVICE.api_version,
         "kind": VIRTUAL_SERVICE.kind,
@@ -244,6 +244,7 @@ def render_virtual_service(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -
 
 
 MATCH_ROUTE_NAME = "sluice-match"
+AB_ROUTE_NAME = "sluice-ab"
 
 
 def _steered_route(
@@ -251,16 +252,38 @@ def _steered_route(
 ) -> dict[str, Any] | None:
     """The header route: requests matching any of `spec.canary.match` go to the candidate's subset (Istio's
     HTTPMatchRequest: headers AND-ed within an entry, entries OR-ed)."""
-    if spec.canary is None or spec.canary.match is None or plan.steer is None or plan.steer not in plan.revisions:
+    canary = spec.canary
+    if canary is None or canary.match is None or plan.steer is None or plan.steer not in plan.revisions:
         return None
     matches = [
-        {"headers": {name: cond.wire() for name, cond in sorted(entry.headers.items())}} for entry in spec.canary.match
+        {"headers": {name: cond.wire() for name, cond in sorted(entry.headers.items())}} for entry in canary.match
     ]
+    return _candidate_route(pool, spec, plan.steer, MATCH_ROUTE_NAME, matches, retries)
+
+
+def _ab_route(
+    pool: PoolRef, spec: InferencePoolSpec, plan: Plan, retries: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The A/B test's route: keys in the candidate's buckets go to it, every request (`sluice.core.abtest`)."""
+    canary = spec.canary
+    if canary is None or canary.ab_test is None or plan.steer is None or plan.steer not in plan.revisions:
+        return None
+    return _candidate_route(pool, spec, plan.steer, AB_ROUTE_NAME, [{"headers": key_match(canary.ab_test)}], retries)
+
+
+def _candidate_route(
+    pool: PoolRef,
+    spec: InferencePoolSpec,
+    revision: str,
+    name: str,
+    matches: list[dict[str, Any]],
+    retries: dict[str, Any] | None,
+) -> dict[str, Any]:
     target = {"host": destination_host(pool, spec), "port": {"number": destination_port(spec)}}
     route: dict[str, Any] = {
-        "name": MATCH_ROUTE_NAME,
+        "name": name,
         "match": matches,
-        "route": [{"destination": {**target, "subset": subset_name(plan.steer)}}],
+        "route": [{"destination": {**target, "subset": subset_name(revision)}}],
     }
     if retries is not None:
         route["retries"] = retries
