@@ -87,7 +87,7 @@ def test_testers_reach_the_candidate_at_zero_percent_and_users_stay_on_the_stabl
     assert canary["phase"] == "Shadow"
     assert canary["weight"] == 0
     assert canary["headerRoutes"] is True
-    status = kubectl_sluice(stack, "status", "llama")
+    status = kubectl_sluice(stack, "status", "llama", "-n", stack.namespace)
     assert "header routes to v2" in status.stdout, status.stdout
 
 
