@@ -104,6 +104,7 @@ def summary(status: InferencePoolStatus) -> str:
         if c.stage == "Shadow" and c.phase not in ("Promoted", "Idle"):
             step = "shadow"
         mirror = f" mirror={c.mirror_percent:g}%" if c.mirror_percent is not None else ""
+        mirror += f" abShare={c.ab_share:g}%" if c.ab_share is not None else ""
         lines.append(
             f"canary: {c.phase} stable={c.stable_revision or '-'} candidate={c.candidate_revision or '-'} "
             f"step={step} weight={c.weight}%{mirror} failedChecks={c.failed_checks} - {c.message}"

@@ -45,7 +45,6 @@ from sluice.api.base import (
 from sluice.api.rules import Rule, cel_string, check_rules, emit_rules, positive_duration
 from sluice.api.spec import (
     COOKIE_NAME,
-    ENVOY_MAX_PROGRAM_SIZE,
     HEADER_NAME,
     MAX_LABELS,
     MAX_NAMESPACES,
@@ -153,7 +152,6 @@ __all__ = [
     "DNS_1123_LABEL",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
-    "ENVOY_MAX_PROGRAM_SIZE",
     "GROUP",
     "HEADER_NAME",
     "KIND",

@@ -156,17 +156,8 @@ def check(
         return Check("Inconclusive", "metrics unavailable")
     if candidate.stale_pods:
         return Check("Inconclusive", f"stale signals for pod {', '.join(candidate.stale_pods)}: not evidence")
-    counted = candidate.requests
-    if counted is not None and requests_cap is not None:
-        counted = min(counted, requests_cap)
-    if counted is None or counted < analysis.min_requests:
-        seen = 0 if counted is None else round(counted)
-        if requests_cap is not None:
-            return Check(
-                "Inconclusive",
-                f"{seen} requests in the window counted (header-routed ones excluded: at most what the split and "
-                f"mirror send, estimated from the stable revision's), need {analysis.min_requests}",
-            )
+    if candidate.requests is None or candidate.requests < analysis.min_requests:
+        seen = 0 if candidate.requests is None else round(candidate.requests)
         return Check("Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}")
     failures: list[str] = []
     missing: list[str] = []
@@ -179,14 +170,35 @@ def check(
             continue
         if failure:
             failures.append(failure)
-    if failures:
+    if failures:  # every request is evidence of a failure, the testers' included
         return Check("Fail", "; ".join(failures))
     if missing:
         return Check("Inconclusive", "no data for gate " + ", ".join(missing))
+    if requests_cap is not None and candidate.requests is not None:
+        counted = min(candidate.requests, requests_cap)
+        if counted < analysis.min_requests:  # but not of a pass: the testers' requests alone never make one
+            return Check(
+                "Inconclusive",
+                f"{round(counted)} requests in the window counted (header-routed ones excluded: at most what the "
+                f"split and mirror send, estimated from the stable revision's), need {analysis.min_requests}",
+            )
     applied = ", ".join(gates) or "none enabled"
     skipped = "" if stable_serves or "ttftRatioToStable" not in enabled_gates(analysis) else "; ttftRatioToStable "
     skipped += "does not apply: the stable revision takes no traffic at this step" if skipped else ""
     return Check("Pass", f"within every gate ({applied}){skipped}")
+
+
+def _requests_cap(spec: CanarySpec, stable: RevisionStats | None, planned: int, forced_to: str | None) -> float | None:
+    """The most candidate requests a check counts while header routes carry testers (None: no cap): the share
+    the split sends — for an A/B test, its buckets' share — estimated from the stable revision's requests. No cap
+    at 100 % or with the split forced to one side: the stable revision then serves nobody to estimate from, and
+    every user is on the candidate anyway."""
+    if spec.match is None or forced_to is not None:
+        return None
+    share = buckets(spec.ab_test.key_alphabet, spec.ab_test.percent).share if spec.ab_test else float(planned)
+    if share >= 100:
+        return None
+    return _split_share(stable, share / (100 - share))
 
 
 def _split_share(stable: RevisionStats | None, ratio: float) -> float:
@@ -256,13 +268,18 @@ def step_canary(
         # an A/B test is one step at 0 % on the weighted route, held for its duration: the candidate's users come
         # through the key's route (`sluice.core.abtest`), then the promotion or the rollback as after a last step
         spec = spec.model_copy(update={"steps": [0], "step_interval": ab.duration})
+        if previous is not None and (previous.step_index or 0) > 0:  # turned into an A/B test mid-rollout
+            previous = previous.model_copy(update={"step_index": 0, "step_started_at": None})
     outcome = _step(spec, previous, revisions, metrics_usable, now, operation)
     status = outcome.status
     if spec is None or (spec.match is None and ab is None) or status is None or status.candidate_revision is None:
         return outcome
     candidate = status.candidate_revision
-    steered = status.phase in STEERED_PHASES and revisions.get(candidate, RevisionStats()).routable_pods > 0
+    # users (and testers) are steered only to a candidate with a healthy pod: one the floor merely keeps is not
+    steered = status.phase in STEERED_PHASES and revisions.get(candidate, RevisionStats()).healthy_pods > 0
     update: dict[str, object] = {"header_routes": steered and spec.match is not None}
+    if ab is not None and steered:
+        update["served_users"] = True
     notes = [f"header routes to {candidate}"] if steered and spec.match is not None else []
     if ab is not None:
         split = buckets(ab.key_alphabet, ab.percent)
@@ -362,7 +379,7 @@ def _progress(
     if cand.incidents or (due and cand.routable_pods > 0):
         planned_now = spec.steps[min(state.step_index or 0, len(spec.steps) - 1)]
         stable_stats = revisions.get(stable) if stable else None
-        cap = _split_share(stable_stats, planned_now / max(100 - planned_now, 1)) if spec.match else None
+        cap = _requests_cap(spec, stable_stats, planned_now, forced_split(stable, candidate, revisions)[0])
         ran = check(
             spec.analysis, cand, stable_stats, metrics_usable, stable_serves=planned_now < 100, requests_cap=cap
         )
@@ -432,7 +449,7 @@ def _shadow(
     ran: Check | None = None
     if cand.incidents or (due and cand.routable_pods > 0):
         stable_stats = revisions.get(stable) if stable else None
-        cap = _split_share(stable_stats, shadow.mirror_percent / 100) if spec.match else None
+        cap = _split_share(stable_stats, shadow.mirror_percent / 100) if spec.match and forced_to is None else None
         ran = check(
             shadow.analysis, cand, stable_stats, metrics_usable, stable_serves=forced_to is None, requests_cap=cap
         )
