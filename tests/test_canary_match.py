@@ -10,6 +10,14 @@ operator's RE2 check agrees with Envoy's on what compiles.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +32,7 @@ from sluice.core.canary import RevisionStats, check
 from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.devstack.apivalidation import SchemaRegistry
-from sluice.devstack.stack import SHARED_ISTIO
+from sluice.devstack.stack import SHARED_ISTIO, free_port
 from sluice.istio.render import PoolRef, cluster_name, destination_host, destination_port, render
 from tests.helpers import at, observed, pod, sig, spec
 from tests.test_envoy_patches import BOOTSTRAP, ENVOYS, envoy_validate, istio_cluster
@@ -330,3 +338,67 @@ def test_an_ab_test_promotes_after_its_duration_on_a_passing_check_and_rolls_bac
     assert status.canary.phase == "RolledBack"
     assert result.steer is None
     assert status.canary.ab_share is None
+
+
+def _serve(envoy: Path, config: dict[str, Any], tmp_path: Path) -> Iterator[int]:
+    """A real Envoy serving `config` on a free loopback port for the test's length (stopped by its PID)."""
+    port = free_port()
+    listener = config["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"]["port_value"] = port
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = subprocess.Popen(
+        [str(envoy), "-c", str(path), "--use-dynamic-base-id", "--log-level", "error"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            time.sleep(0.1)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.mark.parametrize("envoy", sorted(ENVOYS))
+def test_real_envoy_sends_each_key_to_the_revision_its_last_two_characters_assign(envoy, istio, tmp_path):
+    """sluice's A/B route (a cookie key, with a header route ahead of it) run by Envoy: each route answers with its
+    subset's name, and 200 keys' answers are compared with the assignment computed from their last two hex digits
+    (bucket = 16·d1 + d2; the first 51 of 256 are the candidate's at 20 %), not from the regex."""
+    s, plan = planned({"match": MATCH, "abTest": {**AB, "key": {"cookie": "sid"}}})
+    vs = virtual_service(s, plan, istio)
+    assert [r["name"] for r in vs["spec"]["http"]] == ["sluice-match", "sluice-ab", "sluice-weights"]
+    config = _envoy_routes(s, vs, ["rev-v1", "rev-v2"])
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+        action = route.pop("route")
+        target = (
+            action.get("cluster") or max(action["weighted_clusters"]["clusters"], key=lambda c: c["weight"])["name"]
+        )
+        route["direct_response"] = {"status": 200, "body": {"inline_string": f"{route['name']} {target.split('|')[2]}"}}
+    keys = [hashlib.sha256(f"k{i}".encode()).hexdigest()[:12] for i in range(200)]
+    answers: dict[str, str] = {}
+    for port in _serve(ENVOYS[envoy], config, tmp_path):
+        for key in keys:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions",
+                headers={"Host": "llama.llm.svc.cluster.local", "Cookie": f"theme=dark; sid={key}; lang=en"},
+            )
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                answers[key] = answer.read().decode()
+        tester = urllib.request.Request(
+            f"http://127.0.0.1:{port}/", headers={"Host": "llama.llm.svc.cluster.local", "x-sluice-tester": "yes"}
+        )
+        with urllib.request.urlopen(tester, timeout=5) as answer:
+            assert answer.read().decode() == "sluice-match rev-v2"
+    hexd = "0123456789abcdef"
+    expected = {
+        key: "sluice-ab rev-v2" if hexd.index(key[-2]) * 16 + hexd.index(key[-1]) < 51 else "sluice-weights rev-v1"
+        for key in keys
+    }
+    assert answers == expected
+    assert 20 <= sum(1 for a in answers.values() if a.endswith("rev-v2")) <= 60  # ~20 % of 200
