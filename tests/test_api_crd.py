@@ -126,7 +126,13 @@ BAD = [
     ),
     ("steps repeat", {"canary": {"steps": [5, 5, 100]}}, "spec.canary.steps", "steps must be strictly increasing"),
     ("last step not 100", {"canary": {"steps": [5, 50]}}, "spec.canary.steps", "the last step must be 100"),
-    ("step out of range", {"canary": {"steps": [0, 100]}}, "spec.canary.steps", "steps must be between 1 and 100"),
+    ("step out of range", {"canary": {"steps": [-5, 100]}}, "spec.canary.steps", "steps must be between 0 and 100"),
+    (
+        "testers-only step without header routes",
+        {"canary": {"steps": [0, 100]}},
+        "spec.canary.steps",
+        "a first step of 0 % (testers only) needs header routes in canary.match",
+    ),
     (
         "candidate equals stable",
         {"canary": {"stableRevision": "v1", "candidateRevision": "v1"}},

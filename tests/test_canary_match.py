@@ -402,3 +402,35 @@ def test_real_envoy_sends_each_key_to_the_revision_its_last_two_characters_assig
     }
     assert answers == expected
     assert 20 <= sum(1 for a in answers.values() if a.endswith("rev-v2")) <= 60  # ~20 % of 200
+
+
+def test_a_testers_only_first_step_holds_users_on_stable_until_a_person_skips_it():
+    """Argo Rollouts' setHeaderRoute as a step: at 0 % the header route carries the testers; checks can fail the
+    step but never pass it, so it holds until `skip-step`, which needs no passing check there (but not after a
+    failed one)."""
+    from sluice.api.operation import Operation  # noqa: PLC0415
+
+    canary = {
+        "stableRevision": "v1",
+        "candidateRevision": "v2",
+        "match": MATCH,
+        "steps": [0, 50, 100],
+        "stepInterval": "10s",
+        "analysis": {"interval": "5s"},
+    }
+    s = spec(canary=canary)
+    status = _run(s, SIGNALS, 60)
+    assert status.canary.phase == "Progressing"
+    assert status.canary.step_weight == 0
+    assert status.canary.header_routes
+    assert "testers only" in status.canary.message
+    assert status.canary.last_check == "Inconclusive"  # healthy testers, still no pass
+    skip = Operation(op="skip-step", id="op-1", by="tester")
+    seen = observed(PODS, SIGNALS, at(60)).model_copy(update={"mesh": MESH})
+    moved = plan_pass(s, 1, seen, status, at(60), skip, pool=POOL.id)
+    assert moved.status.canary is not None
+    assert moved.status.canary.step_weight == 50
+    assert moved.revision_weights == {"v1": 50, "v2": 50}
+    failing = {**SIGNALS, "v2-a": sig(ttft=0.04, rps=5, errors=0.5)}
+    failed = _run(spec(canary={**canary, "maxFailedChecks": 2}), failing, 30)
+    assert failed.canary.phase == "RolledBack"  # the testers' failures count

@@ -626,10 +626,16 @@ class CanarySpec(ApiModel):
             field_path=".abTest",
         ),
         Rule(
-            cel="self.all(s, s >= 1 && s <= 100)",
-            message="steps must be between 1 and 100",
-            check=lambda steps: all(1 <= step <= 100 for step in steps),
+            cel="self.all(s, s >= 0 && s <= 100)",
+            message="steps must be between 0 and 100",
+            check=lambda steps: all(0 <= step <= 100 for step in steps),
             on="steps",
+        ),
+        Rule(
+            cel="self.steps[0] > 0 || has(self.match)",
+            message="a first step of 0 % (testers only) needs header routes in canary.match",
+            check=lambda canary: canary.steps[0] > 0 or canary.match is not None,
+            field_path=".steps",
         ),
         Rule(
             cel="self.isSorted() && self.all(s, self.exists_one(t, t == s))",
@@ -664,7 +670,10 @@ class CanarySpec(ApiModel):
         default=[5, 25, 50, 100],
         min_length=1,
         max_length=20,
-        description="Candidate traffic percentages, strictly increasing, ending at 100.",
+        description="Candidate traffic percentages, strictly increasing, ending at 100. With canary.match, a first "
+        "step of 0 holds users on the stable revision while testers reach the candidate (Argo Rollouts' "
+        "setHeaderRoute): its checks can fail it but never pass it (testers' requests alone), so it ends by "
+        "`kubectl sluice skip-step` (or promote) once the testers are satisfied.",
     )
     step_interval: Duration = Field(default=60.0, description="Minimum time spent at each step.")
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Checks that gate each step.")

@@ -281,6 +281,8 @@ def step_canary(
     if ab is not None and steered:
         update["served_users"] = True
     notes = [f"header routes to {candidate}"] if steered and spec.match is not None else []
+    if ab is None and status.step_weight == 0 and status.stage == "Live" and status.phase in STEERED_PHASES:
+        notes.append("testers only: checks can fail this step, never pass it; `kubectl sluice skip-step` ends it")
     if ab is not None:
         split = buckets(ab.key_alphabet, ab.percent)
         key = f"header {ab.key.header}" if ab.key.header else f"cookie {ab.key.cookie}"

@@ -146,6 +146,8 @@ def _advance(spec: CanarySpec, state: CanaryStatus, operation: Operation, now: d
     shadow = state.stage == "Shadow"
     if shadow:
         passed = passed and mirrored_evidence(state.last_check, state.last_check_at, state.step_started_at, window)
+    elif spec.ab_test is None and state.step_weight == 0 and state.phase in active and state.last_check != "Fail":
+        passed = True  # a testers-only step never passes a check (testers' requests alone): a person ends it
     if not passed and not operation.force:
         where = f"in shadow over {window:g}s of mirrored traffic" if shadow else "at the current step"
         why = f"no passing check {where} yet (last: {state.last_check or 'none'}); --force skips analysis"
