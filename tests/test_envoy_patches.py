@@ -234,3 +234,33 @@ def test_no_mirror_policy_once_the_shadow_is_over(tmp_path):
     config = build_config(s, render(POOL, s, plan), ["rev-v1", "rev-v2"])
     assert "request_mirror_policies" not in _route(config)["route"]
     assert envoy_validate(config, tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("envoy", sorted(ENVOYS))
+def test_real_envoy_accepts_the_retry_policy_istiod_builds_from_sluices_retries(envoy, tmp_path):
+    """The VirtualService retries as istiod translates them (retry.go ConvertPolicy: numbers in retryOn become
+    retriable_status_codes and `retriable-status-codes` is added; retryIgnorePreviousHosts is the previous_hosts
+    predicate), on the route of the bootstrap, checked by Envoy (the harness's refusal of a broken patch is
+    `test_the_check_rejects_a_broken_patch`)."""
+    s = spec(routing={"retries": {"attempts": 2, "retryOn": ["reset", "5xx"], "statusCodes": [500]}})
+    plan = run(s, PODS, SIGNALS, 0)
+    retries = next(o for o in render(POOL, s, plan) if o["kind"] == "VirtualService")["spec"]["http"][0]["retries"]
+    words = retries["retryOn"].split(",")
+    codes = [int(w) for w in words if w.isdigit()]
+    policy = {
+        "retry_on": ",".join([w for w in words if not w.isdigit()] + ["retriable-status-codes"]),
+        "num_retries": retries["attempts"],
+        "retriable_status_codes": codes,
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                },
+            }
+        ],
+    }
+    config = build_config(s, [], [])
+    _route(config)["route"]["retry_policy"] = policy
+    result = envoy_validate(config, tmp_path, ENVOYS[envoy])
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -175,6 +175,16 @@ def test_retries_render_as_istio_http_retry_before_any_response_byte(istio):
     assert "retries" not in by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]["spec"]["http"][0]
 
 
+def test_server_errors_are_retried_through_istios_numeric_retry_on(istio):
+    """Istio reads numbers in retryOn as status codes (pilot/pkg/networking/core/route/retry/retry.go
+    parseRetryOn: Envoy's retriable_status_codes, with retriable-status-codes added)."""
+    retries = {"attempts": 2, "retryOn": ["reset", "5xx"], "statusCodes": [503, 500, 500]}
+    s, plan = plan_for(routing={"retries": retries})
+    vs = by_kind(render(POOL, s, plan))["VirtualService/sluice-llama"]
+    istio.validate(vs)
+    assert vs["spec"]["http"][0]["retries"]["retryOn"] == "reset,5xx,500,503"
+
+
 def test_shadow_renders_an_istio_mirror_to_the_candidate_subset_while_users_stay_on_stable(istio):
     s, plan = plan_for(canary={**CANARY, "shadow": {"mirrorPercent": 12.5}})
     assert plan.status.canary is not None

@@ -732,8 +732,11 @@ class LeastRequestSpec(ApiModel):
     )
 
 
-RetryOn = Literal["connect-failure", "refused-stream", "reset", "gateway-error"]
-"""Failures Envoy sees before any of the response reaches the client, so a retry never duplicates a stream."""
+RetryOn = Literal["connect-failure", "refused-stream", "reset", "gateway-error", "5xx"]
+"""Failures Envoy sees before any of the response reaches the client, so a retry never duplicates a stream: no
+connection, a reset before the headers, a 502/503/504, and with `5xx` any 5xx answer (plus resets: Envoy's `5xx`
+covers connect-failure and refused-stream too). Envoy retries on the response headers, before it forwards any of
+them, and never once it has sent the client part of an answer."""
 
 
 class RetrySpec(ApiModel):
@@ -745,9 +748,16 @@ class RetrySpec(ApiModel):
     retry_on: list[RetryOn] = Field(
         default=["connect-failure", "refused-stream", "reset", "gateway-error"],
         min_length=1,
-        max_length=4,
+        max_length=5,
         description="When to retry. Only failures before the response starts are offered: Envoy never retries once "
         "it has sent response bytes to the client, and an LLM request is expensive to repeat.",
+    )
+    status_codes: list[Annotated[int, Field(ge=500, le=599)]] = Field(
+        default_factory=list,
+        max_length=10,
+        description="Server errors to retry besides gateway-error (e.g. [500] for an engine's internal error): "
+        "written as numbers in Istio's retryOn, which istiod turns into Envoy's retriable_status_codes. A retried "
+        "request runs its prompt again on another pod (its prefill is paid twice).",
     )
     per_try_timeout: Duration | None = Field(
         default=None,

@@ -618,8 +618,8 @@ async def attempt_completion(
     """One attempt: (TTFT, completed, the Envoy retry condition it failed with before any response byte, if any).
 
     The conditions are Envoy's `retryOn` names: `connect-failure` (no connection), `reset` (dropped before the
-    response headers), `gateway-error` (502/503/504). A failure after the response started has none: Envoy never
-    retries once it has sent the client part of an answer.
+    response headers), `gateway-error` (502/503/504), or the status code of another error answer ("500"). A
+    failure after the response started has none: Envoy never retries once it has sent the client part of an answer.
     """
     started = time.monotonic()
     ttft: float | None = None
@@ -628,7 +628,7 @@ async def attempt_completion(
         async with http.post(url, json={"prompt": prompt, "max_tokens": max_tokens, "stream": True}) as answer:
             headers_seen = True
             if answer.status != 200:
-                return None, False, "gateway-error" if answer.status in (502, 503, 504) else None
+                return None, False, "gateway-error" if answer.status in (502, 503, 504) else str(answer.status)
             async for line in answer.content:
                 if ttft is None and line.startswith(b"data:"):
                     ttft = time.monotonic() - started
@@ -648,8 +648,8 @@ class Sample:
     ok: bool
     attempts: int = 1
     condition: str | None = None
-    """How the last attempt failed before any response byte (an Envoy `retryOn` name); None: it did not, or it
-    failed after the answer had started (never retried)."""
+    """How the last attempt failed before any response byte (an Envoy `retryOn` name, or the status code of another
+    error answer, e.g. "500"); None: it did not, or it failed after the answer had started (never retried)."""
     first: str = ""
     """The pod its first attempt went to (`pod` is the last attempt's)."""
     tester: bool = False
@@ -665,6 +665,18 @@ class RetryPolicy:
     attempts: int = 0
     retry_on: frozenset[str] = frozenset()
     ignore_previous_hosts: bool = True
+
+    def retries(self, condition: str | None) -> bool:
+        """Whether Envoy retries an attempt that failed so: its retryOn name, a status code listed (istiod's
+        retriable_status_codes), or any 5xx, reset or connection failure under `5xx`."""
+        if condition is None:
+            return False
+        if condition in self.retry_on:
+            return True
+        server_error = condition in ("gateway-error", "reset", "connect-failure", "refused-stream") or (
+            condition.isdigit() and condition.startswith("5")
+        )
+        return "5xx" in self.retry_on and server_error
 
     @classmethod
     def of(cls, retries: dict[str, Any] | None) -> RetryPolicy:
@@ -884,7 +896,7 @@ class Traffic:
                 ttft, ok, condition = await attempt_completion(http, url, prompt, self.max_tokens)
             finally:
                 self.active[pod] -= 1
-            if ok or condition not in policy.retry_on or attempts > policy.attempts:
+            if ok or not policy.retries(condition) or attempts > policy.attempts:
                 break
             retry = self.pick(rng, frozenset(tried) if policy.ignore_previous_hosts else frozenset(), headers)
             if retry is None:

@@ -309,7 +309,9 @@ def render_retries(spec: InferencePoolSpec) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {
         "attempts": retries.attempts,
-        "retryOn": ",".join(retries.retry_on),
+        # status codes as numbers: istiod moves them to retriable_status_codes and adds retriable-status-codes
+        # (pilot/pkg/networking/core/route/retry/retry.go parseRetryOn)
+        "retryOn": ",".join([*retries.retry_on, *(str(code) for code in sorted(set(retries.status_codes)))]),
         "retryRemoteLocalities": retries.retry_remote_localities,
         "retryIgnorePreviousHosts": retries.retry_ignore_previous_hosts,
     }
