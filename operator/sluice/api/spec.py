@@ -890,6 +890,19 @@ class RoutingSpec(ApiModel):
 _LOAD_QUERIES = ("ttft", "kv_cache_usage", "queue_length", "running_requests")
 
 
+def _needs_virtual_service(wire: str, field: str, hint: str) -> Rule:
+    """A canary route (`canary.<wire>`) that only sluice's own VirtualService can carry."""
+    return Rule(
+        cel=f"!has(self.canary) || !has(self.canary.{wire}) || self.routing.weightsVia == 'VirtualService'",
+        message=f"canary.{wire} is a route on sluice's VirtualService: with routing.weightsVia EnvoyFilter the "
+        f"routes belong to the VirtualService's owner{hint}",
+        check=lambda spec: (
+            spec.canary is None or getattr(spec.canary, field) is None or spec.routing.weights_via == "VirtualService"
+        ),
+        field_path=f".canary.{wire}",
+    )
+
+
 def _has_load_query(spec: InferencePoolSpec) -> bool:
     return any(getattr(spec.metrics.queries, field) is not None for field in _LOAD_QUERIES)
 
@@ -913,24 +926,8 @@ class InferencePoolSpec(ApiModel):
             check=lambda spec: spec.engine != "custom" or _has_load_query(spec),
             field_path=".metrics.queries",
         ),
-        Rule(
-            cel="!has(self.canary) || !has(self.canary.abTest) || self.routing.weightsVia == 'VirtualService'",
-            message="canary.abTest is a route on sluice's VirtualService: with routing.weightsVia EnvoyFilter the "
-            "routes belong to the VirtualService's owner",
-            check=lambda spec: (
-                spec.canary is None or spec.canary.ab_test is None or spec.routing.weights_via == "VirtualService"
-            ),
-            field_path=".canary.abTest",
-        ),
-        Rule(
-            cel="!has(self.canary) || !has(self.canary.match) || self.routing.weightsVia == 'VirtualService'",
-            message="canary.match is a route on sluice's VirtualService: with routing.weightsVia EnvoyFilter the "
-            "routes belong to the VirtualService's owner (add the header route there)",
-            check=lambda spec: (
-                spec.canary is None or spec.canary.match is None or spec.routing.weights_via == "VirtualService"
-            ),
-            field_path=".canary.match",
-        ),
+        _needs_virtual_service("abTest", "ab_test", ""),
+        _needs_virtual_service("match", "match", " (add the header route there)"),
         Rule(
             cel="!has(self.canary) || !(self.canary.revisionLabel in self.selector.matchLabels)",
             message="selector.matchLabels must not pin canary.revisionLabel, or candidate pods fall outside the pool",
