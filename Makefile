@@ -68,7 +68,7 @@ demo: venv stack-deps
 	$(PY) -m sluice.devstack.demo $(DEMO_ARGS)
 
 # The routing-quality benchmark: every scenario, every strategy, side by side; report in out/bench/.
-SCENARIOS := seed-000 seed-000-fast homogeneous homogeneous-tuning mixed-fleet mixed-saturating degrading-node degrading-tuning degrading-tuning-scrape5 bad-canary burst underdeclared agent-overdeclared
+SCENARIOS := seed-000 seed-000-fast homogeneous homogeneous-tuning mixed-fleet mixed-saturating degrading-node degrading-tuning degrading-tuning-scrape5 bad-canary burst underdeclared agent-overdeclared failing-pod-tuning failing-pod failing-pod-retries underprovisioned-canary
 bench: venv
 	$(PY) -m sluice bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) --out out/bench
 

@@ -60,13 +60,17 @@ def test_state_chains_through_a_failure_and_an_outage(tmp_path):
     )
     assert failing.returncode == 0, failing.stderr
     rows = {r["pod"]: r for r in json.loads(second.read_text())["endpoints"]}
-    assert rows["llama-a100-1"]["state"] == "Zeroed"
+    # the failing A100 still serves 65 % of its requests and the others cannot take its 11 req/s: held, not zeroed
+    assert rows["llama-a100-1"]["state"] == "Routable"
+    assert rows["llama-a100-1"]["capacityHeld"] is True
     assert rows["llama-a100-1"]["incident"] == "ErrorRate"
+    # an OOM-killed pod cannot serve: it leaves at once
     assert rows["llama-4090-0"]["state"] == "Zeroed"
     assert rows["llama-4090-0"]["incident"] == "OOMKilled"
     addresses = {e["address"] for e in next(yaml.safe_load_all(failing.stdout))["spec"]["endpoints"]}
-    assert addresses == {"10.8.0.11", "10.8.2.31"}
-    assert "PodZeroed" in failing.stderr
+    assert addresses == {"10.8.0.11", "10.8.0.12", "10.8.2.31"}
+    assert "PodZeroed          llama-4090-0" in failing.stderr
+    assert "PodHeld            llama-a100-1: would be zeroed (error rate 35.0% >= 10.0%), held at" in failing.stderr
 
     stale = plan(
         "heterogeneous.yaml",

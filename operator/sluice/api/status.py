@@ -101,6 +101,12 @@ class EndpointStatus(StatusModel):
         description="sluice would zero this pod (or has no evidence for it) but protection.minRoutablePercent "
         "keeps it routable at minWeight.",
     )
+    capacity_held: bool = Field(
+        default=False,
+        description="sluice would zero this pod after its incident (or keep it at its recovery ramp), but the other "
+        "pods of its revision cannot take its share within scoring.targetUtilization: it keeps the share they "
+        "cannot take (protection.zeroWhenOthersFull); the reason gives the figures.",
+    )
     missing_signals: list[str] = Field(
         default_factory=list,
         description="Signals the engine provides that had no series for this pod this pass (never read as 0).",

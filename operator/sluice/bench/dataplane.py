@@ -142,3 +142,73 @@ class ConsistentHashRouter:
     def pick(self, session: int) -> str:
         index = bisect.bisect(self.points, self._hash(f"session-{session}")) % len(self.points)
         return self.owners[index]
+
+
+class OutlierDetector:
+    """One sidecar's consecutive-5xx outlier detection over one cluster, as Envoy runs what Istio renders.
+
+    Envoy 1.38 `source/common/upstream/outlier_detection_impl.cc`: every 5xx response counts towards the host's
+    consecutive 5xx, any other response resets it; reaching `consecutive_5xx` ejects the host unless that would
+    take the ejected share past `max_ejection_percent` (100 (ejected + 1) / hosts ≤ max), and resets the count.
+    The ejection time is base × backoff (backoff counted up at each ejection, capped at `max_ejection_time`, 300 s
+    by default); a host comes back at the first interval sweep that finds its time served, with its counts reset,
+    and each sweep that finds it in service for a full interval since counts its backoff down by one. Istio
+    writes `enforcing_success_rate: 0` and no gateway-failure enforcement for a DestinationRule's
+    `consecutive5xxErrors`, so only consecutive 5xx ejects; `minHealthPercent` 0 turns the panic threshold off.
+    No jitter (Envoy's default `max_ejection_time_jitter` is 0).
+    """
+
+    def __init__(
+        self,
+        hosts: list[str],
+        consecutive_5xx: int,
+        interval: float,
+        base_ejection_time: float,
+        max_ejection_percent: int,
+        max_ejection_time: float = 300.0,
+    ) -> None:
+        self.hosts = sorted(hosts)
+        self.threshold = consecutive_5xx
+        self.interval = interval
+        self.base = base_ejection_time
+        self.max_percent = max_ejection_percent
+        self.max_time = max(max_ejection_time, base_ejection_time)
+        self.count = dict.fromkeys(self.hosts, 0)
+        self.backoff = dict.fromkeys(self.hosts, 0)
+        self.ejected_at: dict[str, float] = {}
+        self.unejected_at: dict[str, float] = {}
+        self.next_sweep = interval
+        self.ejections = 0
+
+    def result(self, host: str, at: float, server_error: bool) -> None:
+        """A response from `host` at `at`: a 5xx or not."""
+        self.sweep(at)
+        if not server_error:
+            self.count[host] = 0
+            return
+        self.count[host] += 1
+        if self.threshold > 0 and self.count[host] == self.threshold and host not in self.ejected_at:
+            self.count[host] = 0
+            if 100.0 * (len(self.ejected_at) + 1) / len(self.hosts) <= self.max_percent:
+                self.ejected_at[host] = at
+                self.ejections += 1
+                if self.backoff[host] * self.base < self.max_time + self.base:
+                    self.backoff[host] += 1
+
+    def sweep(self, now: float) -> None:
+        """Run the interval sweeps due by `now`."""
+        while self.next_sweep <= now:
+            tick = self.next_sweep
+            for host, since in list(self.ejected_at.items()):
+                if min(self.base * self.backoff[host], self.max_time) <= tick - since:
+                    del self.ejected_at[host]
+                    self.count[host] = 0
+                    self.unejected_at[host] = tick
+            for host, since in self.unejected_at.items():
+                if host not in self.ejected_at and tick - since >= self.interval and self.backoff[host] > 0:
+                    self.backoff[host] -= 1
+            self.next_sweep += self.interval
+
+    def ejected(self, now: float) -> frozenset[str]:
+        self.sweep(now)
+        return frozenset(self.ejected_at)

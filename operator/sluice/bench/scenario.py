@@ -24,6 +24,8 @@ dataplane:
   sidecars: 8                  # client Envoys, each with its own active counts and its own copy of the weights
   choice_count: 2              # LEAST_REQUEST with equal weights
   propagation_delay: 1         # control plane -> every sidecar
+  retries: 0                   # retries of a 5xx on another host (retryOn 5xx); 0: Istio's default route
+  outlier_detection: true      # consecutive-5xx ejection in every sidecar (the pool's DestinationRule)
 sluice:                        # the real sluice core in the loop
   interval: 5                  # seconds between passes
   scrape_interval: 15          # Prometheus scrape
@@ -89,6 +91,14 @@ class DataPlaneSpec(_Model):
     propagation_delay: float = Field(default=1.0, ge=0)
     load_poll_interval: float = Field(default=1.0, gt=0)
     """How often the modelled vLLM router's power_of_two polls `/get_load`."""
+    retries: int = Field(default=0, ge=0, le=10)
+    """Retries of a 5xx by the client's sidecar (a route's `retries: {attempts: N, retryOn: 5xx}`), each after
+    Envoy's jittered back-off (25 ms base) on a host not tried before where Envoy picks the host
+    (`retryIgnorePreviousHosts`, 5 host selections), through the router where one does. 0: none, as Istio's
+    default route, whose retryOn never matches an HTTP 500."""
+    outlier_detection: bool = True
+    """Every client sidecar ejects hosts on consecutive 5xx as the pool's DestinationRule says
+    (`protection.outlierDetection` of the benchmark's pool), for every strategy where Envoy picks the host."""
 
 
 class SluiceSpec(_Model):

@@ -39,6 +39,7 @@ from sluice.bench.dataplane import (
     ConsistentHashRouter,
     EnvoyLeastRequest,
     EnvoyRoundRobin,
+    OutlierDetector,
     PowerOfTwoRouter,
     WeightedRandom,
 )
@@ -59,6 +60,12 @@ STRATEGIES = (
     "consistent-hash",
 )
 EXTRA_STRATEGIES = ("blind-canary",)
+ENVOY_PICKS = ("round-robin", "least-request", "static-capacity", "sluice", "sluice-cube", "blind-canary")
+"""Strategies where the client's Envoy picks the host: its outlier detection and retry host predicate apply."""
+HOST_SELECTIONS = 5
+"""Istio's `host_selection_retry_max_attempts` with `retryIgnorePreviousHosts`: picks until one not tried."""
+RETRY_BACK_OFF = 0.025
+"""Envoy's default retry back-off base interval (seconds): retry k waits U(0, base x 2^k)."""
 DRAIN_SECONDS = 600.0  # after the last arrival; a request without a first token by then counts as infinitely late
 
 
@@ -81,6 +88,7 @@ class Outcome:
     e2e: float | None = None
     ok: bool = False
     failed: bool = False
+    attempts: int = 1
 
 
 @dataclass
@@ -140,14 +148,42 @@ class Simulation:
         self.hash_ring = ConsistentHashRouter(self.names)
         self.global_active = dict.fromkeys(self.names, 0)
         self.flights: dict[int, tuple[Outcome, int]] = {}
+        self.retrying: dict[int, Outcome] = {}
         self.outcomes: list[Outcome] = []
         self.timeline: list[tuple[float, dict[str, int]]] = []
         self.published: Published | None = None
-        self.canary = pool_spec(scenario).canary
+        pool = pool_spec(scenario)
+        self.canary = pool.canary
+        outlier = pool.protection.outlier_detection
+        self.outliers = (
+            [
+                OutlierDetector(
+                    self.names,
+                    outlier.consecutive_5xx_errors,
+                    outlier.interval,
+                    outlier.base_ejection_time,
+                    outlier.max_ejection_percent,
+                )
+                for _ in range(plane.sidecars)
+            ]
+            if plane.outlier_detection and outlier.enabled and strategy in ENVOY_PICKS
+            else None
+        )
+        self.now = 0.0
+        self.queue: list[tuple[float, int, int, str, Any]] = []
+        self.order = itertools.count()
 
     # ---------------------------------------------------------------------------------- the data plane
 
+    def _healthy(self, sidecar: int, weights: dict[str, float]) -> dict[str, float]:
+        """The hosts the sidecar's outlier detection has not ejected (all of them if it ejected every one)."""
+        if self.outliers is None:
+            return weights
+        ejected = self.outliers[sidecar].ejected(self.now)
+        return {h: w for h, w in weights.items() if h not in ejected} or weights
+
     def _least_request(self, sidecar: int, key: str, weights: dict[str, float]) -> str:
+        weights = self._healthy(sidecar, weights)
         balancer = self.balancers[sidecar].get(key)
         if balancer is None:
             balancer = EnvoyLeastRequest(
@@ -195,7 +231,13 @@ class Simulation:
         sidecar = arrival.client % len(self.sidecar_active)
         match self.strategy:
             case "round-robin":
-                return self.round_robins[sidecar].pick()
+                healthy = self._healthy(sidecar, dict.fromkeys(self.names, 1.0))
+                pick = self.round_robins[sidecar].pick()
+                for _ in self.names:
+                    if pick in healthy:
+                        break
+                    pick = self.round_robins[sidecar].pick()
+                return pick
             case "least-request":
                 return self._least_request(sidecar, "all", dict.fromkeys(self.names, 1.0))
             case "static-capacity":
@@ -229,6 +271,8 @@ class Simulation:
     def _on_event(self, name: str, server: SimServer, sequence: Sequence, kind: str, at: float) -> None:
         outcome, sidecar = self.flights[sequence.req_id]
         if kind == "first_token":
+            if self.outliers is not None:
+                self.outliers[sidecar].result(name, at, False)  # the response's headers: not a 5xx
             outcome.ttft = at - outcome.arrival.at
             server.scraped.observe_ttft(at, outcome.ttft)
             server.recent_ttft.append(outcome.ttft)
@@ -239,21 +283,52 @@ class Simulation:
         self._track(name, sidecar, -1)
         del self.flights[sequence.req_id]
 
-    def _arrive(self, arrival: Arrival) -> None:
+    def _arrive(self, arrival: Arrival, attempt: int = 0, tried: frozenset[str] = frozenset()) -> None:
         name = self._pick(arrival)
+        if self.strategy in ENVOY_PICKS:
+            for _ in range(HOST_SELECTIONS - 1):
+                if name not in tried:
+                    break
+                name = self._pick(arrival)
         server = self.servers[name]
-        outcome = Outcome(arrival, name)
-        self.outcomes.append(outcome)
-        if arrival.draw < server.error_rate or not server.engine.fits(arrival.prompt, arrival.output):
-            outcome.failed = True  # an HTTP 5xx (injected) or 400 (too long) at once: active for ~0 s
-            server.scraped.observe_outcome(arrival.at, False)
-            return
         sidecar = arrival.client % len(self.sidecar_active)
+        if attempt == 0:
+            outcome = Outcome(arrival, name)
+            self.outcomes.append(outcome)
+        else:
+            outcome = self.retrying.pop(arrival.index)
+            outcome.server, outcome.attempts = name, attempt + 1
+        draw = arrival.draw if attempt == 0 else self._draw(arrival, attempt)
+        if draw < server.error_rate:
+            # an HTTP 500 (injected) at once: active for ~0 s; Envoy counts it and may retry it elsewhere
+            server.scraped.observe_outcome(self.now, False)
+            if self.outliers is not None:
+                self.outliers[sidecar].result(name, self.now, True)
+            if attempt < self.scenario.dataplane.retries:
+                back_off = self._draw(arrival, attempt, "back-off") * RETRY_BACK_OFF * 2**attempt
+                self.retrying[arrival.index] = outcome
+                heapq.heappush(
+                    self.queue,
+                    (self.now + back_off, 3, next(self.order), "retry", (arrival, attempt + 1, tried | {name})),
+                )
+            else:
+                outcome.failed = True
+            return
+        if not server.engine.fits(arrival.prompt, arrival.output):
+            outcome.failed = True  # an HTTP 400 (too long): not a 5xx, never retried
+            server.scraped.observe_outcome(self.now, False)
+            if self.outliers is not None:
+                self.outliers[sidecar].result(name, self.now, False)
+            return
         self._track(name, sidecar, +1)
         self.flights[arrival.index] = (outcome, sidecar)
-        server.engine.submit(arrival.index, arrival.at, arrival.prompt, arrival.output)
+        server.engine.submit(arrival.index, self.now, arrival.prompt, arrival.output)
         server.peak_kv = max(server.peak_kv, server.engine.kv_usage)
         server.peak_waiting = max(server.peak_waiting, server.engine.num_waiting)
+
+    def _draw(self, arrival: Arrival, attempt: int, what: str = "fails") -> float:
+        """A uniform draw owned by this request's attempt: the same for every strategy."""
+        return random.Random(f"{self.scenario.seed}-{arrival.index}-{attempt}-{what}").random()
 
     def _publish(self, t: float, published: Published | None) -> None:
         if published is None:
@@ -281,14 +356,17 @@ class Simulation:
         return events
 
     def run(self) -> RunResult:
-        events = self._events()
-        order = itertools.count(len(events))
+        events = self.queue = self._events()
+        order = self.order = itertools.count(len(events))
         window = self.scenario.sluice.window
         while events:
             t, _, _, kind, payload = heapq.heappop(events)
             self._advance(t)
+            self.now = t
             if kind == "arrive":
                 self._arrive(payload)
+            elif kind == "retry":
+                self._arrive(*payload)
             elif kind == "scrape":
                 for s in self.servers.values():
                     e = s.engine
@@ -379,6 +457,7 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "e2e_p99_ms": ms(_quantile(sorted(o.e2e for o in ok if o.e2e is not None), 0.99)),
         "output_tokens_per_s": sum(o.arrival.output for o in ok) / span if span > 0 else 0.0,
         "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
+        "retried": sum(1 for o in measured if o.attempts > 1) / len(measured) if measured else 0.0,
         "unfinished": sum(1 for t in ttfts if not math.isfinite(t)),
         "share": {c: n / len(measured) for c, n in sorted(per_class.items())} if measured else {},
         "peak_kv": max((p["kv"] for p in result.peaks.values()), default=0.0),

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sluice.api.v1alpha1 import EndpointState, ScoringSpec
-from sluice.core.headroom import PodHeadroom, PodLoad, finite, plan
+from sluice.api.v1alpha1 import EndpointState, ProtectionSpec, ScoringSpec
+from sluice.core.absorb import FROZEN, HOLDABLE, Candidate, Hold, Other, weigh
+from sluice.core.headroom import LEARNED_SOURCES, PodHeadroom, PodLoad, finite, plan
 from sluice.core.protection import floor_keep, spare_order
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import ramp, scale, with_hysteresis
@@ -27,20 +28,28 @@ class Allocation:
     floor_held: bool = False
     headroom: PodHeadroom | None = None
     """scoring.policy headroom: the learned capacity and planned share behind the weight."""
+    hold: Hold | None = None
+    """A pod zeroed or ramping after an incident that leaves it serving: what weighing its zeroing against the
+    others' room concluded (`sluice.core.absorb`); held when its share is > 0 beyond its ramp."""
 
     @property
     def routable(self) -> bool:
         return self.weight > 0
 
     @property
+    def capacity_held(self) -> bool:
+        """Kept routable (or above its ramp) only because the other pods cannot take its share."""
+        return self.hold is not None and self.hold.held and self.weight > 0
+
+    @property
     def healthy(self) -> bool:
-        """Routable on its own merits, not only because the floor keeps it."""
-        return self.weight > 0 and not self.floor_held
+        """Routable on its own merits, not only because the floor or the others' load keeps it."""
+        return self.weight > 0 and not self.floor_held and not self.capacity_held
 
 
 def allocate(
     scoring: ScoringSpec,
-    min_routable_percent: int,
+    protection: ProtectionSpec,
     verdicts: Iterable[PodVerdict],
     active_request_bias: float = 1.0,
     window: float = 60.0,
@@ -50,40 +59,152 @@ def allocate(
         subsets.setdefault(verdict.revision, []).append(verdict)
     out: dict[str, Allocation] = {}
     for members in subsets.values():
-        out.update(_allocate_subset(scoring, min_routable_percent, members, active_request_bias, window))
+        out.update(_allocate_subset(scoring, protection, members, active_request_bias, window))
     return out
 
 
 def _allocate_subset(
     scoring: ScoringSpec,
-    min_routable_percent: int,
+    protection: ProtectionSpec,
     members: list[PodVerdict],
     active_request_bias: float,
     window: float,
 ) -> dict[str, Allocation]:
     live = [v for v in members if v.kind in ("scored", "ramping", "frozen")]
     headroom: dict[str, PodHeadroom] = {}
+    holds: dict[str, Hold] = {}
     if scoring.policy == "headroom" and live:
-        headroom = plan(
-            [_load(v) for v in live],
-            scoring.smoothing,
-            window,
-            scoring.target_utilization,
-            scoring.client_sidecars,
-            active_request_bias,
-        )
+
+        def planned_for(pods: list[PodVerdict], demand: float | None = None) -> dict[str, PodHeadroom]:
+            return plan(
+                [_load(v) for v in pods],
+                scoring.smoothing,
+                window,
+                scoring.target_utilization,
+                scoring.client_sidecars,
+                active_request_bias,
+                demand=demand,
+            )
+
+        headroom = planned_for(live)
         # Frozen pods hold their weight (`_weigh`); only the fresh ones are planned and scaled.
         fresh = {v.name for v in live if v.kind != "frozen"}
         planned = {name: h.weight for name, h in headroom.items() if name in fresh}
+        if not protection.zero_when_others_full:
+            holds = _weigh_zeroing(scoring, protection, members, headroom)
+        held = {name for name, h in holds.items() if h.held}
+        weighed = {name for name in held if not holds[name].frozen}
+        if weighed:
+            # The others are planned for what they can take; the held pods keep the rest, in the same units.
+            rest = [v for v in live if v.name not in held]
+            kept = sum(holds[name].share for name in held)
+            carried = sum(_rate(v) for v in members if v.name in held or (v.name in fresh and v.name not in held))
+            headroom = {**headroom, **planned_for(rest, max(0.0, carried - kept))} if rest else headroom
+            planned = {v.name: headroom[v.name].weight for v in rest if v.name in fresh}
+            per_share = _weight_per_share([headroom[n] for n in planned])
+            planned.update({name: holds[name].share * per_share for name in weighed})
         scaled = scale(planned, scoring) if planned else {}
-        regroup = _unequal_equals(live, scaled)
-        targets = _smoothed(scoring, [v for v in live if v.name not in regroup], scaled)
+        regroup = _unequal_equals([v for v in live if v.name not in held], scaled)
+        targets = _smoothed(scoring, [v for v in live if v.name not in regroup and v.name not in held], scaled)
     else:
         # Frozen pods take part with their last score, so fresh pods are scaled on the same basis.
         targets = scale({v.name: v.smoothed for v in live}, scoring) if live else {}
         regroup = set()
-    out = {v.name: _weigh(scoring, v, targets.get(v.name), headroom.get(v.name), v.name in regroup) for v in members}
-    return _apply_floor(scoring, min_routable_percent, members, out)
+    out = {
+        v.name: _weigh(scoring, v, targets.get(v.name), headroom.get(v.name), v.name in regroup, holds.get(v.name))
+        for v in members
+    }
+    return _apply_floor(scoring, protection.min_routable_percent, members, out)
+
+
+def _rate(verdict: PodVerdict) -> float:
+    rate = finite(verdict.signals.request_rate)
+    return rate if rate is not None and rate > 0 else 0.0
+
+
+def _weight_per_share(planned: list[PodHeadroom]) -> float:
+    """The plan's weight per requests/s (its divisor for the actives), the median over the pods given a share."""
+    ratios = sorted(h.weight / h.share for h in planned if h.share > 0 and h.weight > 0)
+    return ratios[len(ratios) // 2] if ratios else 1.0
+
+
+def _class_capacity(
+    hardware_class: str | None, members: list[PodVerdict], headroom: dict[str, PodHeadroom]
+) -> float | None:
+    """The median learned capacity of the normally scored pods of a hardware class (None without one)."""
+    if hardware_class is None:
+        return None
+    values = sorted(
+        h.estimate
+        for v in members
+        if v.kind == "scored"
+        and v.hardware_class == hardware_class
+        and (h := headroom.get(v.name)) is not None
+        and h.source in LEARNED_SOURCES
+    )
+    return values[len(values) // 2] if values else None
+
+
+def _inflation(ttft: float | None, idle: float | None) -> float | None:
+    ttft = finite(ttft)
+    return ttft / idle if ttft is not None and idle is not None and idle > 0 else None
+
+
+def _weigh_zeroing(
+    scoring: ScoringSpec, protection: ProtectionSpec, members: list[PodVerdict], headroom: dict[str, PodHeadroom]
+) -> dict[str, Hold]:
+    """headroom: each pod zeroed or ramping after an incident that leaves it serving, weighed against the room of
+    the subset's normally scored pods (`sluice.core.absorb`)."""
+    candidates: list[Candidate] = []
+    frozen: dict[str, Hold] = {}
+    any_scored = any(v.kind == "scored" for v in members)
+    for v in members:
+        if v.kind not in ("quiet", "ramping") or v.memory.incident not in HOLDABLE:
+            continue
+        if v.previous is not None and v.previous.capacity_held and (not v.evidence or not any_scored):
+            frozen[v.name] = FROZEN  # held before; nothing fresh to weigh on this pass
+            continue
+        h = headroom.get(v.name)
+        prev = v.previous
+        if h is not None:
+            capacity = h.estimate if h.source in LEARNED_SOURCES else None
+            idle = h.idle_ttft
+        else:
+            capacity = finite(prev.learned_capacity) if prev is not None else None
+            idle = finite(prev.idle_ttft_seconds) if prev is not None else None
+        if capacity is None:
+            # zeroed before it learned one: its hardware class's, as the others of the class learned it
+            capacity = _class_capacity(v.hardware_class, members, headroom)
+        floor = h.share * (v.ramp_percent or 0.0) / 100.0 if h is not None and v.kind == "ramping" else 0.0
+        candidates.append(
+            Candidate(
+                name=v.name,
+                rate=_rate(v),
+                error_rate=finite(v.signals.error_rate),
+                inflation=_inflation(v.signals.ttft_p95_seconds, idle),
+                capacity=capacity,
+                idle=idle,
+                floor=floor,
+            )
+        )
+    if not candidates:
+        return frozen
+    scored = [v for v in members if v.kind == "scored" and v.name in headroom]
+    # Priors extrapolate what the pool learned (K x capacity per unit of K); with nothing learned among the others
+    # (or only relative shares), there is no capacity to weigh on.
+    sources = [headroom[v.name].source for v in scored]
+    unknown = "relative" in sources or not any(source in LEARNED_SOURCES for source in sources)
+    others = [Other(headroom[v.name].capacity, headroom[v.name].idle_ttft, _rate(v)) for v in scored]
+    inflations = [
+        i for v in scored if (i := _inflation(v.signals.ttft_p95_seconds, headroom[v.name].idle_ttft)) is not None
+    ]
+    return frozen | weigh(
+        candidates,
+        None if unknown else others,
+        max(inflations) if inflations else None,
+        scoring.target_utilization,
+        protection.absorb_ttft_percent / 100.0,
+    )
 
 
 def _unequal_equals(live: list[PodVerdict], targets: dict[str, int]) -> set[str]:
@@ -150,8 +271,16 @@ def _weigh(
     target: int | None,
     headroom: PodHeadroom | None,
     regroup: bool = False,
+    hold: Hold | None = None,
 ) -> Allocation:
     previous = verdict.previous
+    if hold is not None and hold.frozen and previous is not None:
+        return Allocation(previous.weight, previous.state, hold=hold)
+    if hold is not None and hold.held and target is not None:
+        state: EndpointState = "Recovering" if verdict.kind == "ramping" else "Routable"
+        return Allocation(max(scoring.min_weight, target), state, target, headroom=headroom, hold=hold)
+    if verdict.kind == "quiet" and hold is not None:
+        return Allocation(0, "Zeroed", hold=hold)
     if verdict.kind == "frozen" and previous is not None:
         held = min(scoring.max_weight, max(scoring.min_weight, previous.weight))
         return Allocation(held, "Recovering" if previous.state == "Recovering" else "Routable", headroom=headroom)

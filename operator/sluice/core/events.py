@@ -120,6 +120,10 @@ def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolS
         )
         if incident_is_new and row.weight == 0:
             say("Warning", "PodZeroed", row.pod, str(row.incident_message or row.incident))
+        if row.capacity_held and not (prev is not None and prev.capacity_held):
+            say("Warning", "PodHeld", row.pod, row.reason)
+        elif prev is not None and prev.capacity_held and not row.capacity_held and row.weight == 0:
+            say("Normal", "PodZeroed", row.pod, row.reason)
         if row.floor_held and not (prev is not None and prev.floor_held):
             say("Warning", "FloorHeld", row.pod, row.reason)
         if prev is None:

@@ -454,10 +454,10 @@ def water_fill(
             for c, s in zip(capacity, idle, strict=True)
         ]
 
-    return fill(_water_level(demand, capacity, idle, target_utilisation))
+    return fill(water_level(demand, capacity, idle, target_utilisation))
 
 
-def _water_level(demand: float, capacity: Sequence[float], idle: Sequence[float], cap: float) -> float:
+def water_level(demand: float, capacity: Sequence[float], idle: Sequence[float], cap: float) -> float:
     """The level L at which `water_fill`'s rates add up to `demand` (< cap × the total capacity), solved exactly;
     idle TTFTs > 0 (what `plan` passes).
 
@@ -522,6 +522,12 @@ def _sanitised(p: PodLoad) -> PodLoad:
     )
 
 
+def carried_at(level: float, capacity: Sequence[float], idle: Sequence[float], cap: float) -> float:
+    """The demand pods of these capacities and idle TTFTs carry at latency level `level` (`water_fill`'s model,
+    none past `cap` of its capacity): the inverse of `water_level`."""
+    return sum(min(cap * c, c * (1.0 - s / level)) for c, s in zip(capacity, idle, strict=True) if c > 0 and level > s)
+
+
 def plan(
     pods: Sequence[PodLoad],
     smoothing: float,
@@ -529,8 +535,12 @@ def plan(
     target_utilisation: float,
     client_sidecars: float,
     active_request_bias: float,
+    demand: float | None = None,
 ) -> dict[str, PodHeadroom]:
     """Capacities, shares and relative weights for one subset of pods.
+
+    `demand`: the request rate (requests/s) to share out, when it is not what these pods carried (the pods kept
+    by `sluice.core.absorb` take part of it); default the fresh pods' observed rates.
 
     A pod without fresh evidence (frozen) keeps what it learned and gets no share: its weight is held by the
     caller, and its stale rate is not part of the demand the fresh pods' shares add up to. `active_request_bias`
@@ -553,7 +563,8 @@ def plan(
     known_idle = [s for s in idles if s is not None and s > 0]
     fallback_idle = statistics.median(known_idle) if known_idle else 1.0
     idle = [s if s is not None and s > 0 else fallback_idle for s in idles]
-    demand = sum(p.rate for p in fresh if p.rate is not None and p.rate > 0)
+    if demand is None:
+        demand = sum(p.rate for p in fresh if p.rate is not None and p.rate > 0)
     # With no traffic observed, plan for a trickle: the fastest pods take it first.
     planned_demand = demand if demand > 0 else TRICKLE * sum(capacity)
     shares = dict(

@@ -96,7 +96,7 @@ def plan_pass(
         bias = spec.routing.least_request.active_request_bias
     else:
         bias = 0.0 if spec.routing.session_affinity is not None else 1.0
-    allocations = allocate(spec.scoring, spec.protection.min_routable_percent, verdicts, bias, spec.metrics.window)
+    allocations = allocate(spec.scoring, spec.protection, verdicts, bias, spec.metrics.window)
     revisions = revision_stats(spec, verdicts, allocations)
     canary = step_canary(spec.canary, previous.canary if previous else None, revisions, metrics.usable, now, operation)
     rows = [render_row(spec, v, allocations[v.name], now) for v in verdicts]
@@ -250,8 +250,14 @@ def reason_for(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         return verdict.excluded_because + (
             f"; {incident}" if verdict.memory.last_incident_at and verdict.quiet_remaining else ""
         )
+    hold = allocation.hold
+    if allocation.capacity_held and hold is not None:
+        if verdict.kind == "ramping":
+            return f"recovering from {verdict.memory.incident}, {hold.explain()}"
+        return f"would be zeroed ({incident}), {hold.explain()}"
     if verdict.kind == "quiet":
-        return f"{incident}; quiet for {verdict.quiet_remaining:.0f}s more"
+        weighed = f"; {hold.explain()}" if hold is not None else ""
+        return f"{incident}; quiet for {verdict.quiet_remaining:.0f}s more{weighed}"
     if verdict.kind == "frozen":
         return "no fresh signals: weight frozen at its last value"
     if verdict.kind == "awaiting":
@@ -303,6 +309,7 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "incident_message": verdict.memory.message,
         "verdict": verdict.kind,
         "floor_held": allocation.floor_held,
+        "capacity_held": allocation.capacity_held,
         "missing_signals": list(verdict.missing),
         "class_known": verdict.class_known,
     }

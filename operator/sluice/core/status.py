@@ -133,7 +133,12 @@ def degraded(rows: list[EndpointStatus], class_label: str, metrics_usable: bool)
 
     groups = [
         ("FloorHeld", "held by the floor", names(lambda r: r.floor_held)),
-        ("PodsZeroed", "zeroed", names(lambda r: r.verdict == "quiet" and not r.floor_held)),
+        ("HeldForCapacity", "held (the others cannot take their share)", names(lambda r: r.capacity_held)),
+        (
+            "PodsZeroed",
+            "zeroed",
+            names(lambda r: r.verdict == "quiet" and not r.floor_held and not r.capacity_held),
+        ),
         ("PodsRecovering", "recovering", names(lambda r: r.state == "Recovering")),
         (
             "PodsUnobserved",

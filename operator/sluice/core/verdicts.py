@@ -60,6 +60,8 @@ class PodVerdict:
     excluded_because: str = ""
     sampled_at: datetime | None = None
     """When the samples behind `signals` were scraped, where the engine tells (`SignalSnapshot.sampled_at`)."""
+    evidence: bool = True
+    """The pod's signals are usable and fresh this pass (whatever its kind: a quiet pod has them or not)."""
 
     @property
     def name(self) -> str:
@@ -157,6 +159,7 @@ def judge_pod(
         quiet_remaining=phase.remaining_quiet,
         excluded_because=excluded,
         sampled_at=sampled_at,
+        evidence=evidence,
     )
 
 

@@ -1,0 +1,180 @@
+"""Weighing a protective zeroing against what the rest of the subset can absorb. Pure.
+
+Zeroing a pod that still serves most of its requests moves its share onto the others. When they cannot take it
+within `scoring.targetUtilization` of their learned capacity, the zeroing costs every request the queueing it
+causes, to save a fraction of the pod's: three L40S, one failing 30 % of its requests at 70 % load, zeroed, left
+the two others at 105 % of their capacity (P99 TTFT 20x least-request's). So, under the headroom policy (the
+one that knows capacities), a pod zeroed or ramping after an error-rate, LoRA-failure or consecutive-failure
+incident keeps the share the others cannot take ("held"), when the evidence says holding it serves:
+
+- it still serves most of its requests (error rate below `SERVES_MOST`);
+- it is not slow: its TTFT p95 over its own idle TTFT is within `SLOWER` of the highest of the others' (a node
+  that slowed down 4x queues whatever it keeps: it is zeroed, its share is better queued on the others);
+- it has a learned capacity, and keeps at most `targetUtilization` of it.
+
+OOM kills, restarts and not-Ready pods leave at once (they cannot serve); nothing is weighed without learned
+capacities (the cube policy, a pool with nothing learned yet): the pod is zeroed and the status says why.
+`protection.zeroWhenOthersFull` restores zeroing whatever the cost. Called by `sluice.core.allocation`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sluice.core.headroom import carried_at, water_level
+
+HOLDABLE = ("ErrorRate", "LoraFailures", "ConsecutiveFailures")
+"""Incidents after which the pod still serves: its zeroing is weighed. OOMKilled and Restarted are not."""
+SERVES_MOST = 0.5
+"""A pod failing this share of its requests or more is zeroed whatever the others' load: it no longer serves most
+of what it is sent. Hand-set from the issue's definition ("pods that still serve most requests"), not swept."""
+
+SLOWER = 1.5
+"""A pod whose TTFT inflation (p95 over its idle) is more than this times the others' highest is slow, not only
+failing: it is zeroed. A window's p95 varies by tens of percent between identical pods; the slowed-down nodes of
+the degrading scenarios read 4-5x. Hand-set between the two, not swept."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A pod sluice would zero (or ramp) after an incident that leaves it serving."""
+
+    name: str
+    rate: float
+    """Requests/s it carried over the window (completed)."""
+    error_rate: float | None
+    inflation: float | None
+    """TTFT p95 over its learned idle TTFT (None without both)."""
+    capacity: float | None
+    """Its learned capacity (requests/s), None while only a prior is known."""
+    idle: float | None = None
+    """Its learned idle TTFT (seconds)."""
+    floor: float = 0.0
+    """Requests/s it keeps anyway (a ramping pod's ramp share): held only when the others need more of it."""
+
+
+@dataclass(frozen=True)
+class Other:
+    """A pod of the subset scored normally: what it can take."""
+
+    capacity: float
+    """Requests/s (learned, or the prior the pool's learned capacities extrapolate), health applied."""
+    idle: float | None
+    rate: float
+
+
+@dataclass(frozen=True)
+class Hold:
+    """The verdict of the weighing on one candidate: `share` requests/s kept (0: zeroed), and why."""
+
+    share: float
+    """Requests/s kept on the pod beyond its ramp; 0: not held (zeroed, or its ramp as it is)."""
+    others_load: float | None
+    """The others' utilisation if they took every candidate's share (None: unknown, nothing weighed)."""
+    ceiling: float
+    why: str
+    frozen: bool = False
+    """Held before, and this pass has no fresh evidence to weigh on: its last weight is kept."""
+
+    @property
+    def held(self) -> bool:
+        return self.share > 0 or self.frozen
+
+    def explain(self) -> str:
+        return self.why
+
+
+def weigh(
+    candidates: Sequence[Candidate],
+    others: Sequence[Other] | None,
+    others_inflation: float | None,
+    ceiling: float,
+    tolerance: float,
+) -> dict[str, Hold]:
+    """What each candidate keeps: the share the others cannot take within `ceiling` of their capacity, nor
+    without their modelled TTFT rising more than `tolerance` (a fraction) over the level a healthy pool would
+    serve the same demand at.
+
+    The model is the headroom plan's (`sluice.core.headroom.water_fill`: T_i = s_i / (1 - x_i / mu_i), every
+    loaded pod at one level L): the reference level is the pool's with the candidates taking part at their
+    learned capacities; the others may carry what they carry at (1 + tolerance) x that level. What the others
+    cannot take is spread over the candidates that may be held, in proportion to their learned capacities, each
+    within `ceiling` of its own. `others` is None when none of them has learned a capacity: nothing is weighed.
+    """
+    if not candidates:
+        return {}
+    capacity = sum(o.capacity for o in others) if others else 0.0
+    if others is None or capacity <= 0:
+        why = "nothing weighed: no capacity learned among the other pods" if others is None else ""
+        why = why or "nothing weighed: no other pod to take its share"
+        return {c.name: Hold(0.0, None, ceiling, why) for c in candidates}
+    demand = sum(o.rate for o in others) + sum(c.rate for c in candidates)
+    known = [o.idle for o in others if o.idle is not None and o.idle > 0]
+    fallback = statistics.median(known) if known else 1.0
+    caps = [o.capacity for o in others]
+    idles = [o.idle if o.idle is not None and o.idle > 0 else fallback for o in others]
+    learned = [c for c in candidates if c.capacity is not None and c.capacity > 0]
+    all_caps = caps + [c.capacity or 0.0 for c in learned]
+    all_idles = idles + [c.idle if c.idle is not None and c.idle > 0 else fallback for c in learned]
+    healthy = water_level(demand, all_caps, all_idles, ceiling) if demand < ceiling * sum(all_caps) else math.inf
+    alone = water_level(demand, caps, idles, ceiling) if demand < ceiling * capacity else math.inf
+    room = ceiling * capacity
+    if math.isfinite(healthy) and healthy > 0:
+        room = min(room, carried_at((1.0 + tolerance) * healthy, caps, idles, ceiling))
+    need = demand - room
+    load = demand / capacity
+    at = f"the other pods would be at {load:.0%} of their capacity"
+    if math.isfinite(alone) and math.isfinite(healthy) and healthy > 0:
+        at += f", their TTFT +{alone / healthy - 1.0:.0%}"
+    bounds = f"targetUtilization {ceiling:.0%}, absorbTtftPercent {tolerance:.0%}"
+    if need <= 1e-9:
+        return {c.name: Hold(0.0, load, ceiling, f"{at} (within {bounds})") for c in candidates}
+    able: dict[str, float] = {}
+    out: dict[str, Hold] = {}
+    for c in candidates:
+        refusal = _refusal(c, others_inflation)
+        if refusal:
+            out[c.name] = Hold(0.0, load, ceiling, f"{at}, but {refusal}")
+        else:
+            able[c.name] = ceiling * (c.capacity or 0.0)
+    shares = _spread(need, able)
+    for c in candidates:
+        if c.name not in able:
+            continue
+        share = shares[c.name]
+        if share > c.floor:
+            why = f"held at {share:.2f}/s (it carried {c.rate:.2f}/s): {at} ({bounds})"
+            out[c.name] = Hold(share, load, ceiling, why)
+        else:
+            out[c.name] = Hold(0.0, load, ceiling, f"{at}; its ramp already keeps what they cannot take")
+    return out
+
+
+FROZEN = Hold(0.0, None, 0.0, "no fresh signals to weigh on: held weight frozen at its last value", frozen=True)
+
+
+def _refusal(c: Candidate, others_inflation: float | None) -> str:
+    """Why holding this candidate would not serve, or ""."""
+    if c.error_rate is None:
+        return "its error rate is unknown: zeroed"
+    if c.error_rate >= SERVES_MOST:
+        return f"it fails {c.error_rate:.0%} of its requests: zeroed"
+    if c.capacity is None or c.capacity <= 0:
+        return "it has no learned capacity: zeroed"
+    if c.inflation is None or others_inflation is None:
+        return "its TTFT or the others' is unknown: zeroed"
+    if c.inflation > SLOWER * others_inflation:
+        return f"its TTFT is {c.inflation:.1f}x its idle, the others' at most {others_inflation:.1f}x: zeroed"
+    return ""
+
+
+def _spread(need: float, able: dict[str, float]) -> dict[str, float]:
+    """`need` over the pods of `able` in proportion to their room, each within it (all of it when short)."""
+    room = sum(able.values())
+    if room <= 0:
+        return dict.fromkeys(able, 0.0)
+    part = min(1.0, need / room)
+    return {name: part * value for name, value in able.items()}

@@ -1,0 +1,229 @@
+"""Weighing a zeroing against what the other pods can absorb (`sluice.core.absorb`), alone and through plan_pass."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus
+from sluice.core.absorb import SERVES_MOST, Candidate, Other, weigh
+from tests.helpers import T0, condition, pod, run, sig, spec, states, weights
+
+HEADROOM = {"scoring": {"policy": "headroom"}}
+UTILISATION_ONLY = {**HEADROOM, "protection": {"absorbTtftPercent": 1000}}
+"""A tolerance no modelled TTFT rise reaches: only targetUtilization bounds what the others take."""
+NAMES = ("a100-0", "a100-1", "a100-2")
+
+
+def two(rate: float, capacity: float = 10.0, idle: float = 0.1) -> list[Other]:
+    """Two other pods of `capacity` req/s and `idle` s idle TTFT, carrying `rate` req/s each."""
+    return [Other(capacity, idle, rate), Other(capacity, idle, rate)]
+
+
+def test_the_others_absorb_the_share_so_the_pod_is_zeroed_and_the_reason_says_at_what_cost():
+    # a tolerance no latency rise exceeds: only targetUtilization bounds what the others take (9 of their 16)
+    holds = weigh([Candidate("c", 3.0, 0.3, 1.5, 10.0, 0.1)], two(3.0), 2.0, 0.8, 100.0)
+    assert holds["c"].share == 0
+    assert not holds["c"].held
+    assert holds["c"].others_load == pytest.approx(9.0 / 20.0)
+    # the model's levels: 3 pods share 9 req/s at L = 0.1 / (1 - 0.3), 2 pods at 0.1 / (1 - 0.45): +27 %
+    assert holds["c"].why == (
+        "the other pods would be at 45% of their capacity, their TTFT +27% "
+        "(within targetUtilization 80%, absorbTtftPercent 10000%)"
+    )
+
+
+def test_the_others_take_only_what_keeps_their_ttft_within_the_tolerance():
+    # at 10 %: L* = 1.1 x 0.1 / 0.7, each other pod carries 10 (1 - 0.1 / L*) = 3.636: 7.27 of the 9 req/s
+    holds = weigh([Candidate("c", 3.0, 0.3, 1.5, 10.0, 0.1)], two(3.0), 2.0, 0.8, 0.1)
+    assert holds["c"].share == pytest.approx(9.0 - 2 * 10.0 * (1 - 0.7 / 1.1))
+    assert holds["c"].why.startswith("held at 1.73/s (it carried 3.00/s): the other pods would be at 45%")
+
+
+def test_what_the_others_cannot_take_within_the_target_stays_on_the_pod():
+    # others 2 x 10/s carry 14/s; the pod 7/s: 21/s on 20/s is 105 %; at 80 % they take 16, the pod keeps 5
+    holds = weigh([Candidate("c", 7.0, 0.3, 1.5, 10.0, 0.1)], two(7.0), 2.0, 0.8, 100.0)
+    assert holds["c"].share == pytest.approx(5.0)
+    assert holds["c"].others_load == pytest.approx(1.05)
+    assert holds["c"].why.startswith("held at 5.00/s (it carried 7.00/s): the other pods would be at 105%")
+
+
+def test_a_pod_is_never_held_past_the_target_of_its_own_capacity():
+    holds = weigh([Candidate("c", 9.0, 0.2, 1.0, 5.0, 0.1)], two(4.5, capacity=5.0), 2.0, 0.8, 100.0)
+    assert holds["c"].share == pytest.approx(4.0)  # needs 10, takes 0.8 x 5
+
+
+@pytest.mark.parametrize(
+    ("candidate", "said"),
+    [
+        (Candidate("c", 7.0, SERVES_MOST, 1.0, 10.0), "it fails 50% of its requests"),
+        (Candidate("c", 7.0, None, 1.0, 10.0), "its error rate is unknown"),
+        (Candidate("c", 7.0, 0.3, 4.5, 10.0), "its TTFT is 4.5x its idle, the others' at most 2.0x"),
+        (Candidate("c", 7.0, 0.3, None, 10.0), "TTFT or the others' is unknown"),
+        (Candidate("c", 7.0, 0.3, 1.2, None), "no learned capacity"),
+    ],
+)
+def test_a_pod_that_would_not_serve_its_share_is_zeroed_whatever_the_others_load(candidate, said):
+    hold = weigh([candidate], two(7.0), 2.0, 0.8, 0.1)["c"]
+    assert not hold.held
+    assert said in hold.why
+    assert "zeroed" in hold.why
+
+
+def test_nothing_is_weighed_without_a_learned_capacity_among_the_others():
+    hold = weigh([Candidate("c", 7.0, 0.3, 1.2, 10.0)], None, 2.0, 0.8, 0.1)["c"]
+    assert not hold.held
+    assert hold.others_load is None
+    assert "no capacity learned" in hold.why
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 50.0), st.floats(0.0, 0.49), st.floats(0.5, 3.0), st.floats(0.1, 40.0)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(st.tuples(st.floats(0.1, 50.0), st.floats(0.01, 2.0), st.floats(0.0, 50.0)), min_size=1, max_size=6),
+    st.floats(0.1, 1.0),
+    st.floats(0.0, 1.0),
+)
+def test_holds_take_what_the_others_cannot_within_each_pods_own_target(pods, others, ceiling, tolerance):
+    candidates = [Candidate(f"c{i}", r, e, inf, cap, 0.1) for i, (r, e, inf, cap) in enumerate(pods)]
+    rest = [Other(c, s, r) for c, s, r in others]
+    holds = weigh(candidates, rest, 3.0, ceiling, tolerance)
+    demand = sum(o.rate for o in rest) + sum(c.rate for c in candidates)
+    kept = sum(h.share for h in holds.values())
+    for c in candidates:
+        assert 0 <= holds[c.name].share <= ceiling * (c.capacity or 0) + 1e-9
+    # what the others are left with never puts them past the target while the candidates have room
+    room = sum(ceiling * (c.capacity or 0) for c in candidates)
+    capacity = sum(o.capacity for o in rest)
+    if kept < room - 1e-9:
+        assert demand - kept <= ceiling * capacity + 1e-6
+    # and a stricter tolerance never makes the pods keep less
+    looser = weigh(candidates, rest, 3.0, ceiling, tolerance + 0.5)
+    assert kept >= sum(h.share for h in looser.values()) - 1e-9
+
+
+# ------------------------------------------------------------------------------------------ through plan_pass
+
+
+def learned(weight: int = 1000, capacity: float = 10.0, idle: float = 0.1) -> InferencePoolStatus:
+    """Three A100 pods, each having learned 10 req/s and a 100 ms idle TTFT."""
+    return InferencePoolStatus(
+        endpoints=[
+            EndpointStatus(
+                pod=name,
+                weight=weight,
+                state="Routable",
+                learned_capacity=capacity,
+                idle_ttft_seconds=idle,
+                score=capacity,
+                since=T0,
+            )
+            for name in NAMES
+        ]
+    )
+
+
+def failing(load: float, errors: float = 0.3, failing_p95: float | None = None) -> dict:
+    """Each pod carries `load` of its 10 req/s (its TTFT p95 inflated as M/M/1 has it over a 100 ms idle TTFT);
+    a100-2 fails `errors` of its requests."""
+    p95 = 0.1 / (1.0 - load)
+    out = {n: sig(rps=10.0 * load, p95=p95, kv=0.2, errors=0.0) for n in NAMES}
+    out["a100-2"] = sig(rps=10.0 * load, p95=failing_p95 or p95, kv=0.2, errors=errors)
+    return out
+
+
+def test_a_failing_pod_the_others_cannot_replace_is_held_with_the_share_they_cannot_take():
+    pods = [pod(n) for n in NAMES]
+    plan = run(spec(**UTILISATION_ONLY), pods, failing(0.7), 5, previous=learned())
+    rows = {r.pod: r for r in plan.status.endpoints}
+    held = rows["a100-2"]
+    assert held.incident == "ErrorRate"
+    assert held.capacity_held
+    assert held.state == "Routable"
+    assert held.reason.startswith("would be zeroed (error rate 30.0% >= 10.0%), held at ")
+    assert "the other pods would be at" in held.reason
+    w = weights(plan)
+    # the others take 0.8 x their capacity, the pod what is left (about 5 of the 21 req/s, the others ~8 each)
+    assert w["a100-2"] / w["a100-0"] == pytest.approx(5.0 / 8.0, abs=0.03)
+    assert condition(plan, "Degraded") == ("True", "HeldForCapacity")
+    assert [e.reason for e in plan.events].count("PodHeld") == 1
+    assert "PodZeroed" not in [e.reason for e in plan.events]
+    assert plan.status.routable == "3/3"
+
+
+def test_at_low_load_the_others_take_the_share_and_the_pod_is_zeroed():
+    plan = run(spec(**UTILISATION_ONLY), [pod(n) for n in NAMES], failing(0.3), 5, previous=learned())
+    row = next(r for r in plan.status.endpoints if r.pod == "a100-2")
+    assert (row.state, row.weight, row.capacity_held) == ("Zeroed", 0, False)
+    assert "the other pods would be at 45% of their capacity, their TTFT +27% (within targetUtilization" in row.reason
+    assert condition(plan, "Degraded") == ("True", "PodsZeroed")
+
+
+def test_by_default_the_others_take_only_what_raises_their_ttft_by_a_tenth():
+    plan = run(spec(**HEADROOM), [pod(n) for n in NAMES], failing(0.3), 5, previous=learned())
+    row = next(r for r in plan.status.endpoints if r.pod == "a100-2")
+    assert row.capacity_held
+    # 9 req/s: the two others carry 7.27 at 1.1 x the level of three (see the pure test above), the pod 1.73
+    assert row.reason.startswith("would be zeroed (error rate 30.0% >= 10.0%), held at 1.7")  # idle drifts by 0.2 %
+    assert "absorbTtftPercent 10%" in row.reason
+
+
+def test_the_declared_policy_zeroes_whatever_the_others_load():
+    s = spec(**HEADROOM, protection={"zeroWhenOthersFull": True})
+    plan = run(s, [pod(n) for n in NAMES], failing(0.7), 5, previous=learned())
+    assert states(plan)["a100-2"] == "Zeroed"
+    assert not any(r.capacity_held for r in plan.status.endpoints)
+
+
+@pytest.mark.parametrize(
+    ("signals", "said"),
+    [
+        (failing(0.7, errors=0.6), "it fails 60% of its requests"),
+        (failing(0.7, failing_p95=1.0), "its TTFT is 10.0x its idle, the others' at most 3.3x"),
+    ],
+)
+def test_a_pod_failing_most_requests_or_slowed_down_is_zeroed_at_any_load(signals, said):
+    plan = run(spec(**HEADROOM), [pod(n) for n in NAMES], signals, 5, previous=learned())
+    row = next(r for r in plan.status.endpoints if r.pod == "a100-2")
+    assert row.state == "Zeroed"
+    assert said in row.reason
+
+
+def test_a_pod_that_cannot_serve_leaves_at_once():
+    pods = [pod(n) for n in NAMES[:2]] + [pod("a100-2", restarts=1, last_termination_reason="OOMKilled")]
+    plan = run(spec(**HEADROOM), pods, failing(0.7, errors=0.0), 5, previous=learned())
+    row = next(r for r in plan.status.endpoints if r.pod == "a100-2")
+    assert (row.state, row.incident, row.capacity_held) == ("Zeroed", "OOMKilled", False)
+
+
+def test_the_cube_knows_no_capacity_and_zeroes():
+    plan = run(spec(), [pod(n) for n in NAMES], failing(0.7), 5, previous=learned())
+    assert states(plan)["a100-2"] == "Zeroed"
+
+
+def test_a_held_pod_is_zeroed_once_the_others_can_take_its_share():
+    pods = [pod(n) for n in NAMES]
+    first = run(spec(**UTILISATION_ONLY), pods, failing(0.7), 5, previous=learned())
+    assert next(r for r in first.status.endpoints if r.pod == "a100-2").capacity_held
+    second = run(spec(**UTILISATION_ONLY), pods, failing(0.7), 10, previous=first.status)
+    assert next(r for r in second.status.endpoints if r.pod == "a100-2").capacity_held
+    assert "PodHeld" not in [e.reason for e in second.events]  # said once
+    calm = run(spec(**UTILISATION_ONLY), pods, failing(0.3), 15, previous=second.status)
+    row = next(r for r in calm.status.endpoints if r.pod == "a100-2")
+    assert (row.state, row.capacity_held) == ("Zeroed", False)
+    assert [e.reason for e in calm.events] == ["PodZeroed"]
+
+
+def test_without_fresh_signals_a_held_pod_keeps_its_weight():
+    pods = [pod(n) for n in NAMES]
+    first = run(spec(**HEADROOM), pods, failing(0.7), 5, previous=learned())
+    held = weights(first)["a100-2"]
+    assert held > 0
+    blind = run(spec(**HEADROOM), pods, {}, 10, previous=first.status)
+    row = next(r for r in blind.status.endpoints if r.pod == "a100-2")
+    assert (row.weight, row.capacity_held) == (held, True)
+    assert "no fresh signals to weigh on: held weight frozen" in row.reason

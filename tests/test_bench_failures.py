@@ -1,0 +1,93 @@
+"""Server errors in the benchmark's data plane: Envoy's consecutive-5xx outlier detection and retries of a 5xx.
+
+The detector follows Envoy 1.38's `source/common/upstream/outlier_detection_impl.cc` (ejectHost,
+checkHostForUneject, onIntervalTimer's back-off count-down) with what Istio writes for a DestinationRule's
+`consecutive5xxErrors` (no success-rate or gateway-failure enforcement).
+"""
+
+from __future__ import annotations
+
+from sluice.bench.capacity import fleet_capacity
+from sluice.bench.dataplane import OutlierDetector
+from sluice.bench.scenario import Scenario
+from sluice.bench.sim import Simulation, summarise
+from sluice.bench.trace import make_trace
+
+
+def detector(hosts: int = 4, max_percent: int = 50) -> OutlierDetector:
+    return OutlierDetector([f"h{i}" for i in range(hosts)], 5, 10.0, 30.0, max_percent)
+
+
+def test_five_5xx_in_a_row_eject_a_host_and_a_success_between_them_resets_the_count() -> None:
+    d = detector()
+    for t in range(4):
+        d.result("h0", t, True)
+    d.result("h0", 4.5, False)
+    for t in range(5, 9):
+        d.result("h0", t, True)
+    assert d.ejected(9.0) == frozenset()
+    d.result("h0", 9.5, True)
+    assert d.ejected(9.5) == {"h0"}
+
+
+def test_an_ejected_host_returns_at_the_first_sweep_after_base_times_its_ejections() -> None:
+    d = detector()
+    for _ in range(5):
+        d.result("h0", 12.0, True)
+    assert d.ejected(49.9) == {"h0"}  # the sweep at 40 s finds 28 s served of 30
+    assert d.ejected(50.0) == frozenset()  # the one at 50 s returns it
+    for _ in range(5):  # ejected again before a full interval back: twice the base
+        d.result("h0", 52.0, True)
+    assert d.ejected(109.0) == {"h0"}
+    assert d.ejected(120.0) == frozenset()
+
+
+def test_the_back_off_counts_down_once_per_interval_spent_back_in_service() -> None:
+    d = detector()
+    for _ in range(5):
+        d.result("h0", 1.0, True)
+    d.ejected(40.0)  # back at 40 s, back-off 1
+    d.ejected(200.0)  # many sweeps in service: back to 0
+    for _ in range(5):
+        d.result("h0", 201.0, True)
+    assert d.ejected(239.0) == {"h0"}  # the sweep at 230 s finds 29 s served
+    assert d.ejected(240.0) == frozenset()  # 30 s again, not 60
+
+
+def test_no_ejection_takes_the_ejected_share_past_max_ejection_percent() -> None:
+    d = detector(hosts=3, max_percent=50)
+    for host in ("h0", "h1"):
+        for _ in range(5):
+            d.result(host, 1.0, True)
+    assert d.ejected(1.0) == {"h0"}  # a second would be 67 % of the hosts
+    assert d.ejections == 1
+
+
+def _failing_fleet(retries: int, detection: bool) -> dict[str, float]:
+    scenario = Scenario.model_validate(
+        {
+            "name": "failing",
+            "seed": 5,
+            "servers": [{"name": f"a100-{i}", "hardware": "a100"} for i in range(3)],
+            "workload": {"prompt_tokens": 512, "output_tokens": 32, "duration": 90, "warm_up": 0},
+            "dataplane": {"retries": retries, "outlier_detection": detection},
+            "events": [{"at": 0, "server": "a100-2", "error_rate": 0.5}],
+        }
+    )
+    trace = make_trace(scenario.workload, 0.3 * fleet_capacity(scenario), 90, 5, scenario.dataplane.sidecars)
+    figures = summarise(Simulation(scenario, "least-request", trace).run())
+    return {"errors": figures["error_rate"], "retried": figures["retried"], "share": figures["share"]["a100"]}
+
+
+def test_retries_of_a_5xx_go_to_another_pod_and_outlier_detection_sends_less_to_a_failing_one() -> None:
+    bare = _failing_fleet(0, False)
+    ejecting = _failing_fleet(0, True)
+    retrying = _failing_fleet(2, False)
+    # a pod failing half its requests, a third of the traffic: about 1/6 of the requests fail without either
+    assert 0.12 < bare["errors"] < 0.22
+    assert bare["retried"] == 0
+    # five 5xx in a row (1/32 per request at 50 %) eject it from a sidecar for 30 s and more: fewer errors
+    assert ejecting["errors"] < 0.8 * bare["errors"]
+    # a retry never lands on the pod that failed it (previous hosts): only a request failing there twice is lost
+    assert retrying["errors"] < 0.01
+    assert 0.12 < retrying["retried"] < 0.22
