@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -94,10 +96,12 @@ def test_holds_take_what_the_others_cannot_within_each_pods_own_target(pods, oth
     holds = weigh(candidates, rest, 3.0, ceiling, tolerance)
     demand = sum(o.rate for o in rest) + sum(c.rate for c in candidates)
     kept = sum(h.share for h in holds.values())
+    # a held pod keeps at most the target of its capacity, and at most a tenth more than it carried
+    keeps = {c.name: min(ceiling * (c.capacity or 0), 1.1 * c.rate) for c in candidates}
     for c in candidates:
-        assert 0 <= holds[c.name].share <= ceiling * (c.capacity or 0) + 1e-9
+        assert 0 <= holds[c.name].share <= keeps[c.name] + 1e-9
     # what the others are left with never puts them past the target while the candidates have room
-    room = sum(ceiling * (c.capacity or 0) for c in candidates)
+    room = sum(keeps.values())
     capacity = sum(o.capacity for o in rest)
     if kept < room - 1e-9:
         assert demand - kept <= ceiling * capacity + 1e-6
@@ -227,3 +231,16 @@ def test_without_fresh_signals_a_held_pod_keeps_its_weight():
     row = next(r for r in blind.status.endpoints if r.pod == "a100-2")
     assert (row.weight, row.capacity_held) == (held, True)
     assert "no fresh signals to weigh on: held weight frozen" in row.reason
+
+
+def test_a_held_pod_keeps_at_most_a_tenth_more_than_it_carried():
+    # the others need 5 of the 7 req/s kept, but it carried 2: it keeps 2.2
+    holds = weigh([Candidate("c", 2.0, 0.3, 1.5, 10.0, 0.1)], two(9.5), 2.0, 0.8, 100.0)
+    assert holds["c"].share == pytest.approx(2.2)
+
+
+def test_a_pod_ramping_back_from_a_zeroing_is_held_only_if_it_was_held_before():
+    ramping = Candidate("c", 1.0, 0.3, 1.5, 10.0, 0.1, floor=0.2, ramping=True)
+    assert "ramping back from a zeroing: its ramp stands" in weigh([ramping], two(9.5), 2.0, 0.8, 100.0)["c"].why
+    held = weigh([replace(ramping, held_before=True)], two(9.5), 2.0, 0.8, 100.0)["c"]
+    assert held.share == pytest.approx(1.1)

@@ -7,6 +7,7 @@ checkHostForUneject, onIntervalTimer's back-off count-down) with what Istio writ
 
 from __future__ import annotations
 
+from sluice.bench import targets
 from sluice.bench.capacity import fleet_capacity
 from sluice.bench.dataplane import OutlierDetector
 from sluice.bench.scenario import Scenario
@@ -91,3 +92,54 @@ def test_retries_of_a_5xx_go_to_another_pod_and_outlier_detection_sends_less_to_
     # a retry never lands on the pod that failed it (previous hosts): only a request failing there twice is lost
     assert retrying["errors"] < 0.01
     assert 0.12 < retrying["retried"] < 0.22
+
+
+def _failing_result(figures: dict[str, list[tuple[tuple[float, float, float], tuple[float, float, float]]]]):
+    """A failing-pod scenario (errors, no slowdown) at two loads: per strategy, (P99, error rate) per load."""
+    return {
+        "loads": [0.3, 0.7],
+        "capacity": 10.0,
+        "slo_ttft_p99_ms": 1000.0,
+        "servers": [{"hardware": "l40s"}] * 3,
+        "faults": [{"at": 90.0, "server": "l40s-2", "error_rate": 0.3}],
+        "goodput": dict.fromkeys(figures, (5.0, 5.0, 5.0)),
+        "strategies": {
+            s: [{"ttft_p99_ms": p, "ttft_mean_ms": p, "error_rate": e} for p, e in rows] for s, rows in figures.items()
+        },
+    }
+
+
+def _row(result, target):
+    return next(c for c in targets.issue_checks({"x": result}) if c["target"].startswith(target))
+
+
+def test_the_failing_pod_targets_weigh_latency_and_errors_together() -> None:
+    lr = [((172.0, 160.0, 180.0), (0.10, 0.09, 0.11)), ((287.0, 280.0, 300.0), (0.10, 0.09, 0.11))]
+    result = _failing_result(
+        {
+            "least-request": lr,
+            # 1.13x the P99 at 30 % (errors 0.1x), 0.93x at 70 % (errors 0.9x)
+            "sluice": [((195.0, 190.0, 200.0), (0.011, 0.01, 0.02)), ((267.0, 260.0, 270.0), (0.09, 0.085, 0.095))],
+            # zeroes and queues: errors 0.1x, P99 39x
+            "sluice-cube": [((203.0, 200.0, 210.0), (0.01, 0.01, 0.01)), ((11176.0, 9000.0, 12000.0), (0.05,) * 3)],
+            "round-robin": [((160.0, 150.0, 170.0), (0.08, 0.07, 0.09)), ((262.0, 250.0, 270.0), (0.08, 0.07, 0.09))],
+        }
+    )
+    no_worse = _row(result, "failing pod: P99 TTFT ≤ 1.1 × and errors")
+    assert no_worse["sluice"] == ("1.03x", "**no**")  # 195 / (1.1 x 172)
+    assert no_worse["sluice-cube"][1] == "**no**"
+    assert no_worse["baselines_meeting"] == ["least-request", "round-robin"]
+    halves = _row(result, "failing pod: P99 TTFT or errors ≤ 0.5 ×")
+    assert halves["sluice"] == ("0.90x", "**no**")  # at 70 %: P99 0.93x, errors 0.90x
+    # its errors at 70 %: 0.50x on the medians, 0.05 / 0.09 = 0.56x on the bounds
+    assert halves["sluice-cube"] == ("0.50x", "inside interval")
+    assert halves["baselines_meeting"] == []
+    # a scenario whose faulty pod also slows down is not a failing-pod scenario
+    slowed = {**result, "faults": [{"at": 90.0, "server": "l40s-2", "error_rate": 0.3, "slowdown": 4.0}]}
+    assert not [c for c in targets.issue_checks({"x": slowed}) if c["target"].startswith("failing pod")]
+
+
+def test_no_errors_on_either_side_is_equal_not_an_infinite_ratio() -> None:
+    zero = (0.0, 0.0, 0.0)
+    result = _failing_result({"least-request": [((100.0,) * 3, zero)] * 2, "sluice": [((105.0,) * 3, zero)] * 2})
+    assert _row(result, "failing pod: P99 TTFT ≤ 1.1 × and errors")["sluice"] == ("1.00x", "yes")

@@ -126,6 +126,8 @@ def run_scenario(scenario: Scenario, jobs: int) -> dict[str, Any]:
     good = {s: goodput(cells, loads, capacity, slo, s) for s in strategies}
     return {
         "description": scenario.description,
+        "faults": [e.model_dump(exclude_none=True) for e in scenario.events],
+        "retries": scenario.dataplane.retries,
         "held_out": scenario.held_out,
         "same_traces_as": scenario.same_traces_as,
         "capacity": capacity,

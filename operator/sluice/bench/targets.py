@@ -321,6 +321,58 @@ def _t_incident(r: dict[str, Any], s: str) -> IssueVerdict:
     return _at_most(0.5, _worst_ratio(r, s, "incident_ttft_p99_ms", 0.0, 10.0, _lr(r, "incident_ttft_p99_ms")))
 
 
+def _failing_only(r: dict[str, Any]) -> bool:
+    """A pod fails a share of its requests and none slows down (scenarios run before faults were recorded: no)."""
+    faults = r.get("faults") or []
+    return any(f.get("error_rate") for f in faults) and not any(f.get("slowdown") for f in faults)
+
+
+def _error_ratio(r: dict[str, Any], s: str, i: int, at: int, theirs_at: int) -> float | None:
+    """My error rate over least-request's at load i (no errors on either side: 1, equal)."""
+    mine, theirs = _figure(r, s, i, "error_rate", at), _figure(r, "least-request", i, "error_rate", theirs_at)
+    if mine is None or theirs is None:
+        return None
+    if theirs <= 0:
+        return 1.0 if mine <= 0 else math.inf
+    return mine / theirs
+
+
+def _failing_ratios(r: dict[str, Any], s: str, i: int) -> tuple[float, float, float, float] | None:
+    """At load i: P99 over least-request's and errors over least-request's, on the medians and on the bounds."""
+    p99, p99_lr = _figure(r, s, i, "ttft_p99_ms"), _figure(r, "least-request", i, "ttft_p99_ms")
+    p99_hi, p99_lr_lo = _figure(r, s, i, "ttft_p99_ms", 2), _figure(r, "least-request", i, "ttft_p99_ms", 1)
+    errors, errors_edge = _error_ratio(r, s, i, 0, 0), _error_ratio(r, s, i, 2, 1)
+    if p99 is None or p99_lr is None or p99_hi is None or p99_lr_lo is None:
+        return None
+    if errors is None or errors_edge is None:
+        return None
+    return _ratio(p99, p99_lr), errors, _ratio(p99_hi, p99_lr_lo), errors_edge
+
+
+def _t_failing_no_worse(r: dict[str, Any], s: str) -> IssueVerdict:
+    """P99 ≤ 1.1 x least-request's and error rate ≤ least-request's, at every load: the worst over the loads of
+    the worse of P99 / (1.1 x least-request's) and errors / least-request's."""
+    if not _failing_only(r):
+        return None
+    rows = [x for i in range(len(r["loads"])) if (x := _failing_ratios(r, s, i)) is not None]
+    if not rows:
+        return None
+    median = max(max(p / 1.1, e) for p, e, _, _ in rows)
+    edge = max(max(p / 1.1, e) for _, _, p, e in rows)
+    return median, median <= 1.0, edge <= 1.0
+
+
+def _t_failing_halves_one(r: dict[str, Any], s: str) -> IssueVerdict:
+    """At every load, the P99 or the error rate at most half of least-request's: the worst over the loads of the
+    better of the two ratios."""
+    if not _failing_only(r):
+        return None
+    rows = [x for i in range(len(r["loads"])) if (x := _failing_ratios(r, s, i)) is not None]
+    if not rows:
+        return None
+    return _at_most(0.5, (max(min(p, e) for p, e, _, _ in rows), max(min(p, e) for _, _, p, e in rows)))
+
+
 ISSUE_TARGETS: tuple[tuple[str, str, IssuePredicate], ...] = (
     ("P99 TTFT ≤ 0.5 × least-request, every load 20–70 %", "{:.2f}x", _t_low_p99_lr),
     ("P99 TTFT ≤ 0.8 × the best peer router, every load 20–70 %", "{:.2f}x", _t_low_p99_peer),
@@ -333,6 +385,8 @@ ISSUE_TARGETS: tuple[tuple[str, str, IssuePredicate], ...] = (
     ("overload (110 %): completed requests ≥ least-request", "{:.2f}x", _t_overload_completed),
     ("homogeneous: P99 within least-request's interval at every load", "{:.2f}x", _t_homogeneous),
     ("incident P99 TTFT ≤ 0.5 × least-request, every load", "{:.2f}x", _t_incident),
+    ("failing pod: P99 TTFT ≤ 1.1 × and errors ≤ least-request's, every load", "{:.2f}x", _t_failing_no_worse),
+    ("failing pod: P99 TTFT or errors ≤ 0.5 × least-request's, every load", "{:.2f}x", _t_failing_halves_one),
 )
 
 

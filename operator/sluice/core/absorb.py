@@ -1,16 +1,18 @@
 """Weighing a protective zeroing against what the rest of the subset can absorb. Pure.
 
 Zeroing a pod that still serves most of its requests moves its share onto the others. When they cannot take it
-within `scoring.targetUtilization` of their learned capacity, the zeroing costs every request the queueing it
-causes, to save a fraction of the pod's: three L40S, one failing 30 % of its requests at 70 % load, zeroed, left
-the two others at 105 % of their capacity (P99 TTFT 20x least-request's). So, under the headroom policy (the
-one that knows capacities), a pod zeroed or ramping after an error-rate, LoRA-failure or consecutive-failure
-incident keeps the share the others cannot take ("held"), when the evidence says holding it serves:
+within `scoring.targetUtilization` of their learned capacity and `protection.absorbTtftPercent` of their
+modelled TTFT, the zeroing costs every request the queueing it causes, to save a fraction of the pod's: three
+L40S, one failing 30 % of its requests at 70 % load, zeroed, left the two others at 105 % of their capacity
+(P99 TTFT 20x least-request's). So, under the headroom policy (the one that knows capacities), a pod zeroed or
+ramping after an error-rate, LoRA-failure or consecutive-failure incident keeps the share the others cannot
+take ("held"), when the evidence says holding it serves:
 
 - it still serves most of its requests (error rate below `SERVES_MOST`);
 - it is not slow: its TTFT p95 over its own idle TTFT is within `SLOWER` of the highest of the others' (a node
   that slowed down 4x queues whatever it keeps: it is zeroed, its share is better queued on the others);
-- it has a learned capacity, and keeps at most `targetUtilization` of it.
+- it has a learned capacity, and keeps at most `targetUtilization` of it, and at most a little more than it
+  carried (`KEEP_GROWTH`); a pod ramping back from a zeroing is held only if it was held before.
 
 OOM kills, restarts and not-Ready pods leave at once (they cannot serve); nothing is weighed without learned
 capacities (the cube policy, a pool with nothing learned yet): the pod is zeroed and the status says why.
@@ -32,6 +34,10 @@ SERVES_MOST = 0.5
 """A pod failing this share of its requests or more is zeroed whatever the others' load: it no longer serves most
 of what it is sent. Hand-set from the issue's definition ("pods that still serve most requests"), not swept."""
 
+KEEP_GROWTH = 0.1
+"""A held pod keeps at most what it carried over the window plus this share (per pass): a hold keeps a share, it
+never hands a pod more than it has shown it takes at once (a node slowed 5x, ramping back after its zeroing, was
+held at 3.0 req/s when it carried 1.7 in an early version, and its queue ran away). Hand-set, not swept."""
 SLOWER = 1.5
 """A pod whose TTFT inflation (p95 over its idle) is more than this times the others' highest is slow, not only
 failing: it is zeroed. A window's p95 varies by tens of percent between identical pods; the slowed-down nodes of
@@ -54,6 +60,10 @@ class Candidate:
     """Its learned idle TTFT (seconds)."""
     floor: float = 0.0
     """Requests/s it keeps anyway (a ramping pod's ramp share): held only when the others need more of it."""
+    ramping: bool = False
+    held_before: bool = False
+    """Held by the previous pass: only such a pod is held while it ramps (a pod zeroed and ramping back is
+    judged by its ramp, not given more than it shows it can take)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,8 @@ def weigh(
     loaded pod at one level L): the reference level is the pool's with the candidates taking part at their
     learned capacities; the others may carry what they carry at (1 + tolerance) x that level. What the others
     cannot take is spread over the candidates that may be held, in proportion to their learned capacities, each
-    within `ceiling` of its own. `others` is None when none of them has learned a capacity: nothing is weighed.
+    within `ceiling` of its own and within `KEEP_GROWTH` of what it carried. `others` is None when none of them
+    has learned a capacity: nothing is weighed.
     """
     if not candidates:
         return {}
@@ -139,7 +150,7 @@ def weigh(
         if refusal:
             out[c.name] = Hold(0.0, load, ceiling, f"{at}, but {refusal}")
         else:
-            able[c.name] = ceiling * (c.capacity or 0.0)
+            able[c.name] = min(ceiling * (c.capacity or 0.0), (1.0 + KEEP_GROWTH) * c.rate)
     shares = _spread(need, able)
     for c in candidates:
         if c.name not in able:
@@ -158,6 +169,8 @@ FROZEN = Hold(0.0, None, 0.0, "no fresh signals to weigh on: held weight frozen 
 
 def _refusal(c: Candidate, others_inflation: float | None) -> str:
     """Why holding this candidate would not serve, or ""."""
+    if c.ramping and not c.held_before:
+        return "it is ramping back from a zeroing: its ramp stands"
     if c.error_rate is None:
         return "its error rate is unknown: zeroed"
     if c.error_rate >= SERVES_MOST:

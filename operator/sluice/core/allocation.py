@@ -185,6 +185,8 @@ def _weigh_zeroing(
                 capacity=capacity,
                 idle=idle,
                 floor=floor,
+                ramping=v.kind == "ramping",
+                held_before=prev is not None and prev.capacity_held,
             )
         )
     if not candidates:
