@@ -9,10 +9,16 @@ ramping after an error-rate, LoRA-failure or consecutive-failure incident keeps 
 take ("held"), when the evidence says holding it serves:
 
 - it still serves most of its requests (error rate below `SERVES_MOST`);
-- it is not slow: its TTFT p95 over its own idle TTFT is within `SLOWER` of the highest of the others' (a node
-  that slowed down 4x queues whatever it keeps: it is zeroed, its share is better queued on the others);
-- it has a learned capacity, and keeps at most `targetUtilization` of it, and at most a little more than it
-  carried (`KEEP_GROWTH`); a pod ramping back from a zeroing is held only if it was held before.
+- it is not slow: its TTFT p95 over its own idle TTFT is within `SLOWER` of the highest of the others', and so is
+  the time a request spends on it (running and waiting over its rate: a slowdown shows there a scrape after it
+  begins, before the slow first tokens reach the TTFT histogram) (a node that slowed down 4x queues whatever it
+  keeps: it is zeroed, its share is better queued on the others);
+- a scrape since the incident began shows it; until then it keeps only what would take the others past halfway
+  from the target to their whole capacity (on 5 s scrapes a node slowed 5x, held on the pass that saw its
+  errors, doubled the incident's P99 before its TTFT showed the slowdown; zeroing for a scrape at 120 % took the
+  queue minutes to drain);
+- it has a learned capacity, and keeps at most `targetUtilization` of it; a pod ramping back from a zeroing is
+  held only if it was held before, and then at most a little more than it carried (`KEEP_GROWTH`).
 
 OOM kills, restarts and not-Ready pods leave at once (they cannot serve); nothing is weighed without learned
 capacities (the cube policy, a pool with nothing learned yet): the pod is zeroed and the status says why.
@@ -35,9 +41,10 @@ SERVES_MOST = 0.5
 of what it is sent. Hand-set from the issue's definition ("pods that still serve most requests"), not swept."""
 
 KEEP_GROWTH = 0.1
-"""A held pod keeps at most what it carried over the window plus this share (per pass): a hold keeps a share, it
-never hands a pod more than it has shown it takes at once (a node slowed 5x, ramping back after its zeroing, was
-held at 3.0 req/s when it carried 1.7 in an early version, and its queue ran away). Hand-set, not swept."""
+"""A held pod ramping back keeps at most what it carried over the window plus this share (per pass): a hold
+keeps a share, it never hands a recovering pod more than it has shown it takes at once (a node slowed 5x,
+ramping back after its zeroing, was held at 3.0 req/s when it carried 1.7 in an early version, and its queue ran
+away). Hand-set, not swept."""
 SLOWER = 1.5
 """A pod whose TTFT inflation (p95 over its idle) is more than this times the others' highest is slow, not only
 failing: it is zeroed. A window's p95 varies by tens of percent between identical pods; the slowed-down nodes of
@@ -60,6 +67,12 @@ class Candidate:
     """Its learned idle TTFT (seconds)."""
     floor: float = 0.0
     """Requests/s it keeps anyway (a ramping pod's ramp share): held only when the others need more of it."""
+    in_system: float | None = None
+    """Seconds a request spends on it (running and waiting over its rate, Little's law): a slowdown shows here at
+    the next scrape, before the slow requests' first tokens reach the TTFT histogram."""
+    evidence_since_incident: bool = True
+    """Its samples were scraped after the pass that saw its incident: a slowdown that came with the errors has
+    had a scrape to show (errors return at once, slow first tokens and a growing batch only later)."""
     ramping: bool = False
     held_before: bool = False
     """Held by the previous pass: only such a pod is held while it ramps (a pod zeroed and ramping back is
@@ -103,6 +116,7 @@ def weigh(
     others_inflation: float | None,
     ceiling: float,
     tolerance: float,
+    others_in_system: float | None = None,
 ) -> dict[str, Hold]:
     """What each candidate keeps: the share the others cannot take within `ceiling` of their capacity, nor
     without their modelled TTFT rising more than `tolerance` (a fraction) over the level a healthy pool would
@@ -112,8 +126,9 @@ def weigh(
     loaded pod at one level L): the reference level is the pool's with the candidates taking part at their
     learned capacities; the others may carry what they carry at (1 + tolerance) x that level. What the others
     cannot take is spread over the candidates that may be held, in proportion to their learned capacities, each
-    within `ceiling` of its own and within `KEEP_GROWTH` of what it carried. `others` is None when none of them
-    has learned a capacity: nothing is weighed.
+    within `ceiling` of its own (a ramping one also within `KEEP_GROWTH` of what it carried); one without a sample
+    since its incident only what would take the others past halfway from `ceiling` to saturation. `others` is None
+    when none of them has learned a capacity: nothing is weighed.
     """
     if not candidates:
         return {}
@@ -144,21 +159,33 @@ def weigh(
     if need <= 1e-9:
         return {c.name: Hold(0.0, load, ceiling, f"{at} (within {bounds})") for c in candidates}
     able: dict[str, float] = {}
+    unproven: dict[str, float] = {}
     out: dict[str, Hold] = {}
     for c in candidates:
-        refusal = _refusal(c, others_inflation)
+        refusal = _refusal(c, others_inflation, others_in_system)
+        room = ceiling * (c.capacity or 0.0)
         if refusal:
             out[c.name] = Hold(0.0, load, ceiling, f"{at}, but {refusal}")
+        elif not c.evidence_since_incident:
+            unproven[c.name] = room
         else:
-            able[c.name] = min(ceiling * (c.capacity or 0.0), (1.0 + KEEP_GROWTH) * c.rate)
-    shares = _spread(need, able)
+            able[c.name] = min(room, (1.0 + KEEP_GROWTH) * c.rate) if c.ramping else room
+    # Until a scrape since the incident shows whether it slowed down too, a pod keeps only what would take the
+    # others past halfway from the target to their whole capacity (90 % at the default target): at 87 % they
+    # queue for a scrape and recover; at 105-120 % the queue a scrape builds takes minutes to drain.
+    shares = _spread(max(0.0, demand - (1.0 + ceiling) / 2.0 * capacity), unproven)
+    shares |= _spread(max(0.0, need - sum(shares.values())), able)
     for c in candidates:
-        if c.name not in able:
+        if c.name not in able and c.name not in unproven:
             continue
         share = shares[c.name]
         if share > c.floor:
             why = f"held at {share:.2f}/s (it carried {c.rate:.2f}/s): {at} ({bounds})"
+            if c.name in unproven:
+                why += "; no sample since its incident yet: only what would take them past halfway to saturation"
             out[c.name] = Hold(share, load, ceiling, why)
+        elif c.name in unproven:
+            out[c.name] = Hold(0.0, load, ceiling, f"{at}, and no sample since its incident yet: zeroed until one")
         else:
             out[c.name] = Hold(0.0, load, ceiling, f"{at}; its ramp already keeps what they cannot take")
     return out
@@ -167,7 +194,7 @@ def weigh(
 FROZEN = Hold(0.0, None, 0.0, "no fresh signals to weigh on: held weight frozen at its last value", frozen=True)
 
 
-def _refusal(c: Candidate, others_inflation: float | None) -> str:
+def _refusal(c: Candidate, others_inflation: float | None, others_in_system: float | None = None) -> str:
     """Why holding this candidate would not serve, or ""."""
     if c.ramping and not c.held_before:
         return "it is ramping back from a zeroing: its ramp stands"
@@ -181,6 +208,11 @@ def _refusal(c: Candidate, others_inflation: float | None) -> str:
         return "its TTFT or the others' is unknown: zeroed"
     if c.inflation > SLOWER * others_inflation:
         return f"its TTFT is {c.inflation:.1f}x its idle, the others' at most {others_inflation:.1f}x: zeroed"
+    if c.in_system is not None and others_in_system is not None and c.in_system > SLOWER * others_in_system:
+        return (
+            f"a request spends {c.in_system:.1f}s on it, at most {others_in_system:.1f}s on the others "
+            "(running and waiting over the rate): slowed down, zeroed"
+        )
     return ""
 
 

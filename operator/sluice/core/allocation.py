@@ -145,6 +145,22 @@ def _class_capacity(
     return values[len(values) // 2] if values else None
 
 
+def _evidence_since_incident(verdict: PodVerdict) -> bool:
+    """Whether the pod's samples postdate the pass that saw its incident (never on that pass itself)."""
+    if verdict.new_incident:
+        return False
+    at, incident = verdict.sampled_at, verdict.memory.last_incident_at
+    return at is None or incident is None or at > incident
+
+
+def _in_system(verdict: PodVerdict) -> float | None:
+    """Seconds a request spends on the pod: (running + waiting) / completed rate (Little's law), or None."""
+    running, rate = finite(verdict.signals.running_requests), _rate(verdict)
+    if running is None or rate <= 0:
+        return None
+    return (running + (finite(verdict.signals.queue_length) or 0.0)) / rate
+
+
 def _inflation(ttft: float | None, idle: float | None) -> float | None:
     ttft = finite(ttft)
     return ttft / idle if ttft is not None and idle is not None and idle > 0 else None
@@ -182,6 +198,8 @@ def _weigh_zeroing(
                 rate=_rate(v),
                 error_rate=finite(v.signals.error_rate),
                 inflation=_inflation(v.signals.ttft_p95_seconds, idle),
+                in_system=_in_system(v),
+                evidence_since_incident=_evidence_since_incident(v),
                 capacity=capacity,
                 idle=idle,
                 floor=floor,
@@ -200,12 +218,14 @@ def _weigh_zeroing(
     inflations = [
         i for v in scored if (i := _inflation(v.signals.ttft_p95_seconds, headroom[v.name].idle_ttft)) is not None
     ]
+    times = [t for v in scored if (t := _in_system(v)) is not None]
     return frozen | weigh(
         candidates,
         None if unknown else others,
         max(inflations) if inflations else None,
         scoring.target_utilization,
         protection.absorb_ttft_percent / 100.0,
+        max(times) if times else None,
     )
 
 
