@@ -280,3 +280,28 @@ def test_a_pod_ramping_back_from_a_zeroing_is_held_only_if_it_was_held_before():
     assert "ramping back from a zeroing: its ramp stands" in weigh([ramping], two(9.5), 2.0, 0.8, 100.0)["c"].why
     held = weigh([replace(ramping, held_before=True)], two(9.5), 2.0, 0.8, 100.0)["c"]
     assert held.share == pytest.approx(1.1)
+
+
+def test_a_held_pod_whose_own_reading_shows_a_third_less_capacity_is_held_within_what_it_shows():
+    # the others carry 9 of their 10 req/s; a100-2, failing, carries 2 with its TTFT p95 at 5x its 100 ms idle:
+    # rho 0.8, so it takes 2.5 req/s now, not the 10 it learned (a node that slowed down). The others need 4 of
+    # the 20 kept; it is held within 0.8 x 2.5 = 2, not 0.8 x 10.
+    pods = [pod(n) for n in NAMES]
+    signals = {n: sig(rps=9.0, p95=1.0, kv=0.2, errors=0.0) for n in NAMES[:2]}
+    # a request's time on it (running over rate) as on the others: only its TTFT tells
+    signals["a100-2"] = sig(rps=2.0, p95=0.5, kv=0.2, errors=0.3).model_copy(update={"running_requests": 0.2})
+    first = run(spec(**UTILISATION_ONLY), pods, signals, 5, previous=learned())
+    second = run(spec(**UTILISATION_ONLY), pods, signals, 10, previous=first.status)
+    row = next(r for r in second.status.endpoints if r.pod == "a100-2")
+    assert row.capacity_held
+    assert row.reason.startswith("would be zeroed (error rate 30.0% >= 10.0%), held at 2.00/s (it carried 2.00/s)")
+    # a reading within a third of what it learned is noise: the learned capacity bounds the hold
+    steady = {
+        **signals,
+        "a100-2": sig(rps=7.0, p95=0.5, kv=0.2, errors=0.3).model_copy(update={"running_requests": 0.7}),
+    }
+    again = run(spec(**UTILISATION_ONLY), pods, steady, 10, previous=first.status)  # it shows 8.75 of 10
+    # 25 req/s: the others take 16, it keeps 0.8 x 10 = 8 of the 9 (0.8 x 8.75 = 7 if its reading bounded it)
+    assert (
+        next(r for r in again.status.endpoints if r.pod == "a100-2").reason.split("), ")[1].startswith("held at 8.00/s")
+    )

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sluice.api.v1alpha1 import EndpointState, ProtectionSpec, ScoringSpec
-from sluice.core.absorb import FROZEN, HOLDABLE, Candidate, Hold, Other, weigh
-from sluice.core.headroom import LEARNED_SOURCES, PodHeadroom, PodLoad, finite, plan
+from sluice.core.absorb import FROZEN, HOLDABLE, SLOWER, Candidate, Hold, Other, weigh
+from sluice.core.headroom import INFORMATIVE, LEARNED_SOURCES, PodHeadroom, PodLoad, finite, plan, utilisation
 from sluice.core.protection import floor_keep, spare_order
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import ramp, scale, with_hysteresis
@@ -191,6 +191,13 @@ def _weigh_zeroing(
         if capacity is None:
             # zeroed before it learned one: its hardware class's, as the others of the class learned it
             capacity = _class_capacity(v.hardware_class, members, headroom)
+        # what its own reading shows now bounds it: a node that slowed down reads loaded at a rate it used to
+        # carry easily, and is held within the target of what it takes now, not of what it once learned
+        rho = utilisation(finite(v.signals.ttft_p95_seconds), idle, finite(v.signals.queue_length))
+        if capacity is not None and rho is not None and rho >= INFORMATIVE and _rate(v) > 0:
+            shows = _rate(v) / rho
+            if shows * SLOWER < capacity:  # beyond a reading's noise: it lost a third of it or more
+                capacity = shows
         floor = h.share * (v.ramp_percent or 0.0) / 100.0 if h is not None and v.kind == "ramping" else 0.0
         candidates.append(
             Candidate(
