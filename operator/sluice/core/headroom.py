@@ -62,6 +62,21 @@ rest spilled to slower pods). Provenance: swept 0 / 2 / 3 / 4 / 6 and TTFT-only 
 and mixed-fleet, 5 seeds (docs/design.md, "What was tried and dropped"); 3 kept: 0 and 2 overfilled the slow
 pods below the knee, TTFT-only and 6 reacted late past it."""
 
+EVIDENCE_FROM = 0.5
+"""A TTFT or queue reading moves a learned capacity only when the pod shows load: it carries at least this share
+of what it is believed to take, or its waiting queue reaches `QUEUE_EVIDENCE`, or its KV cache `KV_ROOM`. A
+reading counts from ρ ≥ INFORMATIVE, and a lightly loaded pod's TTFT p95 is inflated by its prompt mix alone: at
+a rate under INFORMATIVE × the belief every such reading lies below the belief and could only ever lower it (an
+A100 of the local stack fell 11.5 → 3.6 req/s while idle, its class sibling pooled with it, below the RTX 4090
+beside them), and between INFORMATIVE and half of it, raise it. A belief far above the truth still falls: the
+plan gives the pod that share, and it queues. A first measurement is not gated: the prior it moves is K x what
+the other pods taught, not the pod's own. Provenance: set from that argument, not swept."""
+AGEING = 0.0002
+"""Per pass without load shown, a learned capacity moves this share of the way towards its prior (its class K x
+the pool's learned capacity per unit of K): what was measured long ago weighs less, visibly (`ageing`). Slow: a
+measured capacity is a property of the hardware, and a prior can be wrong. Provenance: hand-set (half-life about
+3,500 passes, some 5 h at the default interval), not swept; with it and `EVIDENCE_FROM`, underdeclared's P99 at
+20 / 50 / 70 % was 190 / 269 / 358 ms against 190 / 238 / 366 without either (5 seeds, intervals overlapping)."""
 PROBE = 0.02
 """Per pass, the rise of a pod's learned capacity while it carries much and reads below INFORMATIVE.
 Provenance: swept 0 / 1 / 2 / 3 % (seed-000, mixed-fleet); 3 % again with the changes of acfca5c (5 seeds, P99
@@ -123,8 +138,8 @@ TRICKLE = 0.05
 """With no traffic observed, the share of the pool's capacity planned (fastest pods first), so weights exist.
 Provenance: hand-set, never swept (with no traffic only the order of the weights matters)."""
 
-CapacitySource = Literal["measured", "learned", "probing", "prior", "relative", "held"]
-LEARNED_SOURCES = ("measured", "learned", "probing", "held")
+CapacitySource = Literal["measured", "learned", "ageing", "probing", "prior", "relative", "held"]
+LEARNED_SOURCES = ("measured", "learned", "ageing", "probing", "held")
 """Sources whose capacity rests on a measurement (now or remembered): only these are stored as learned."""
 
 
@@ -190,6 +205,8 @@ class PodHeadroom:
     def explain(self) -> str:
         if self.source == "relative":
             parts = [f"capacity relative K={self.estimate:.2f} (no rate yet"]
+        elif self.source == "ageing":
+            parts = [f"capacity {self.estimate:.2f}/s (learned, no load shown: ageing towards its prior"]
         else:
             parts = [f"capacity {self.estimate:.2f}/s ({self.source}"]
         if self.utilisation is not None:
@@ -220,6 +237,17 @@ def utilisation(ttft: float | None, idle: float | None, queue: float | None) -> 
     return min(MAX_UTILISATION, max(readings)) if readings else None
 
 
+def shows_load(rate: float, belief: float, queue: float | None, kv: float | None) -> bool:
+    """Whether a reading may move `belief` (`EVIDENCE_FROM`): the pod carries half of it, queues or fills its
+    cache. Below that a TTFT inflated by the prompt mix alone would read as load, lowering the belief, or raising
+    it (rate / ρ exceeds the belief once the rate passes INFORMATIVE of it)."""
+    return (
+        rate >= EVIDENCE_FROM * belief
+        or (queue is not None and queue >= QUEUE_EVIDENCE)
+        or (kv is not None and kv >= KV_ROOM)
+    )
+
+
 def learn_idle(ttft: float | None, previous: float | None) -> float | None:
     """The pod's idle TTFT, a slow low-quantile tracker: it moves IDLE_DESCENT of the way down to a lower reading
     and drifts up by IDLE_DRIFT per pass towards a higher one, so one short-prompt window cannot set it."""
@@ -248,6 +276,8 @@ def estimate(
     """Pods with nothing learned, carrying traffic without showing load, their KV cache showing room."""
     first: dict[str, tuple[float, float, float, bool]] = {}
     """Pods measured for the first time: (observation, gain, rate, whether it may raise the prior)."""
+    ageing: list[str] = []
+    """Pods with a learned capacity and no load shown this pass."""
     notes: dict[str, tuple[float | None, float | None, str]] = {}
     for p in pods:
         if not p.fresh:
@@ -270,7 +300,7 @@ def estimate(
                 # The KV cache proves the pod at least p.kv loaded: its capacity is at most rate / kv.
                 value += bound_gain * (bound - value)
                 source = "measured"
-            elif observed is not None:
+            elif observed is not None and shows_load(rate, value, p.queue, p.kv):
                 if observed < value:
                     value += gain * (observed - value)
                 elif bound is not None:
@@ -282,6 +312,8 @@ def estimate(
                 # Carrying most of what it is believed to take, and a reading shows no load: the belief is too low.
                 value *= 1.0 + (PROBE if p.kv is None else PROBE_ROOM)
                 source = "probing"
+            else:
+                ageing.append(p.name)  # no load shown: what was learned holds, ageing towards the prior
             learned[p.name] = max(value, rate)
         elif bound is not None and (observed is None or bound < observed):
             # Only a bound (or a bound under the TTFT reading): it may lower the prior; it raises it only as far
@@ -326,6 +358,11 @@ def estimate(
             learned[name] = max(rate, start * (1.0 + PROBE_ROOM))
             notes[name] = (notes[name][0], notes[name][1], "probing")
     per_k = _per_k(pods, learned, prior_of)
+    if per_k is not None:
+        for name in ageing:
+            if name in prior_of:
+                learned[name] += AGEING * (prior_of[name] * per_k - learned[name])
+                notes[name] = (notes[name][0], notes[name][1], "ageing")
     out: dict[str, tuple[float, float | None, float | None, str]] = {}
     for p in pods:
         idle, rho, source = notes[p.name]
