@@ -21,6 +21,9 @@ CANARY: dict[str, Any] = {
     "stepInterval": "60s",
     "analysis": {"interval": "30s", "minRequests": 20, "maxErrorRate": 0.01, "maxTtftP95": "800ms"},
     "maxFailedChecks": 2,
+    # the steps as written: the candidate's one pod against two stable ones would otherwise hold steps past a third
+    # (canary.comparableLoad, tests/test_canary_load.py)
+    "comparableLoad": False,
 }
 
 

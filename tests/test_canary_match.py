@@ -26,7 +26,7 @@ import yaml
 from pydantic import ValidationError
 
 from sluice.api.errors import format_validation_error
-from sluice.api.v1alpha1 import InferencePool, re2_error
+from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec, re2_error
 from sluice.core.abtest import ALPHABETS, buckets, key_match
 from sluice.core.canary import RevisionStats, check
 from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
@@ -34,8 +34,18 @@ from sluice.core.reconcile import Plan, plan_pass
 from sluice.devstack.apivalidation import SchemaRegistry
 from sluice.devstack.stack import SHARED_ISTIO, free_port
 from sluice.istio.render import PoolRef, cluster_name, destination_host, destination_port, render
-from tests.helpers import at, observed, pod, sig, spec
+from tests.helpers import at, observed, pod, sig
+from tests.helpers import spec as pool_spec
 from tests.test_envoy_patches import BOOTSTRAP, ENVOYS, envoy_validate, istio_cluster
+
+
+def spec(**wire: Any) -> InferencePoolSpec:
+    """The pool, its canary's steps published as written: these rollouts have one candidate pod against two stable
+    ones, which canary.comparableLoad would hold past a third (tested in tests/test_canary_load.py)."""
+    if "canary" in wire:
+        wire = {**wire, "canary": {"comparableLoad": False, **wire["canary"]}}
+    return pool_spec(**wire)
+
 
 POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
 PODS = [pod("v1-a", "a100", "v1"), pod("v1-b", "a100", "v1"), pod("v2-a", "a100", "v2")]

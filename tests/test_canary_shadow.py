@@ -31,6 +31,8 @@ CANARY: dict[str, Any] = {
     "analysis": {"interval": "30s", "minRequests": 10, "maxErrorRate": 0.05, "maxTtftP95": "2s"},
     "maxFailedChecks": 2,
     "shadow": SHADOW,
+    # the steps as written: one candidate pod against two stable ones (canary.comparableLoad: test_canary_load.py)
+    "comparableLoad": False,
 }
 GOOD = sig(ttft=0.05, rps=2.0)
 

@@ -18,6 +18,7 @@ CANARY: dict[str, Any] = {
     "steps": [5, 25, 50, 100],
     "stepInterval": "10s",
     "analysis": {"interval": "5s", "minRequests": 10},
+    "comparableLoad": False,  # the steps as written: one candidate pod against three (test_canary_load.py)
 }
 STABLE = [pod("v1-a", "a100", "v1"), pod("v1-b", "a100", "v1"), pod("v1-c", "a100", "v1")]
 CAND = [pod("v2-a", "a100", "v2")]

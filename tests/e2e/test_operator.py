@@ -345,9 +345,16 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
     # One candidate pod takes half the traffic (all of it at the last step) against the stable revision's several
     # pods, so under a loaded machine it runs near the absolute 2 s TTFT bound and past 1.5x the stable p95 (full
     # test runs rolled it back on each, rightly): this test is about the restart, not capacity, so both are loose.
-    # The 50 % step is the first and lasts a minute: the restart lands inside it however slow the machine is.
+    # The 50 % step is the first and lasts a minute: the restart lands inside it however slow the machine is. Its
+    # steps are published as written (canary.comparableLoad would hold one pod against four at its classes' share).
     analysis = {"maxTtftP95": "10s", "maxTtftRatioToStable": 20}
-    canary = {"candidateRevision": "v2", "steps": [50, 100], "stepInterval": "60s", "analysis": analysis}
+    canary = {
+        "candidateRevision": "v2",
+        "steps": [50, 100],
+        "stepInterval": "60s",
+        "analysis": analysis,
+        "comparableLoad": False,
+    }
     stack.patch_pool("llama", {"spec": {"canary": canary}})
     at_50 = wait_until(
         lambda: (pool(stack)["status"].get("canary") or {}).get("weight") == 50 and pool(stack),
@@ -379,7 +386,7 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(stack: Stack, traff
     assert {"CanaryStarted", "CanaryAdvanced", "CanaryPromoted"} <= reasons
     # the pool's own rollout settings again (examples/local/pool.yaml), for the tests after this one
     pool_analysis = {"maxTtftP95": "2s", "maxTtftRatioToStable": None}  # null: removed, the default again
-    restored = {"steps": [10, 50, 100], "stepInterval": "10s", "analysis": pool_analysis}
+    restored = {"steps": [10, 50, 100], "stepInterval": "10s", "analysis": pool_analysis, "comparableLoad": None}
     stack.patch_pool("llama", {"spec": {"canary": restored}})
 
 

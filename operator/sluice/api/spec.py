@@ -710,6 +710,16 @@ class CanarySpec(ApiModel):
         description="An A/B test instead of steps: a fixed share of users (by key) on the candidate for a "
         "duration, each user always on the same revision; the same gates, promotion and rollback.",
     )
+    comparable_load: bool = Field(
+        default=True,
+        description="Judge the candidate at the stable revision's load: a step is published at no more than the "
+        "share the candidate's hardware classes carry at the stable revision's load per unit of K (by "
+        "capacity.classes), a ttftRatioToStable failure taken while the candidate was busier than the stable "
+        "revision beyond 1.25x is Inconclusive, and the last step waits until the candidate can carry the pool: "
+        "within scoring.targetUtilization of its classes at the stable pods' learned capacity per unit of K, or "
+        "with nothing learned until its classes add up to the stable revision's. status.canary.capacityHeld says "
+        "when a step is held; false publishes every step as written.",
+    )
     shadow: ShadowSpec | None = Field(
         default=None,
         description="Shadow phase before the first live step: mirrored traffic only, judged by its own analysis; "

@@ -150,6 +150,11 @@ class CanaryStatus(StatusModel):
     step_weight: int | None = Field(
         default=None, description="Candidate percentage the current step asks for; differs from weight when forced."
     )
+    capacity_held: str | None = Field(
+        default=None,
+        description="Why the published weight is below the step's (spec.canary.comparableLoad): the share the "
+        "candidate's capacity carries at the stable revision's utilisation, or what it can carry of the pool.",
+    )
     split_forced: str | None = Field(
         default=None, description="Why the published split differs from the step (no healthy pod on one side)."
     )

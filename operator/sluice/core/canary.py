@@ -67,6 +67,17 @@ class RevisionStats:
     """Routable pods without fresh samples: their last values are not evidence, so no check can pass."""
     window: float = 0.0
     """The span the figures cover (`metrics.window`): a check judges the last `window` seconds."""
+    capacity: float | None = None
+    """Requests/s the healthy routable pods can take, when each one's rests on a measurement (headroom policy);
+    None otherwise."""
+    classes: float = 0.0
+    """The healthy routable pods' class coefficients K summed (0 when one has no known class)."""
+    per_k: float | None = None
+    """Requests/s per unit of K learned by those of them with a learned capacity and a known class; None without."""
+
+    @property
+    def rate(self) -> float | None:
+        return self.requests / self.window if self.requests is not None and self.window > 0 else None
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,72 @@ class CanaryOutcome:
 class Check:
     result: CheckResult
     reason: str
+
+
+COMPARABLE = 1.25
+"""A candidate is judged against the stable revision at comparable load while its utilisation is at most this
+multiple of the stable revision's, plus `COMPARABLE_SLACK` (`spec.canary.comparableLoad`): an M/M/1 TTFT at 0.6
+against 0.48 is 1.3x for load alone. Provenance: hand-set, not swept."""
+COMPARABLE_SLACK = 0.05
+
+
+@dataclass(frozen=True)
+class Capacities:
+    """What the candidate and the stable revision can take: requests/s when `absolute` (the stable revision's
+    learned capacity per unit of K), else in units of K (their declared classes alone)."""
+
+    candidate: float
+    stable: float
+    basis: str
+    absolute: bool
+
+    @property
+    def percent(self) -> float:
+        """The candidate's share at which both revisions run at one utilisation."""
+        return 100.0 * self.candidate / (self.candidate + self.stable)
+
+    def loads(self, cand: RevisionStats, stable: RevisionStats) -> tuple[float, float] | None:
+        """(candidate, stable) load over the window — a share of capacity when `absolute`, requests/s per unit of
+        K otherwise — when both rates are known."""
+        if cand.rate is None or stable.rate is None:
+            return None
+        return cand.rate / self.candidate, stable.rate / self.stable
+
+    def comparable(self, loads: tuple[float, float] | None) -> bool:
+        if loads is None:
+            return True
+        return loads[0] <= COMPARABLE * loads[1] + (COMPARABLE_SLACK if self.absolute else 0.0)
+
+    def describe(self, loads: tuple[float, float]) -> str:
+        if self.absolute:
+            return f"the candidate at {loads[0]:.0%} of its capacity, the stable revision at {loads[1]:.0%}"
+        return (
+            f"the candidate at {loads[0]:.2f} req/s per unit of K, the stable revision at {loads[1]:.2f} (no learned "
+            "capacity: by declared classes)"
+        )
+
+
+def capacities(stable: RevisionStats | None, cand: RevisionStats) -> Capacities | None:
+    """The two revisions' capacities: the candidate's classes' K against the stable revision's, in requests/s at
+    the stable revision's learned capacity per unit of K when some of its pods learned one (`absolute`), in units
+    of K otherwise; with a candidate pod of no known class, its own learned capacity against the stable
+    revision's. None when neither can be had.
+
+    Not the candidate's own figure first: one or two pods learn theirs from the few requests of the first steps,
+    and on underprovisioned-canary it ranged 4.5-11.8 req/s for an A100 the stable ones put at 15, so the split
+    it gave moved 11-32 % from pass to pass and put the stable pods past their knee. A candidate slower per unit
+    of K than the stable revision is then judged at the stable revision's load per unit of K: what it would
+    serve after promotion, and what its TTFT gates should see."""
+    if stable is None:
+        return None
+    if cand.classes > 0 and stable.classes > 0:
+        if stable.per_k:
+            basis = "its classes' K at the stable revision's learned capacity per unit of K"
+            return Capacities(cand.classes * stable.per_k, stable.classes * stable.per_k, basis, True)
+        return Capacities(cand.classes, stable.classes, "its classes' K against the stable revision's", False)
+    if cand.capacity and stable.capacity:
+        return Capacities(cand.capacity, stable.capacity, "learned", True)
+    return None
 
 
 def pick_stable(spec: CanarySpec, previous: CanaryStatus | None, revisions: dict[str, RevisionStats]) -> str | None:
@@ -144,11 +221,15 @@ def check(
     metrics_usable: bool,
     stable_serves: bool = True,
     requests_cap: float | None = None,
+    loads: tuple[Capacities, tuple[float, float]] | None = None,
 ) -> Check:
     """One analysis check of the candidate. Pass only when every enabled gate was evaluated on data.
 
     The ratio to stable compares two revisions serving side by side; at a step where the stable revision takes
     no traffic (100 %) there is nothing to compare with, so that gate does not apply (and the reason says so).
+    `loads` (the capacities and the (candidate, stable) loads on them; `spec.canary.comparableLoad`): a ratio
+    failure taken while the candidate was busier than the stable revision beyond `COMPARABLE` says nothing of the
+    candidate itself, so it makes the check Inconclusive, not Fail.
     """
     if candidate.incidents:
         return Check("Fail", f"{candidate.incidents} candidate pod(s) zeroed for an incident")
@@ -161,6 +242,7 @@ def check(
         return Check("Inconclusive", f"{seen} requests in the window, need {analysis.min_requests}")
     failures: list[str] = []
     missing: list[str] = []
+    incomparable = ""
     gates = [g for g in enabled_gates(analysis) if stable_serves or g != "ttftRatioToStable"]
     for gate in gates:
         try:
@@ -168,10 +250,14 @@ def check(
         except LookupError as lack:
             missing.append(f"{gate} ({lack.args[0]})")
             continue
-        if failure:
+        if failure and gate == "ttftRatioToStable" and loads is not None and not loads[0].comparable(loads[1]):
+            incomparable = f"{failure}, but not at comparable load: {loads[0].describe(loads[1])}"
+        elif failure:
             failures.append(failure)
     if failures:  # every request is evidence of a failure, the testers' included
         return Check("Fail", "; ".join(failures))
+    if incomparable:
+        return Check("Inconclusive", incomparable)
     if missing:
         return Check("Inconclusive", "no data for gate " + ", ".join(missing))
     if requests_cap is not None and candidate.requests is not None:
@@ -260,9 +346,12 @@ def step_canary(
     metrics_usable: bool,
     now: datetime,
     operation: Operation | None = None,
+    target_utilisation: float = 0.8,
 ) -> CanaryOutcome:
     """The rollout's next state and what to publish; header routes (`spec.match`) to the candidate while the
-    rollout is in flight (shadow and paused included) and the candidate has a routable pod."""
+    rollout is in flight (shadow and paused included) and the candidate has a routable pod.
+    `target_utilisation` (`scoring.targetUtilization`): how much of its capacity the candidate may carry at the
+    last step (`spec.canary.comparableLoad`)."""
     ab = spec.ab_test if spec is not None else None
     if spec is not None and ab is not None:
         # an A/B test is one step at 0 % on the weighted route, held for its duration: the candidate's users come
@@ -270,7 +359,7 @@ def step_canary(
         spec = spec.model_copy(update={"steps": [0], "step_interval": ab.duration})
         if previous is not None and (previous.step_index or 0) > 0:  # turned into an A/B test mid-rollout
             previous = previous.model_copy(update={"step_index": 0, "step_started_at": None})
-    outcome = _step(spec, previous, revisions, metrics_usable, now, operation)
+    outcome = _step(spec, previous, revisions, metrics_usable, now, operation, target_utilisation)
     status = outcome.status
     if spec is None or (spec.match is None and ab is None) or status is None or status.candidate_revision is None:
         return outcome
@@ -305,6 +394,7 @@ def _step(
     metrics_usable: bool,
     now: datetime,
     operation: Operation | None = None,
+    target_utilisation: float = 0.8,
 ) -> CanaryOutcome:
     if spec is None:
         return CanaryOutcome(None, {})
@@ -343,7 +433,7 @@ def _step(
             }
         )
         return CanaryOutcome(status, weights)
-    return _progress(spec, previous, revisions, metrics_usable, now, window)
+    return _progress(spec, previous, revisions, metrics_usable, now, window, target_utilisation)
 
 
 def _settled(stable: str | None, previous: CanaryStatus | None, operation: OperationRecord | None) -> CanaryOutcome:
@@ -367,12 +457,15 @@ def _progress(
     metrics_usable: bool,
     now: datetime,
     window: float,
+    target_utilisation: float,
 ) -> CanaryOutcome:
     if state.stage == "Shadow" and spec.shadow is not None:
-        return _shadow(spec, spec.shadow, state, revisions, metrics_usable, now, window)
+        return _shadow(spec, spec.shadow, state, revisions, metrics_usable, now, window, target_utilisation)
     candidate = state.candidate_revision or ""
     stable = state.stable_revision
     cand = revisions.get(candidate, RevisionStats())
+    stable_stats = revisions.get(stable) if stable else None
+    caps = capacities(stable_stats, cand) if spec.comparable_load else None
     due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= spec.analysis.interval
     if after_shadow(state, now, window):
         due = False  # the first live check's window must hold user traffic at this step, not the mirrored copies
@@ -380,23 +473,43 @@ def _progress(
     # An incident on a candidate pod is a failed check at once, even if it leaves the candidate without pods.
     if cand.incidents or (due and cand.routable_pods > 0):
         planned_now = spec.steps[min(state.step_index or 0, len(spec.steps) - 1)]
-        stable_stats = revisions.get(stable) if stable else None
         cap = _requests_cap(spec, stable_stats, planned_now, forced_split(stable, candidate, revisions)[0])
+        shown = caps.loads(cand, stable_stats) if caps is not None and stable_stats is not None else None
+        loads = (caps, shown) if caps is not None and shown is not None else None
         ran = check(
-            spec.analysis, cand, stable_stats, metrics_usable, stable_serves=planned_now < 100, requests_cap=cap
+            spec.analysis,
+            cand,
+            stable_stats,
+            metrics_usable,
+            stable_serves=planned_now < 100,
+            requests_cap=cap,
+            loads=loads,
         )
     failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
     result = ran.result if ran else state.last_check
     reason = ran.reason if ran else state.last_check_reason
     forced_to, forced_why = forced_split(stable, candidate, revisions)
     phase, step_index, started = _next_step(spec, state, cand, result, failed, forced_why, now)
+    waits = None
     if phase == "Promoted":
-        return _promoted(candidate, result, reason, now if ran else state.last_check_at, state.last_operation)
+        waits = _held(caps, 100, cand, stable_stats, target_utilisation)
+        if waits is None:
+            return _promoted(candidate, result, reason, now if ran else state.last_check_at, state.last_operation)
+        # the candidate cannot carry the pool yet: the last step waits on its clock (capacityHeld)
+        phase, started = "Progressing", state.step_started_at or now
     planned = 0 if phase in ("RolledBack", "Waiting") else spec.steps[step_index]
     if phase in ("RolledBack", "Waiting"):
         forced_to = forced_to if forced_to == candidate else None
         forced_why = forced_why if forced_to else None
-    weights = _split(stable, candidate, planned, forced_to)
+    held = (
+        None
+        if phase in ("RolledBack", "Waiting") or forced_to is not None
+        else (_held(caps, planned, cand, stable_stats, target_utilisation))
+    )
+    if held is None and waits is not None:  # an A/B test's 0 % step: published as it is, promotion waits
+        held = (planned, waits[1])
+    published = planned if held is None else held[0]
+    weights = _split(stable, candidate, published, forced_to)
     weight, forced_why = _published(weights, candidate, cand, forced_why)
     advanced = step_index != state.step_index
     status = CanaryStatus(
@@ -406,6 +519,7 @@ def _progress(
         step_index=step_index,
         weight=weight,
         step_weight=planned,
+        capacity_held=held[1] if held is not None else None,
         split_forced=forced_why,
         failed_checks=failed,
         step_started_at=started,
@@ -417,7 +531,56 @@ def _progress(
         shadow_verdict=state.shadow_verdict,
         served_users=state.served_users or _serves(weights, candidate, cand),
     )
-    return CanaryOutcome(status.model_copy(update={"message": _message(spec, status, now)}), weights)
+    message = _message(spec, status, now)
+    uncompared = spec.comparable_load and phase == "Progressing" and planned > 0 and not forced_why
+    if uncompared and caps is None:
+        message += (
+            "; load not compared (canary.comparableLoad): a pod without a known class and no learned capacity "
+            "on both revisions"
+        )
+    return CanaryOutcome(status.model_copy(update={"message": message}), weights)
+
+
+def _held(
+    caps: Capacities | None,
+    planned: int,
+    cand: RevisionStats,
+    stable: RevisionStats | None,
+    target_utilisation: float,
+) -> tuple[int, str] | None:
+    """(published %, why) when the step asks more of the candidate than it carries at the stable revision's
+    utilisation (`comparableLoad`). The last step (100 %) is held the same way unless the candidate can carry the
+    pool's whole rate within `target_utilisation` (without a learned capacity: unless its classes add up to the
+    stable revision's); promotion waits for that. None: the step as written."""
+    if caps is None or planned <= 0:
+        return None
+    limit = caps.percent
+    if caps.absolute:
+        why = (
+            f"the candidate's capacity ({caps.candidate:.2f}/s, {caps.basis}) carries {limit:.0f}% at the stable "
+            f"revision's utilisation (its capacity {caps.stable:.2f}/s)"
+        )
+    else:
+        why = (
+            f"the candidate's classes (K {caps.candidate:g} against the stable revision's {caps.stable:g}) carry "
+            f"{limit:.0f}% at the stable revision's load per unit of K"
+        )
+    if planned >= 100:
+        total = (cand.rate or 0.0) + ((stable.rate or 0.0) if stable is not None else 0.0)
+        if caps.absolute and total <= target_utilisation * caps.candidate:
+            return None
+        if not caps.absolute and caps.candidate >= caps.stable:
+            return None  # without a learned capacity: as much declared capacity as the stable revision has
+        why += (
+            f"; promotion waits until it can carry the pool's {total:.2f}/s within targetUtilization "
+            f"{target_utilisation:.0%}"
+            if caps.absolute
+            else "; promotion waits until its classes add up to the stable revision's (no learned capacity to "
+            "tell what it can carry)"
+        )
+    if planned <= limit:
+        return None
+    return max(1, int(limit)), why
 
 
 def after_shadow(state: CanaryStatus, now: datetime, window: float) -> bool:
@@ -436,6 +599,7 @@ def _shadow(
     metrics_usable: bool,
     now: datetime,
     window: float,
+    target_utilisation: float,
 ) -> CanaryOutcome:
     """The shadow stage: users stay on the stable revision; the candidate gets the mirror and is judged on it.
 
@@ -487,6 +651,7 @@ def _shadow(
                 metrics_usable,
                 now,
                 window,
+                target_utilisation,
             )
     mirrored = phase in ("Shadow", "Paused") and users_on_stable and cand.routable_pods > 0
     mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
@@ -612,6 +777,11 @@ def _message(spec: CanarySpec, status: CanaryStatus, now: datetime) -> str:
         return f"candidate {candidate} has no routable pods: it gets no traffic until it has"
     if status.split_forced:
         return f"step {step}% not applied, {candidate} at {status.weight}%: {status.split_forced}; holding"
+    if status.capacity_held:
+        held = f"step {step}% published at {status.weight}%: {status.capacity_held}"
+        if status.phase == "Paused":
+            return f"paused, {held} ({last})"
+        return f"{held}; {last}"
     if status.phase == "Paused":
         return f"paused at {step}% ({last})"
     at_step = (now - status.step_started_at).total_seconds() if status.step_started_at else 0.0

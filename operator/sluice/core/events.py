@@ -186,8 +186,19 @@ def _canary_events(previous: CanaryStatus | None, next_: CanaryStatus | None) ->
     if next_.phase == "RolledBack" and not (same and previous is not None and previous.phase == "RolledBack"):
         yield Event("Warning", "CanaryRolledBack", next_.message)
     if same and previous is not None and (next_.step_index or 0) > (previous.step_index or 0):
+        held = f", published at {next_.weight}%" if next_.capacity_held else ""
         yield Event(
-            "Normal", "CanaryAdvanced", f"{candidate} to {next_.step_weight}% (step {(next_.step_index or 0) + 1})"
+            "Normal",
+            "CanaryAdvanced",
+            f"{candidate} to {next_.step_weight}% (step {(next_.step_index or 0) + 1}){held}",
+        )
+    if next_.capacity_held and not (
+        same and previous is not None and previous.capacity_held and previous.step_index == next_.step_index
+    ):
+        yield Event(
+            "Normal",
+            "CanaryHeldForCapacity",
+            f"{candidate} at {next_.weight}% of step {next_.step_weight}%: {next_.capacity_held}",
         )
 
 

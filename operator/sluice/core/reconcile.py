@@ -98,7 +98,15 @@ def plan_pass(
         bias = 0.0 if spec.routing.session_affinity is not None else 1.0
     allocations = allocate(spec.scoring, spec.protection, verdicts, bias, spec.metrics.window)
     revisions = revision_stats(spec, verdicts, allocations)
-    canary = step_canary(spec.canary, previous.canary if previous else None, revisions, metrics.usable, now, operation)
+    canary = step_canary(
+        spec.canary,
+        previous.canary if previous else None,
+        revisions,
+        metrics.usable,
+        now,
+        operation,
+        spec.scoring.target_utilization,
+    )
     rows = [render_row(spec, v, allocations[v.name], now) for v in verdicts]
     eligible = [v for v in verdicts if v.eligible]
     routable = [v for v in eligible if allocations[v.name].routable]
@@ -210,7 +218,13 @@ def _aggregate(window: float, items: list[PodVerdict], allocations: dict[str, Al
     no figures, and a routable one is named in `stale_pods`, which makes the check Inconclusive."""
     fresh = [v for v in items if v.kind not in ("frozen", "awaiting")]
     rated = [v for v in fresh if v.signals.request_rate is not None and v.signals.request_rate > 0]
+    healthy = [v for v in items if allocations[v.name].healthy]
+    learned = [(v, h) for v in healthy if (h := allocations[v.name].headroom) is not None and h.learned is not None]
+    classed = [(v, h) for v, h in learned if v.class_known and v.capacity > 0]
     return RevisionStats(
+        capacity=sum(h.capacity for _, h in learned) if healthy and len(learned) == len(healthy) else None,
+        classes=sum(v.capacity for v in healthy) if all(v.class_known for v in healthy) else 0.0,
+        per_k=sum(h.capacity for _, h in classed) / sum(v.capacity for v, _ in classed) if classed else None,
         window=window,
         routable_pods=sum(1 for v in items if allocations[v.name].routable),
         healthy_pods=sum(1 for v in items if allocations[v.name].healthy),

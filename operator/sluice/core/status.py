@@ -185,6 +185,9 @@ def progressing(canary: CanaryStatus) -> Want:
 def split_forced(canary: CanaryStatus) -> Want:
     if canary.split_forced:
         return Want("SplitForced", "True", "NoHealthyPods", canary.split_forced)
+    if canary.capacity_held:
+        message = f"step {canary.step_weight}% published at {canary.weight}%: {canary.capacity_held}"
+        return Want("SplitForced", "False", "HeldForCapacity", message)
     return Want("SplitForced", "False", "AsPlanned", f"the published split is the step's ({canary.weight}% candidate)")
 
 
