@@ -419,19 +419,20 @@ class ProtectionSpec(ApiModel):
     zero_when_others_full: bool = Field(
         default=False,
         description="scoring.policy headroom: a pod zeroed for its error rate, LoRA load failures or consecutive "
-        "failures keeps the share the other pods of its revision cannot take within scoring.targetUtilization of "
-        "their learned capacity, while it still serves most requests and is no slower than they are (false, the "
-        "default); true zeroes it whatever the others' load. OOM-killed, restarted and not-Ready pods leave at once "
-        "either way.",
+        "failures stays routable while it still serves most requests and is no slower than the other pods of its "
+        "revision, if they cannot take its share within scoring.targetUtilization of their learned capacity and "
+        "absorbTtftPercent: it keeps what would take them past halfway from the target to saturation and at least a "
+        "tenth of their weight (overflow for Envoy's least-request) (false, the default); true zeroes it whatever "
+        "the others' load. OOM-killed, restarted and not-Ready pods leave at once either way.",
     )
     absorb_ttft_percent: float = Field(
         default=10.0,
         ge=0,
         le=1000,
         description="scoring.policy headroom: how far the other pods' modelled TTFT may rise (percent over what the "
-        "whole revision would serve the same load at) for them to take the share of a pod zeroed for errors; what "
-        "they cannot take within it (or within scoring.targetUtilization) stays on that pod. No effect with "
-        "zeroWhenOthersFull.",
+        "whole revision would serve the same load at) for them to take the whole share of a pod zeroed for errors; "
+        "past it (or past scoring.targetUtilization) that pod is not zeroed but held (see zeroWhenOthersFull). No "
+        "effect with zeroWhenOthersFull.",
     )
     min_routable_percent: int = Field(
         default=50,

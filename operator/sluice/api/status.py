@@ -107,6 +107,11 @@ class EndpointStatus(StatusModel):
         "pods of its revision cannot take its share within scoring.targetUtilization: it keeps the share they "
         "cannot take (protection.zeroWhenOthersFull); the reason gives the figures.",
     )
+    held_since: datetime | None = Field(
+        default=None,
+        description="When the pod's current hold (capacityHeld) began; it has been held on every pass since. A "
+        "hold that began before the pod's last incident continues it: the pod has been read since.",
+    )
     missing_signals: list[str] = Field(
         default_factory=list,
         description="Signals the engine provides that had no series for this pod this pass (never read as 0).",

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 from sluice.api.v1alpha1 import EndpointState, ProtectionSpec, ScoringSpec
 from sluice.core.absorb import FROZEN, HOLDABLE, SLOWER, Candidate, Hold, Other, weigh
-from sluice.core.headroom import INFORMATIVE, LEARNED_SOURCES, PodHeadroom, PodLoad, finite, plan, utilisation
+from sluice.core.headroom import (
+    INFORMATIVE,
+    LEARNED_SOURCES,
+    SAMPLES,
+    PodHeadroom,
+    PodLoad,
+    finite,
+    plan,
+    utilisation,
+)
 from sluice.core.protection import floor_keep, spare_order
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import ramp, scale, with_hysteresis
@@ -91,7 +100,7 @@ def _allocate_subset(
         fresh = {v.name for v in live if v.kind != "frozen"}
         planned = {name: h.weight for name, h in headroom.items() if name in fresh}
         if not protection.zero_when_others_full:
-            holds = _weigh_zeroing(scoring, protection, members, headroom)
+            holds = _weigh_zeroing(scoring, protection, members, headroom, window)
         held = {name for name, h in holds.items() if h.held}
         weighed = {name for name in held if not holds[name].frozen}
         if weighed:
@@ -146,19 +155,34 @@ def _class_capacity(
 
 
 def _evidence_since_incident(verdict: PodVerdict) -> bool:
-    """Whether the pod's samples postdate the pass that saw its incident (never on that pass itself)."""
+    """Whether the pod's samples postdate the pass that saw its incident (never on that pass itself), or the pod
+    has been held since before it: its errors went on past the rate window and the same incident fired again, on
+    a pod read pass after pass since the first (a new incident would otherwise zero it for a scrape)."""
+    prev, incident = verdict.previous, verdict.memory.last_incident_at
+    same = prev is not None and prev.capacity_held and prev.incident == verdict.memory.incident
+    held_since = prev.held_since if same and prev is not None else None
+    if held_since is not None and incident is not None and held_since < incident:
+        return True
     if verdict.new_incident:
         return False
-    at, incident = verdict.sampled_at, verdict.memory.last_incident_at
+    at = verdict.sampled_at
     return at is None or incident is None or at > incident
 
 
-def _in_system(verdict: PodVerdict) -> float | None:
-    """Seconds a request spends on the pod: (running + waiting) / completed rate (Little's law), or None."""
+def _in_system(verdict: PodVerdict, window: float) -> float | None:
+    """Seconds a request spends on the pod: (running + waiting) / completed rate (Little's law), or None with
+    fewer than `SAMPLES` completions in the window (a pod given a trickle read 30 s from 1.5 running over 3
+    completions, and was zeroed as slowed down)."""
     running, rate = finite(verdict.signals.running_requests), _rate(verdict)
-    if running is None or rate <= 0:
+    if running is None or rate <= 0 or rate * window < SAMPLES:
         return None
     return (running + (finite(verdict.signals.queue_length) or 0.0)) / rate
+
+
+def _still_failing(verdict: PodVerdict) -> bool:
+    """Whether the pod's failures go on this pass: errors, LoRA load failures, or every health band missed."""
+    errors, lora = finite(verdict.signals.error_rate), finite(verdict.signals.lora_failure_rate)
+    return bool((errors or 0.0) > 0 or (lora or 0.0) > 0 or verdict.score.below_bands)
 
 
 def _inflation(ttft: float | None, idle: float | None) -> float | None:
@@ -167,13 +191,22 @@ def _inflation(ttft: float | None, idle: float | None) -> float | None:
 
 
 def _weigh_zeroing(
-    scoring: ScoringSpec, protection: ProtectionSpec, members: list[PodVerdict], headroom: dict[str, PodHeadroom]
+    scoring: ScoringSpec,
+    protection: ProtectionSpec,
+    members: list[PodVerdict],
+    headroom: dict[str, PodHeadroom],
+    window: float,
 ) -> dict[str, Hold]:
     """headroom: each pod zeroed or ramping after an incident that leaves it serving, weighed against the room of
     the subset's normally scored pods (`sluice.core.absorb`)."""
     candidates: list[Candidate] = []
     frozen: dict[str, Hold] = {}
     any_scored = any(v.kind == "scored" for v in members)
+    scored = [v for v in members if v.kind == "scored" and v.name in headroom]
+    # Priors extrapolate what the pool learned (K x capacity per unit of K); with nothing learned among the others
+    # (or only relative shares), there is no capacity to weigh on, only the priors' proportions.
+    sources = [headroom[v.name].source for v in scored]
+    unknown = "relative" in sources or not any(source in LEARNED_SOURCES for source in sources)
     for v in members:
         if v.kind not in ("quiet", "ramping") or v.memory.incident not in HOLDABLE:
             continue
@@ -191,6 +224,8 @@ def _weigh_zeroing(
         if capacity is None:
             # zeroed before it learned one: its hardware class's, as the others of the class learned it
             capacity = _class_capacity(v.hardware_class, members, headroom)
+        if capacity is None and unknown and h is not None:
+            capacity = h.estimate  # a prior, in the priors' units: only the overflow share's proportion
         # what its own reading shows now bounds it: a node that slowed down reads loaded at a rate it used to
         # carry easily, and is held within the target of what it takes now, not of what it once learned
         rho = utilisation(finite(v.signals.ttft_p95_seconds), idle, finite(v.signals.queue_length))
@@ -205,27 +240,23 @@ def _weigh_zeroing(
                 rate=_rate(v),
                 error_rate=finite(v.signals.error_rate),
                 inflation=_inflation(v.signals.ttft_p95_seconds, idle),
-                in_system=_in_system(v),
+                in_system=_in_system(v, window),
                 evidence_since_incident=_evidence_since_incident(v),
                 capacity=capacity,
                 idle=idle,
                 floor=floor,
                 ramping=v.kind == "ramping",
                 held_before=prev is not None and prev.capacity_held,
+                still_failing=_still_failing(v),
             )
         )
     if not candidates:
         return frozen
-    scored = [v for v in members if v.kind == "scored" and v.name in headroom]
-    # Priors extrapolate what the pool learned (K x capacity per unit of K); with nothing learned among the others
-    # (or only relative shares), there is no capacity to weigh on.
-    sources = [headroom[v.name].source for v in scored]
-    unknown = "relative" in sources or not any(source in LEARNED_SOURCES for source in sources)
     others = [Other(headroom[v.name].capacity, headroom[v.name].idle_ttft, _rate(v)) for v in scored]
     inflations = [
         i for v in scored if (i := _inflation(v.signals.ttft_p95_seconds, headroom[v.name].idle_ttft)) is not None
     ]
-    times = [t for v in scored if (t := _in_system(v)) is not None]
+    times = [t for v in scored if (t := _in_system(v, window)) is not None]
     return frozen | weigh(
         candidates,
         None if unknown else others,
@@ -233,6 +264,7 @@ def _weigh_zeroing(
         scoring.target_utilization,
         protection.absorb_ttft_percent / 100.0,
         max(times) if times else None,
+        priors=others if unknown else None,
     )
 
 

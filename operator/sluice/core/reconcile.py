@@ -324,6 +324,9 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "verdict": verdict.kind,
         "floor_held": allocation.floor_held,
         "capacity_held": allocation.capacity_held,
+        "held_since": (prev.held_since or now)
+        if allocation.capacity_held and prev and prev.capacity_held
+        else (now if allocation.capacity_held else None),
         "missing_signals": list(verdict.missing),
         "class_known": verdict.class_known,
     }
