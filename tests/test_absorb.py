@@ -304,9 +304,7 @@ def test_a_trickle_is_no_reading_of_the_time_a_request_spends_on_the_pod():
     # it is held)
     pods = [pod(n) for n in NAMES]
     signals = failing(0.45)
-    signals["a100-2"] = sig(rps=0.2, p95=0.1, kv=0.2, errors=0.3).model_copy(
-        update={"running_requests": 1.5}
-    )
+    signals["a100-2"] = sig(rps=0.2, p95=0.1, kv=0.2, errors=0.3).model_copy(update={"running_requests": 1.5})
     first = run(spec(**HEADROOM), pods, signals, 5, previous=learned())
     second = run(spec(**HEADROOM), pods, signals, 10, previous=first.status)
     row = next(r for r in second.status.endpoints if r.pod == "a100-2")
