@@ -41,9 +41,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 # Provenance of the constants: "swept" ones were compared in ad-hoc 2- and 5-seed runs of the simulated benchmark on
-# the seed-000 and mixed-fleet scenarios only (not in the repository; README, "Headroom vs the cube"), KV_ROOM and
-# PROBE_ROOM also on underdeclared (docs/design.md, "The KV-cache bound"); the others were set by hand and never
-# swept. None is validated on data outside the simulation.
+# the seed-000 and mixed-fleet scenarios only (not in the repository; docs/benchmarks.md, "Headroom vs the cube"),
+# KV_ROOM and PROBE_ROOM also on underdeclared (docs/design.md, "The KV-cache bound"); the others were set by hand
+# and never swept. None is validated on data outside the simulation.
 
 INFORMATIVE = 0.3
 """Utilisation from which a pod's reading is a measurement of its capacity (below, TTFT inflation is mostly noise).

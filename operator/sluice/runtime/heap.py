@@ -12,7 +12,7 @@ reference counts as always. Its time shows in `sluice_gc_pause_seconds_total` li
 It also raises the youngest generation's threshold from CPython's 700 allocations to `GEN0_THRESHOLD`: decoding
 one namespace-wide Prometheus answer over 16,000 pods allocates ~48,000 containers, so with the default the
 young generation is collected about seventy times inside every decode (48,000 / 700), its survivors walked again
-each time (README, "Fleet scale", has the measurements).
+each time (docs/scale.md has the measurements).
 """
 
 from __future__ import annotations
