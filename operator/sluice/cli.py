@@ -1,4 +1,5 @@
-"""Command line: `sluice plan` (the offline planner) and `sluice crd` (print the CRD).
+"""Command line: `sluice plan` (the offline planner), `sluice operator` (run the operator: kopf), `sluice crd`
+(print the CRD), `sluice reference` (print the field reference) and `sluice bench` (the routing benchmark).
 
 `sluice plan -f POOL.yaml --observed OBSERVED.yaml [--state STATE.json] [--now ISO] [--state-out FILE]` runs one
 reconcile pass offline: the Istio objects go to stdout as a YAML stream, the explanation table to stderr. The
