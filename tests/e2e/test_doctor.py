@@ -4,6 +4,7 @@ named, with the flag, in the SignalsReady condition, in `status.signalChecks` an
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,16 @@ def test_kubectl_sluice_doctor_prints_the_finding_and_the_fix(stack: Stack, traf
 
 
 def test_doctor_asks_a_prometheus_the_user_names_and_finds_the_same(stack: Stack, traffic: Traffic) -> None:
-    asked = kubectl_sluice(stack, "doctor", "llama", "-n", "llm", "--prometheus", stack.prometheus_url)
+    missing = "queueLength: Missing: no vllm:num_requests_waiting for llama-silent-0"
+
+    def ask() -> subprocess.CompletedProcess[str] | None:
+        # run alone, Prometheus may not have scraped the pods yet: doctor then says so instead
+        answer = kubectl_sluice(stack, "doctor", "llama", "-n", "llm", "--prometheus", stack.prometheus_url)
+        return answer if missing in answer.stdout else None
+
+    asked = wait_until(ask, 30, "doctor naming the silent pod's missing series")
     assert asked.returncode == 1, asked.stderr
     assert f"asked {stack.prometheus_url} now" in asked.stdout
-    assert "queueLength: Missing: no vllm:num_requests_waiting for llama-silent-0" in asked.stdout
     unreachable = kubectl_sluice(stack, "doctor", "llama", "-n", "llm", "--prometheus", "http://127.0.0.1:9")
     assert unreachable.returncode == 1
     assert unreachable.stderr.startswith("error: Prometheus at http://127.0.0.1:9 did not answer")
