@@ -132,15 +132,21 @@ def test_a_ratio_failure_taken_while_the_candidate_was_busier_is_inconclusive():
     assert check(gates, failing, stable, True, loads=(caps, (0.95, 0.5))).result == "Fail"
 
 
+POOL_PODS = [pod(f"v1-{i}", "a100", "v1") for i in range(3)] + [pod("v2-0", "a100", "v2")]
+"""Three stable A100 pods and one candidate A100 pod, for the tests that run the whole pass."""
+POOL_SPEC = spec(scoring={"policy": "headroom"}, canary={**STEPS, "steps": [50, 100]})
+
+
+def signals(p95: float) -> dict[str, PodSignals]:
+    """The stable pods at 6 req/s with TTFT p95 `p95` (0.1 s idle), the candidate lightly loaded."""
+    stable = {f"v1-{i}": sig(ttft=0.1, p95=p95, rps=6.0, kv=0.1) for i in range(3)}
+    return {**stable, "v2-0": sig(ttft=0.1, p95=0.1, rps=1.0, kv=0.05)}
+
+
 def test_the_pool_pass_holds_a_step_on_the_capacity_its_stable_pods_learned() -> None:
     # Through the whole pass: the stable pods learn their capacity from load shown (their TTFT p95 inflated over
     # the idle one learned first), the candidate pod has none of its own and takes its class's.
-    pods = [pod(f"v1-{i}", "a100", "v1") for i in range(3)] + [pod("v2-0", "a100", "v2")]
-    s = spec(scoring={"policy": "headroom"}, canary={**STEPS, "steps": [50, 100]})
-
-    def signals(p95: float) -> dict[str, PodSignals]:
-        stable = {f"v1-{i}": sig(ttft=0.1, p95=p95, rps=6.0, kv=0.1) for i in range(3)}
-        return {**stable, "v2-0": sig(ttft=0.1, p95=0.1, rps=1.0, kv=0.05)}
+    pods, s = POOL_PODS, POOL_SPEC
 
     status = run(s, pods, signals(0.1), 0).status
     plan = run(s, pods, signals(0.25), 10, status)
@@ -163,12 +169,7 @@ def test_held_weights_are_what_is_published():
 
 
 def test_a_held_step_is_an_event_and_the_split_condition_says_so() -> None:
-    pods = [pod(f"v1-{i}", "a100", "v1") for i in range(3)] + [pod("v2-0", "a100", "v2")]
-    s = spec(scoring={"policy": "headroom"}, canary={**STEPS, "steps": [50, 100]})
-
-    def signals(p95: float) -> dict[str, PodSignals]:
-        stable = {f"v1-{i}": sig(ttft=0.1, p95=p95, rps=6.0, kv=0.1) for i in range(3)}
-        return {**stable, "v2-0": sig(ttft=0.1, p95=0.1, rps=1.0, kv=0.05)}
+    pods, s = POOL_PODS, POOL_SPEC
 
     # the first pass: nothing learned yet, held by the declared classes; an Event once for the step
     first = run(s, pods, signals(0.1), 0)
