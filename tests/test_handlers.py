@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-import time
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
 import kopf
+import looptime
 import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
@@ -171,8 +171,26 @@ def test_settings_come_from_the_config_not_the_environment(monkeypatch):
     assert "os.environ" not in inspect.getsource(handlers)
 
 
-class SlowReconciler(FakeReconciler):
-    """Each pass takes 1.5 s of the worker thread; stops after `passes` passes."""
+def on_virtual_time(main: Any) -> None:
+    """Run `main()` on an event loop whose clock fast-forwards over every wait (looptime): timings are exact,
+    and a test of a 60 s interval takes no 60 s."""
+    with asyncio.Runner(loop_factory=looptime.new_event_loop) as runner:
+        runner.run(asyncio.wait_for(main(), timeout=600))
+
+
+def passes_taking(seconds: float) -> handlers.PassRunner:
+    """Passes that run on the loop's thread and take `seconds` of the loop's time."""
+
+    async def run(work: handlers.Pass) -> tuple[float, PassReport]:
+        result = work()
+        await asyncio.sleep(seconds)
+        return result
+
+    return run
+
+
+class TimedReconciler(FakeReconciler):
+    """Records the loop time each pass starts at; stops after `passes` passes."""
 
     def __init__(self, stop: Any, passes: int) -> None:
         super().__init__(stop)
@@ -180,29 +198,28 @@ class SlowReconciler(FakeReconciler):
         self.started: list[float] = []
 
     def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
-        self.started.append(time.monotonic())
-        time.sleep(1.5)
+        self.started.append(asyncio.get_running_loop().time())
         if len(self.started) >= self.passes:
             self.stop()
         return PassReport(pool=snapshot.key)
 
 
-def test_passes_start_one_interval_apart_however_long_each_takes():
-    # The loop used to wait a whole interval after each pass ended: passes drifted by their own duration, and
-    # the pass-lag metric reported that drift as the operator falling behind.
+@pytest.mark.parametrize(("took", "gap"), [(0.5, 2.0), (1.5, 2.5)])
+def test_passes_start_one_interval_apart_however_long_each_takes(took, gap):
+    # The loop used to wait a whole interval after each pass ended: passes drifted by their own duration (2.5 s
+    # and 3.5 s apart here), and the pass-lag metric reported that drift as the operator falling behind. A pass
+    # that ends less than MIN_GAP before the next one is due waits MIN_GAP (1 s) after it ends.
     setter: FlagSetter[Any] = FlagSetter()
-    loops: list[asyncio.AbstractEventLoop] = []
-    reconciler = SlowReconciler(lambda: loops[0].call_soon_threadsafe(setter.set), passes=3)
+    reconciler = TimedReconciler(setter.set, passes=3)
     runtime = runtime_with(reconciler)
+    runtime.run_pass = passes_taking(took)
 
     async def go() -> None:
-        loops.append(asyncio.get_running_loop())
         await daemon(SimpleNamespace(runtime=runtime), setter, interval="2s")
 
-    asyncio.run(asyncio.wait_for(go(), timeout=30))
+    on_virtual_time(go)
     gaps = [b - a for a, b in itertools.pairwise(reconciler.started)]
-    assert len(gaps) == 2
-    assert all(1.9 <= gap < 2.9 for gap in gaps), gaps  # the old loop: 3.5 s (the interval and the pass)
+    assert gaps == [pytest.approx(gap), pytest.approx(gap)]
 
 
 def test_a_sharded_replica_asks_prometheus_for_the_pods_of_the_pools_it_runs():
@@ -224,23 +241,27 @@ def test_a_daemon_told_to_stop_while_it_waits_for_its_next_pass_exits_at_once():
     setter: FlagSetter[Any] = FlagSetter()
     reconciler = FakeReconciler(lambda: None)  # the pass does not stop it: the stop comes while it waits
     runtime = runtime_with(reconciler)
-    stopped_at: list[float] = []
+    runtime.run_pass = passes_taking(0.0)
+    times: dict[str, float] = {}
 
     async def go() -> None:
+        clock = asyncio.get_running_loop().time
+        times["start"] = clock()
+
         async def stop_later() -> None:
             await asyncio.sleep(1.5)  # the first pass and its 1 s gap are done; the daemon waits for its next one
-            stopped_at.append(time.monotonic())
+            times["stop"] = clock()
             setter.set()
 
         stopper = asyncio.create_task(stop_later())
         await daemon(SimpleNamespace(runtime=runtime), setter, interval="60s")
+        times["exit"] = clock()
         await stopper
 
-    started = time.monotonic()
-    asyncio.run(asyncio.wait_for(go(), timeout=8))
+    on_virtual_time(go)
     assert len(reconciler.snapshots) == 1
-    assert time.monotonic() - stopped_at[0] < 1.0
-    assert time.monotonic() - started < 3.0
+    assert times["stop"] - times["start"] == pytest.approx(1.5)
+    assert times["exit"] == pytest.approx(times["stop"])  # not at the end of the interval (60 s)
     assert runtime.wakers == {}
 
 
@@ -248,23 +269,25 @@ def test_a_daemon_told_to_stop_during_the_gap_after_a_pass_does_not_wait_it_out(
     """The gap between two passes of a pool (MIN_GAP, here 5 s) is no reason to keep kopf waiting on a stop."""
     monkeypatch.setattr(handlers, "MIN_GAP", 5.0)
     setter: FlagSetter[Any] = FlagSetter()
-    loops: list[asyncio.AbstractEventLoop] = []
-    stopped_at: list[float] = []
+    times: dict[str, float] = {}
 
-    def stop_soon() -> None:  # from the pass's thread: the stop lands 0.3 s later, inside the gap
+    def stop_soon() -> None:  # during the pass: the stop lands 0.3 s after it, inside the gap
+        loop = asyncio.get_running_loop()
+
         def stop() -> None:
-            stopped_at.append(time.monotonic())
+            times["stop"] = loop.time()
             setter.set()
 
-        loops[0].call_soon_threadsafe(lambda: loops[0].call_later(0.3, stop))
+        loop.call_later(0.3, stop)
 
     reconciler = FakeReconciler(stop_soon)
     runtime = runtime_with(reconciler)
+    runtime.run_pass = passes_taking(0.0)
 
     async def go() -> None:
-        loops.append(asyncio.get_running_loop())
         await daemon(SimpleNamespace(runtime=runtime), setter, interval="60s")
+        times["exit"] = asyncio.get_running_loop().time()
 
-    asyncio.run(asyncio.wait_for(go(), timeout=10))
+    on_virtual_time(go)
     assert len(reconciler.snapshots) == 1
-    assert time.monotonic() - stopped_at[0] < 2.0
+    assert times["exit"] == pytest.approx(times["stop"])  # not 5 s later

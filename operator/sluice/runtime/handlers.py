@@ -84,6 +84,18 @@ class Runtime:
     selectors: dict[str | None, dict[str, dict[str, str]]] = field(default_factory=dict)
     """Namespace -> pool -> its pods' labels, as its daemon last parsed them: which pools a pod event wakes."""
     heap: HeapKeeper = field(default_factory=HeapKeeper)
+    run_pass: PassRunner | None = None
+    """How a daemon runs a pass off the event loop; default: on `workers` (`run_on_workers`)."""
+
+
+Pass = Callable[[], tuple[float, PassReport]]
+"""One pass as a daemon hands it over: returns (the loop time it began, its report)."""
+PassRunner = Callable[[Pass], Awaitable[tuple[float, PassReport]]]
+
+
+async def run_on_workers(runtime: Runtime, work: Pass) -> tuple[float, PassReport]:
+    """A pass on the worker threads (passes block on Prometheus and the API server)."""
+    return await asyncio.get_running_loop().run_in_executor(runtime.workers, work)
 
 
 def owned_pods(runtime: Runtime, namespace: str) -> frozenset[str]:
@@ -165,10 +177,11 @@ def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
 async def _wait_for_next_pass(
     waker: asyncio.Event, due: float, shards: ShardLeases | None, namespace: str, name: str, term: int | None
 ) -> None:
-    """Until `due` (monotonic) or a wake-up; with shards, also no longer than the shard's validity in `term`: a
-    shard that lapses with no lease round to say so (the lease thread stalled) is seen when it lapses, its gauges
-    gone then, not at the next pass."""
-    while (left := due - time.monotonic()) > 0:
+    """Until `due` (the event loop's time) or a wake-up; with shards, also no longer than the shard's validity in
+    `term`: a shard that lapses with no lease round to say so (the lease thread stalled) is seen when it lapses,
+    its gauges gone then, not at the next pass."""
+    clock = asyncio.get_running_loop().time
+    while (left := due - clock()) > 0:
         timeout = left
         if shards is not None:
             valid = shards.valid_for(namespace, name, term)
@@ -211,8 +224,11 @@ async def pool_loop(
     assert reconciler is not None, "startup builds it before any daemon runs"
     assert metrics is not None, "startup builds it before any daemon runs"
     await stopped.wait(runtime.config.first_pass_delay)
+    # The loop's clock (monotonic; virtual under a test's fast-forwarding loop), read by the pass's thread too.
+    clock = asyncio.get_running_loop().time
+    run_pass = runtime.run_pass or functools.partial(run_on_workers, runtime)
     uid = ""
-    due = time.monotonic()
+    due = clock()
     shards, turn = runtime.shards, PoolTurn()
     sharded = shards is not None
     if shards is not None and shards.on_change is None:  # the loop is known here, not in the threaded startup
@@ -237,24 +253,24 @@ async def pool_loop(
                 reconciler.forget(uid)
                 if runtime.cluster is not None:
                     runtime.cluster.resync()
-                due = time.monotonic()
+                due = clock()
             waker.clear()
             snapshot = runtime.snapshots.read(body, reconciler.written_at(str(body.metadata.get("uid") or "")))
             uid = snapshot.meta.uid or ""
             selector = dict(snapshot.spec.selector.match_labels) if snapshot.spec is not None else {}
             runtime.selectors.setdefault(namespace, {})[name] = selector
-            submitted = time.monotonic()
+            submitted = clock()
             interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
 
             def timed(snapshot: PoolSnapshot = snapshot, term: int | None = term) -> tuple[float, PassReport]:
                 if shards is None:
-                    return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
+                    return clock(), reconciler.run(snapshot, datetime.now(UTC))
                 # every write fenced to the term seen here: a pass that outlives it writes nothing more
                 with shards.passing(snapshot.meta.namespace, snapshot.meta.name, term):
-                    return time.monotonic(), reconciler.run(snapshot, datetime.now(UTC))
+                    return clock(), reconciler.run(snapshot, datetime.now(UTC))
 
             try:
-                started, report = await asyncio.get_running_loop().run_in_executor(runtime.workers, timed)
+                started, report = await run_pass(timed)
             except Exception:  # a pass that crashed is logged, reported in the status, and retried
                 log.exception("pass failed for %s", snapshot.key)
                 metrics.passes.labels(snapshot.key, "error").inc()
@@ -267,7 +283,7 @@ async def pool_loop(
                 if lost:
                     metrics.forget(f"{namespace}/{name}")
                 else:
-                    wall = time.time() - (time.monotonic() - started)
+                    wall = time.time() - (clock() - started)
                     metrics.timing(report.pool, started - due, started - submitted, interval, wall)
                 written = [f"{w.kind}:{w.action}" for w in report.writes if w.action not in ("unchanged", "refused")]
                 # a pass that changed the mesh at info; every pass at debug (1000 pools: 200 lines a second)
