@@ -640,3 +640,45 @@ def test_a_stored_status_newer_than_the_last_pass_here_is_what_the_next_pass_bui
     here.status = there.status  # what the watch now delivers
     here.run(15)
     assert endpoints() == {"10.0.0.2"}
+
+
+def test_a_pass_decodes_the_previous_podmemory_once(monkeypatch):
+    """The plan and both derivations of its Events read the previous status' pods from one decoding (it was
+    decoded three times per pass: by the plan, and twice by `derive_events`)."""
+    from sluice.api import memory  # noqa: PLC0415
+
+    class EverySignal(FakeProm):
+        def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
+            signals = PodSignals(
+                ttft_seconds=0.1,
+                ttft_p95_seconds=0.2,
+                kv_cache_usage=0.3,
+                queue_length=1.0,
+                running_requests=4.0,
+                request_rate=3.0,
+                error_rate=0.0,
+            )
+            return SignalSnapshot(collected_at=now, pods=dict.fromkeys(pods, signals))
+
+    pods = [ObservedPod(name=f"p{i:03d}", ip=f"10.0.{i // 250}.{i % 250 + 1}", labels=LABELS) for i in range(100)]
+    loop = Loop(scoring={"policy": "cube"})
+    loop.cluster.pod_list = pods
+    loop.reconciler.signals = EverySignal()
+    loop.run(0)
+    loop.run(5)  # the status the next pass starts from holds a podMemory (most of the 100 pods)
+    assert loop.status is not None
+    assert loop.status.get("podMemory")
+    stored = loop.status["podMemory"]
+    decoded: list[str] = []
+    real = memory.decode
+
+    def counting(text: str | None) -> list[Any]:
+        if text == stored:
+            decoded.append(text)
+        return real(text)
+
+    monkeypatch.setattr(memory, "decode", counting)
+    loop.reconciler._last_pass.clear()  # the pass starts from the stored status, as after a restart
+    loop.run(10)
+    # once when the stored status is read (`readable`), once for the whole pass
+    assert len(decoded) == 2

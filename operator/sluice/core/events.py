@@ -7,7 +7,7 @@ say something the status does not, and replaying a pass with the same inputs emi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,10 +24,16 @@ class Event:
     message: str
 
 
-def derive_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> tuple[Event, ...]:
+def derive_events(
+    previous: InferencePoolStatus | None,
+    next_: InferencePoolStatus,
+    before: Mapping[str, EndpointStatus] | None = None,
+) -> tuple[Event, ...]:
+    """`before`: every pod `previous` remembers (`remembered(previous)`), when the caller has it decoded."""
+    rows = remembered(previous) if before is None else before
     return (
-        *_condition_events(previous, next_),
-        *_endpoint_events(previous, next_),
+        *_condition_events(previous, next_, rows),
+        *_endpoint_events(rows, next_),
         *_canary_events(previous.canary if previous else None, next_.canary),
     )
 
@@ -36,7 +42,9 @@ def _cond(status: InferencePoolStatus | None, type_: str) -> Condition | None:
     return next((c for c in status.conditions if c.type == type_), None) if status else None
 
 
-def _condition_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
+def _condition_events(
+    previous: InferencePoolStatus | None, next_: InferencePoolStatus, rows: Mapping[str, EndpointStatus]
+) -> Iterator[Event]:
     def became(type_: str) -> tuple[Condition | None, Condition | None]:
         return _cond(previous, type_), _cond(next_, type_)
 
@@ -62,11 +70,11 @@ def _condition_events(previous: InferencePoolStatus | None, next_: InferencePool
     before, after = became("IstioSynced")
     if after is not None and after.status == "False" and (before is None or before.reason != after.reason):
         yield Event("Warning", after.reason, after.message)
-    yield from _class_events(previous, next_)
+    yield from _class_events(rows, next_)
 
 
-def _class_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
-    known_before = {row.pod for row in remembered(previous).values() if not row.class_known}  # podMemory too
+def _class_events(before: Mapping[str, EndpointStatus], next_: InferencePoolStatus) -> Iterator[Event]:
+    known_before = {row.pod for row in before.values() if not row.class_known}  # podMemory too
     fresh: dict[str, list[str]] = {}
     for row in next_.endpoints:
         if not row.class_known and row.pod not in known_before:
@@ -103,11 +111,10 @@ def _about(pods: list[str], message: str) -> str:
     return head + ", ".join(names) + (f" and {more} more" if more > 0 else "")
 
 
-def _endpoint_events(previous: InferencePoolStatus | None, next_: InferencePoolStatus) -> Iterator[Event]:
+def _endpoint_events(before: Mapping[str, EndpointStatus], next_: InferencePoolStatus) -> Iterator[Event]:
     """Pods that changed state. Pods with the same reason and message share one Event, and one reason gives at
     most `MAX_POD_EVENTS` per pass: when a whole large pool changes at once (no signals yet at start-up, an
     outage), a pod per Event was thousands of Events in one pass."""
-    before: dict[str, EndpointStatus] = remembered(previous)
     said: dict[tuple[Literal["Normal", "Warning"], str, str], list[str]] = {}
 
     def say(type_: Literal["Normal", "Warning"], reason: str, pod: str, message: str) -> None:

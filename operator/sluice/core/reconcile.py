@@ -13,7 +13,7 @@ reconciler, by `sluice plan`, and by the benchmark's simulated control loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -67,11 +67,13 @@ class Plan:
     """Header routes: the revision `spec.canary.match` sends matching requests to (None: no such route)."""
     mesh: MeshPlan = field(default_factory=MeshPlan)
     """What the mesh side allows to render (`sluice.core.mesh`); a refusal there means nothing is published."""
+    before: Mapping[str, EndpointStatus] = field(default_factory=dict, repr=False)
+    """Every pod `previous` remembers (`remembered`, its podMemory decoded once per pass)."""
 
     @property
     def events(self) -> tuple[Event, ...]:
         """What changed from the previous status to this one (the runtime derives them again after Istio)."""
-        return derive_events(self.previous, self.status)
+        return derive_events(self.previous, self.status, self.before)
 
 
 def plan_pass(
@@ -82,13 +84,16 @@ def plan_pass(
     now: datetime,
     operation: Operation | None = None,
     pool: PoolId | None = None,
+    before: Mapping[str, EndpointStatus] | None = None,
 ) -> Plan:
-    """`pool` names the pool whose mesh side `observed.mesh` describes (without it, the mesh is not judged)."""
+    """`pool` names the pool whose mesh side `observed.mesh` describes (without it, the mesh is not judged);
+    `before`: `remembered(previous)`, when the caller has it decoded."""
     pods = sorted((p for p in observed.pods if selects(spec, p)), key=lambda p: p.name)
     screened = screen(spec, observed.signals, [p.name for p in pods if not not_routable_because(p)], now)
     signals = screened.snapshot
     metrics = judge_metrics(spec, signals, now)
-    before = remembered(previous)
+    if before is None:
+        before = remembered(previous)
     verdicts = [judge_pod(spec, p, before.get(p.name), signals, metrics.usable, now) for p in pods]
     # Envoy's least-request divides a weight by (active + 1)^bias; consistent hash (sessionAffinity) weighs
     # proportionally, so the plan's weights then follow its shares (bias 0).
@@ -158,6 +163,7 @@ def plan_pass(
         revisions=tuple(sorted({v.revision for v in verdicts if v.revision is not None})),
         publish=publish,
         previous=previous,
+        before=before,
         mirror=canary.mirror,
         steer=canary.steer,
         mesh=mesh,

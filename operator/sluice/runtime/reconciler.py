@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sluice.api.memory import remembered
 from sluice.api.snapshot import PoolSnapshot
-from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
+from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
 from sluice.core.compact import stored_form
 from sluice.core.events import Event, derive_events
@@ -183,6 +184,7 @@ class Reconciler:
         started = time.monotonic()
         meta = snapshot.meta
         previous = self._previous(snapshot)
+        before = remembered(previous)  # its podMemory decoded once for the whole pass
         report = PassReport(pool=snapshot.key)
         if snapshot.status_problems:
             report.events.append(Event("Warning", "StatusPartlyUnreadable", "; ".join(snapshot.status_problems)[:1000]))
@@ -191,17 +193,19 @@ class Reconciler:
             want = conditions.invalid_spec(snapshot.spec_error or "invalid spec")
             status = conditions.with_condition(base, want, meta.generation, base.conditions, now)
             report.result = "invalid_spec"
-            self._finish(report, snapshot, previous, status.model_copy(update={"last_reconcile_time": now}), now)
+            stamped = status.model_copy(update={"last_reconcile_time": now})
+            self._finish(report, snapshot, previous, before, stamped, now)
         else:
             try:
-                status = self._reconcile(report, snapshot, snapshot.spec, previous, now)
+                status = self._reconcile(report, snapshot, snapshot.spec, previous, before, now)
             except Exception as failure:
                 report.result = "error"
                 want = conditions.reconcile_failed(f"{type(failure).__name__}: {failure}"[:500])
                 failed = conditions.with_condition(base, want, meta.generation, base.conditions, now)
-                self._finish(report, snapshot, previous, failed.model_copy(update={"last_reconcile_time": now}), now)
+                stamped = failed.model_copy(update={"last_reconcile_time": now})
+                self._finish(report, snapshot, previous, before, stamped, now)
                 raise
-            self._finish(report, snapshot, previous, status, now)
+            self._finish(report, snapshot, previous, before, status, now)
             if report.status_kept and report.errors_asked_at is not None:
                 self._read_at[meta.uid or meta.name] = report.errors_asked_at
         report.seconds = time.monotonic() - started
@@ -213,6 +217,7 @@ class Reconciler:
         snapshot: PoolSnapshot,
         spec: InferencePoolSpec,
         previous: InferencePoolStatus | None,
+        before: Mapping[str, EndpointStatus],
         now: datetime,
     ) -> InferencePoolStatus:
         meta = snapshot.meta
@@ -227,14 +232,14 @@ class Reconciler:
         report.errors_asked_at = asked
         report.signal_failures = dict(signals.failed)
         observed = Observed(pods=pods, signals=signals, mesh=self.cluster.mesh(meta.namespace, spec))
-        plan = plan_pass(
-            spec, meta.generation, observed, previous, now, snapshot.operation, PoolId(meta.name, meta.namespace)
-        )
+        pool = PoolId(meta.name, meta.namespace)
+        plan = plan_pass(spec, meta.generation, observed, previous, now, snapshot.operation, pool, before)
         synced = conditions.not_published(plan.mesh.refusal)
         if plan.publish:
             synced = self._publish(report, PoolRef(meta.name, meta.namespace, meta.uid), spec, plan)
-        before = previous.conditions if previous else []
-        return conditions.with_condition(plan.status, synced, meta.generation, before, now)
+        return conditions.with_condition(
+            plan.status, synced, meta.generation, previous.conditions if previous else [], now
+        )
 
     def _read_signals(self, spec: InferencePoolSpec, namespace: str, pods: list[str], now: datetime) -> SignalSnapshot:
         try:
@@ -296,12 +301,13 @@ class Reconciler:
         report: PassReport,
         snapshot: PoolSnapshot,
         previous: InferencePoolStatus | None,
+        rows: Mapping[str, EndpointStatus],
         status: InferencePoolStatus,
         now: datetime,
     ) -> None:
         meta = snapshot.meta
         report.status = status
-        report.events.extend(derive_events(previous, status))
+        report.events.extend(derive_events(previous, status, rows))
         uid = meta.uid or ""
         stored = self._stored(uid, snapshot)
         before = None if stored is None else _Compared.of(stored, self._compared.get(uid))
