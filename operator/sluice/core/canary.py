@@ -49,8 +49,6 @@ from sluice.core.operations import (
     refuse_without_rollout,
 )
 
-ACTIVE_PHASES: tuple[CanaryPhase, ...] = ("Shadow", "Progressing", "Paused", "Waiting")
-
 
 @dataclass(frozen=True)
 class RevisionStats:

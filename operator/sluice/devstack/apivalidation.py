@@ -155,8 +155,6 @@ CEL_SKIPPED = (
     "correct the existing errors to complete validation"
 )
 
-_TYPE_NAMES = {"object": "object", "array": "array", "string": "string", "integer": "integer", "number": "number"}
-
 
 def _numeric(value: JSON) -> bool:
     """A JSON-Schema draft-2020 numeric bound (not the draft-4 boolean flag Kubernetes uses)."""
@@ -210,9 +208,7 @@ def _join(path: str, name: str) -> str:
 
 
 class _Walker:
-    def __init__(
-        self, strict: bool, run_cel: bool, old: JSON = None, root_metadata: tuple[JSON, JSON] = (None, None)
-    ) -> None:
+    def __init__(self, strict: bool, run_cel: bool, root_metadata: tuple[JSON, JSON] = (None, None)) -> None:
         self.root_metadata = root_metadata
         """(metadata, old metadata) that root rules see, as kube-apiserver shows them name and generateName."""
         self.errors: list[FieldError] = []
@@ -220,7 +216,6 @@ class _Walker:
         self.blocking = False  # an error after which kube-apiserver runs no CEL rule at all
         self.strict = strict
         self.run_cel = run_cel
-        self.old = old
 
     def error(self, path: str, kind: str, detail: str) -> None:
         self.errors.append(FieldError(path, kind, detail))
