@@ -54,8 +54,6 @@ class EndpointWeight:
 class Plan:
     status: InferencePoolStatus
     endpoints: tuple[EndpointWeight, ...]
-    revision_weights: dict[str, int]
-    """Traffic % per revision as published; empty: no canary, route to the whole pool."""
     revisions: tuple[str, ...]
     """Every revision with a pod in the pool: one DestinationRule subset each."""
     publish: bool
@@ -69,6 +67,11 @@ class Plan:
     """What the mesh side allows to render (`sluice.core.mesh`); a refusal there means nothing is published."""
     before: Mapping[str, EndpointStatus] = field(default_factory=dict, repr=False)
     """Every pod `previous` remembers (`remembered`, its podMemory decoded once per pass)."""
+
+    @property
+    def revision_weights(self) -> dict[str, int]:
+        """Traffic % per revision as published (the status's); empty: no canary, route to the whole pool."""
+        return self.status.revision_weights
 
     @property
     def events(self) -> tuple[Event, ...]:
@@ -159,7 +162,6 @@ def plan_pass(
             )
             for v in routable
         ),
-        revision_weights=canary.weights,
         revisions=tuple(sorted({v.revision for v in verdicts if v.revision is not None})),
         publish=publish,
         previous=previous,
