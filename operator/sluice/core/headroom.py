@@ -38,7 +38,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 # Provenance of the constants: "swept" ones were compared in ad-hoc 2- and 5-seed runs of the simulated benchmark on
 # the seed-000 and mixed-fleet scenarios only (not in the repository; docs/benchmarks.md, "Headroom vs the cube"),
@@ -260,10 +260,20 @@ def learn_idle(ttft: float | None, previous: float | None) -> float | None:
     return min(ttft, previous * (1.0 + IDLE_DRIFT))
 
 
-def estimate(
-    pods: Sequence[PodLoad], smoothing: float, window: float
-) -> dict[str, tuple[float, float | None, float | None, str]]:
-    """Per pod: (capacity before health, idle TTFT, utilisation, source); see `CapacitySource`.
+class Estimate(NamedTuple):
+    """What `estimate` finds for one pod."""
+
+    capacity: float
+    """Requests/s before health (unitless K while nothing has a rate: `relative`)."""
+    idle: float | None
+    """The pod's learned idle TTFT (seconds)."""
+    utilisation: float | None
+    """ρ read this pass, or None without a reading."""
+    source: CapacitySource
+
+
+def estimate(pods: Sequence[PodLoad], smoothing: float, window: float) -> dict[str, Estimate]:
+    """Per pod: capacity before health, idle TTFT, utilisation and where the capacity comes from.
 
     An observation rate / ρ counts in proportion to ρ (up to `CONFIDENT`): the busier the pod, the more its
     inflation says about its capacity; a lightly loaded pod's reading hardly moves what was learned. A pod's first
@@ -278,7 +288,7 @@ def estimate(
     """Pods measured for the first time: (observation, gain, rate, whether it may raise the prior)."""
     ageing: list[str] = []
     """Pods with a learned capacity and no load shown this pass."""
-    notes: dict[str, tuple[float | None, float | None, str]] = {}
+    notes: dict[str, tuple[float | None, float | None, CapacitySource]] = {}
     for p in pods:
         if not p.fresh:
             idle = p.previous_idle
@@ -291,7 +301,7 @@ def estimate(
         rate = p.rate if p.rate is not None and p.rate > 0 else 0.0
         observed = rate / rho if rate > 0 and rho is not None and rho >= INFORMATIVE else None
         gain = (1.0 - smoothing) * min(1.0, (rho or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
-        source = "learned"
+        source: CapacitySource = "learned"
         bound = rate / p.kv if rate > 0 and p.kv is not None and p.kv >= INFORMATIVE else None
         bound_gain = (1.0 - smoothing) * min(1.0, (p.kv or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
         if p.previous_capacity:
@@ -363,15 +373,15 @@ def estimate(
             if name in prior_of:
                 learned[name] += AGEING * (prior_of[name] * per_k - learned[name])
                 notes[name] = (notes[name][0], notes[name][1], "ageing")
-    out: dict[str, tuple[float, float | None, float | None, str]] = {}
+    out: dict[str, Estimate] = {}
     for p in pods:
         idle, rho, source = notes[p.name]
         if p.name in learned:
-            out[p.name] = (learned[p.name], idle, rho, source)
+            out[p.name] = Estimate(learned[p.name], idle, rho, source)
         elif per_k is not None:
-            out[p.name] = (p.prior * per_k, idle, rho, "prior")
+            out[p.name] = Estimate(p.prior * per_k, idle, rho, "prior")
         else:
-            out[p.name] = (p.prior, idle, rho, "relative")
+            out[p.name] = Estimate(p.prior, idle, rho, "relative")
     return out
 
 
@@ -385,9 +395,7 @@ class Pooling:
     """The class's pods with a fresh learned capacity (this one included)."""
 
 
-def pool_by_class(
-    pods: Sequence[PodLoad], estimates: dict[str, tuple[float, float | None, float | None, str]], window: float
-) -> dict[str, Pooling]:
+def pool_by_class(pods: Sequence[PodLoad], estimates: dict[str, Estimate], window: float) -> dict[str, Pooling]:
     """Which fresh learned pods are planned as their hardware class, and how far (classes of two or more).
 
     Identical pods learn unequal capacities, idle TTFTs and times in system from their windows' request mixes
@@ -403,27 +411,27 @@ def pool_by_class(
     """
     classes: dict[str, list[PodLoad]] = {}
     for p in pods:
-        if p.fresh and p.hardware_class is not None and estimates[p.name][3] in (*LEARNED_SOURCES, "prior"):
+        if p.fresh and p.hardware_class is not None and estimates[p.name].source in (*LEARNED_SOURCES, "prior"):
             classes.setdefault(p.hardware_class, []).append(p)
     out: dict[str, Pooling] = {}
     for members in classes.values():
-        learned = [p for p in members if estimates[p.name][3] != "prior"]
+        learned = [p for p in members if estimates[p.name].source != "prior"]
         if len(members) < 2 or not learned:
             continue
-        median = statistics.median(estimates[p.name][0] for p in learned)
+        median = statistics.median(estimates[p.name].capacity for p in learned)
         if median <= 0:
             continue
         names = tuple(p.name for p in learned)
         for p in members:
-            if estimates[p.name][3] == "prior":
+            if estimates[p.name].source == "prior":
                 out[p.name] = Pooling(1.0, names)  # nothing learned of its own: its class's value
                 continue
             completions = (p.rate or 0.0) * window
             noise = RATE_NOISE / math.sqrt(completions) if completions >= 1 else math.inf
             # What it learned, and what this pass measured (rate / ρ), the further from the class: a node that
             # just slowed down shows it in its reading before its learned capacity has moved.
-            readings = [estimates[p.name][0]]
-            rho = estimates[p.name][2]
+            readings = [estimates[p.name].capacity]
+            rho = estimates[p.name].utilisation
             if p.rate and rho is not None and rho >= INFORMATIVE:
                 readings.append(p.rate / rho)
             units = max(abs(r / median - 1.0) for r in readings) / noise
@@ -590,11 +598,11 @@ def plan(
     # Pods of one class are planned with the class's capacity, idle TTFT and time in system unless they differ
     # beyond the noise; the pooled capacity is what is remembered, the idle TTFT stays the pod's own.
     pooling = pool_by_class(pods, estimates, window)
-    for name, value in pooled_values(pooling, {n: e[0] for n, e in estimates.items()}).items():
-        estimates[name] = (value, *estimates[name][1:])
+    for name, value in pooled_values(pooling, {n: e.capacity for n, e in estimates.items()}).items():
+        estimates[name] = estimates[name]._replace(capacity=value)
     fresh = [p for p in pods if p.fresh]
-    capacity = [max(0.0, estimates[p.name][0] * p.health) for p in fresh]
-    own_idle = {p.name: s for p in fresh if (s := estimates[p.name][1]) is not None and s > 0}
+    capacity = [max(0.0, estimates[p.name].capacity * p.health) for p in fresh]
+    own_idle = {p.name: s for p in fresh if (s := estimates[p.name].idle) is not None and s > 0}
     class_idle = pooled_values(pooling, own_idle)
     idles = [class_idle.get(p.name) for p in fresh]
     known_idle = [s for s in idles if s is not None and s > 0]
@@ -629,7 +637,7 @@ def plan(
             capacity=max(0.0, value * p.health),
             idle_ttft=idle_ttft,
             utilisation=rho,
-            source=source,  # type: ignore[arg-type]
+            source=source,
             share=share,
             demand=demand,
             weight=share * divisor,
