@@ -23,7 +23,8 @@ from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 
-from sluice.io.prometheus import _ask_prometheus, plain_vector_values, pod_values, vector_values
+from sluice.io.promanswers import plain_vector_values, pod_values, vector_values
+from sluice.io.promtransport import ask, open_transport
 
 
 def answer(series: int) -> bytes:
@@ -71,6 +72,7 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     client = PrometheusConnect(url=f"http://127.0.0.1:{server.server_address[1]}", timeout=5)
+    transport = open_transport((client.url, None, False, 4.0), True)
     params = {"timeout": "4s"}
     text = body.decode()
     if plain_vector_values(text, "pod") != split(json.loads(body)["data"]["result"]):
@@ -78,7 +80,7 @@ def main() -> None:
     rows: list[tuple[str, Callable[[], Any]]] = [
         (
             "request + vector_values (what the operator runs)",
-            lambda: vector_values(_ask_prometheus(client, "q", "4s", None), "pod"),
+            lambda: vector_values(ask(transport, "q", "4s", None), "pod"),
         ),
         ("custom_query + pod_values (before)", lambda: split(client.custom_query("q", params=params))),
         ("plain_vector_values alone", lambda: plain_vector_values(text, "pod")),
@@ -88,7 +90,7 @@ def main() -> None:
         orjson = importlib.import_module("orjson")  # not a dependency: measured when present
 
         def orjson_query() -> Any:
-            response = client._session.get(f"{client.url}/api/v1/query", params={"query": "q", **params}, timeout=5)
+            response = transport.session.get(f"{client.url}/api/v1/query", params={"query": "q", **params}, timeout=5)
             return split(orjson.loads(response.content)["data"]["result"])
 
         rows += [("same request, orjson + split", orjson_query), ("orjson.loads alone", lambda: orjson.loads(body))]

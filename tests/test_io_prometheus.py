@@ -25,15 +25,9 @@ from sluice.core.observed import SignalSnapshot
 from sluice.core.presets import PRESETS, build_queries
 from sluice.devstack import apitls
 from sluice.io import prometheus as prometheus_io
-from sluice.io.prometheus import (
-    PromAuth,
-    PromIO,
-    parse_value,
-    plain_vector_values,
-    pod_values,
-    to_snapshot,
-    vector_values,
-)
+from sluice.io.promanswers import parse_value, plain_vector_values, pod_values, to_snapshot, vector_values
+from sluice.io.prometheus import PromAuth, PromIO
+from sluice.io.promtransport import POST_OVER
 from tests.helpers import T0, FakePrometheus, spec, vector
 
 SAMPLE_TIME = T0.timestamp() - 42.5  # the pod's newest sample, as `timestamp()` reports it
@@ -484,7 +478,7 @@ def test_a_long_scoped_query_is_sent_as_a_post_form() -> None:
         finally:
             io.close()
     assert {seen.method for seen in server.seen} == {"POST"}
-    assert {len(seen.query) > prometheus_io.POST_OVER for seen in server.seen} == {True}
+    assert {len(seen.query) > POST_OVER for seen in server.seen} == {True}
     assert snapshot.failed == {}
     assert set(snapshot.pods) == {"a1"}
     assert snapshot.pods["a1"].queue_length == 1.0

@@ -25,7 +25,8 @@ from sluice.core.observed import ALL_SIGNALS, SIGNAL_FIELD, PodSignals, SignalSn
 from sluice.core.presets import build_queries
 from sluice.core.signalcheck import screen
 from sluice.devstack.stack import free_port
-from sluice.io.prometheus import PromAuth, PromIO, plain_vector_values, pod_values
+from sluice.io.promanswers import plain_vector_values, pod_values
+from sluice.io.prometheus import PromAuth, PromIO
 from tests.engine_fixtures import Fixture, all_fixtures, history
 from tests.helpers import spec
 

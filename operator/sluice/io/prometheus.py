@@ -1,10 +1,9 @@
-"""Prometheus I/O: run a pool's preset queries over prometheus-api-client's session (its retrying adapter, the
-request its `custom_query` makes, the answer read by `vector_values`) and turn the answers into signals.
+"""Prometheus I/O: run a pool's preset queries and turn the answers into signals, sharing each answer.
 
 One namespace-wide vector query per signal (built by `sluice.core.presets`), shared by every pool of the namespace
-that renders the same query within its interval and split by pod here (see `PromIO`), run concurrently with the
-pool's timeout, bearer token and CA bundle, and one retry on a dropped connection or a 502 (none after a
-timeout, `_Retry`). Every
+that renders the same query within its interval and split by pod (see `PromIO`), run concurrently with the
+pool's timeout, bearer token and CA bundle over a session of `sluice.io.promtransport` (one retry on a dropped
+connection or a 502, none after a timeout), the answers read by `sluice.io.promanswers`. Every
 failure is kept per signal (`SignalSnapshot.failed`), so the core freezes weights and the pool says why: a
 failed, slow or partial answer is never read as zero.
 Called by the reconciler, in a worker thread (the client is blocking).
@@ -12,38 +11,34 @@ Called by the reconciler, in a worker thread (the client is blocking).
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import heapq
 import itertools
-import json
 import logging
 import math
-import re
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self, TypeVar, cast
-
-import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests.adapters import HTTPAdapter
-from urllib3.connectionpool import ConnectionPool
-from urllib3.exceptions import ReadTimeoutError
-from urllib3.response import BaseHTTPResponse
-from urllib3.util.retry import Retry
+from typing import Any, TypeVar, cast
 
 from sluice.api.v1alpha1 import InferencePoolSpec
-from sluice.core.observed import SIGNAL_FIELD, CheckAnswers, PodSignals, SeriesAnswer, SignalName, SignalSnapshot
+from sluice.core.observed import CheckAnswers, SeriesAnswer, SignalName, SignalSnapshot
 from sluice.core.presets import CheckPlan, build_queries, check_every, check_queries, names_pods
 from sluice.io.ports import PromAuth
+from sluice.io.promanswers import values_snapshot, vector_values
+from sluice.io.promtransport import (
+    QUERY_FAILURES,
+    Transport,
+    TransportKey,
+    ask,
+    close_session,
+    describe_failure,
+    open_transport,
+)
 
 log = logging.getLogger("sluice")
 
@@ -82,165 +77,6 @@ CA bundle or a changed timeout leaves behind."""
 
 FRESHNESS_KEY = "sampleTime"
 """Name under which the freshness query's failure is reported (it is not a signal)."""
-
-
-def parse_value(sample: Any) -> float | None:
-    """A Prometheus instant-vector sample value; NaN and infinities (0/0, empty histograms) are missing, not 0."""
-    try:
-        value = float(sample[1])
-    except (TypeError, ValueError, IndexError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def pod_values(series: list[dict[str, Any]] | None, pod_label: str) -> dict[str, float]:
-    """Pod -> value from a vector answer. Pure.
-
-    A series without the pod label, or whose value is NaN or infinite, is left out (missing, never 0); where a
-    pod has several series the last finite one counts. Kept as plain floats: an answer over 16,000 pods held as
-    Prometheus' JSON (a dict, a dict and a list per series) is ~50,000 objects the garbage collector has to walk
-    for as long as the answer is shared.
-    """
-    out: dict[str, float] = {}
-    for item in series or []:
-        if not isinstance(item, dict):
-            raise ValueError("the answer is not an instant vector (a query override must return one)")
-        pod = item.get("metric", {}).get(pod_label)
-        value = parse_value(item.get("value"))
-        if pod is not None and value is not None:
-            out[str(pod)] = value
-    return out
-
-
-VECTOR_HEAD = '{"status":"success","data":{"resultType":"vector","result":['
-"""How Prometheus' query API begins a successful instant-vector answer (its encoder writes the fields in this
-order and nothing between them)."""
-
-
-@functools.cache
-def _series_pattern(pod_label: str) -> re.Pattern[str]:
-    """One series of an answer aggregated by `pod_label` alone, as Prometheus writes it (no escapes)."""
-    label = re.escape(json.dumps(pod_label))
-    return re.compile(r'\{"metric":\{' + label + r':"([^"\\]*)"\},"value":\[[^,\]]*,"([^"\\]*)"\]\}')
-
-
-def vector_values(body: bytes, pod_label: str) -> dict[str, float]:
-    """Pod -> value from a query answer's JSON body: `pod_values` of its result. Pure.
-
-    An answer aggregated by the pod label alone (every preset's) is read by `plain_vector_values`; anything else
-    (more labels, another result type, an escape, warnings) goes through `json.loads` and `pod_values`. Both
-    read the same values; a 16,000-pod answer costs ~10 ms instead of ~30 ms, the largest share of a 1000-pool
-    operator's CPU.
-    """
-    text = body.decode("utf-8", errors="replace")  # as requests' `.json()` read it
-    plain = plain_vector_values(text, pod_label)
-    if plain is not None:
-        return plain
-    try:
-        result = json.loads(text)["data"]["result"]
-    except (KeyError, TypeError) as failure:  # a 200 that is not a query answer (a proxy's page, say)
-        raise ValueError(f"not a Prometheus query answer: {text[:120]!r}") from failure
-    return pod_values(result if isinstance(result, list) else [], pod_label)
-
-
-def plain_vector_values(text: str, pod_label: str) -> dict[str, float] | None:
-    """`vector_values` of an answer as Prometheus writes one aggregated by the pod label alone, read with one
-    regular expression; None unless it found every series of a whole answer and nothing in it is escaped. Pure."""
-    if not (text.startswith(VECTOR_HEAD) and text.endswith("]}}")) or "\\" in text:
-        return None
-    found = _series_pattern(pod_label).findall(text)
-    if len(found) != text.count('{"metric":'):
-        return None
-    out: dict[str, float] = {}
-    for pod, sample in found:  # `parse_value` inlined: this loop runs for every pod of every answer
-        try:
-            value = float(sample)
-        except ValueError:
-            continue
-        if value - value == 0.0:  # finite: NaN and infinities are missing, not 0
-            out[pod] = value
-    return out
-
-
-def sample_times(series: list[dict[str, Any]] | None, pods: set[str], pod_label: str) -> dict[str, datetime]:
-    """Pod -> time of its newest sample, from the answer of the freshness query (`timestamp()` values)."""
-    return _times(pod_values(series, pod_label), pods)
-
-
-def _times(stamps: dict[str, float], pods: set[str]) -> dict[str, datetime]:
-    return {pod: datetime.fromtimestamp(stamp, UTC) for pod, stamp in stamps.items() if pod in pods}
-
-
-def to_snapshot(
-    answers: dict[SignalName, list[dict[str, Any]]],
-    failed: dict[str, str],
-    unsupported: tuple[SignalName, ...],
-    pods: set[str],
-    pod_label: str,
-    collected_at: datetime,
-    freshness: list[dict[str, Any]] | None = None,
-) -> SignalSnapshot:
-    """Per-pod signals from the raw query answers, keeping only the pool's pods. Pure.
-
-    `freshness` is the answer of the freshness query, or None when the engine has none (then sample age is
-    unknown and the core judges freshness by `collected_at`).
-    """
-    return values_snapshot(
-        {signal: pod_values(series, pod_label) for signal, series in answers.items()},
-        failed,
-        unsupported,
-        pods,
-        collected_at,
-        None if freshness is None else pod_values(freshness, pod_label),
-    )
-
-
-def values_snapshot(
-    answers: dict[SignalName, dict[str, float]],
-    failed: dict[str, str],
-    unsupported: tuple[SignalName, ...],
-    pods: set[str],
-    collected_at: datetime,
-    freshness: dict[str, float] | None = None,
-) -> SignalSnapshot:
-    """`to_snapshot` over answers already split by pod (`pod_values`). Pure."""
-    values: dict[str, dict[str, float]] = {}
-    for signal, by_pod in answers.items():
-        field = SIGNAL_FIELD[signal]
-        for pod, value in by_pod.items():
-            if pod in pods:
-                values.setdefault(pod, {})[field] = value
-    return SignalSnapshot(
-        collected_at=collected_at,
-        failed=failed,
-        unsupported=list(unsupported),
-        pods={pod: PodSignals.model_validate(fields) for pod, fields in values.items()},
-        # No sample is newer than the oldest answer read (a fallback answer is older than the others).
-        sampled_at={pod: min(stamp, collected_at) for pod, stamp in _times(freshness or {}, pods).items()},
-        freshness_known=freshness is not None,
-    )
-
-
-def describe_failure(failure: Exception) -> str:
-    """A short reason for a status condition (the client's own messages embed the whole query URL)."""
-    if isinstance(failure, requests.Timeout | TimeoutError):
-        return "timed out"
-    if isinstance(failure, requests.ConnectionError) and failure.args and isinstance(failure.args[0], ReadTimeoutError):
-        return "timed out"  # while reading the body (requests says ConnectionError there)
-    if isinstance(failure, PrometheusApiClientException) and '"errorType":"timeout"' in str(failure):
-        return "timed out (Prometheus stopped it at the query's timeout)"
-    inner = failure.args[0] if failure.args else None
-    reason = getattr(inner, "reason", None)
-    if isinstance(failure, requests.exceptions.RetryError):
-        return f"gave up after a retry: {reason or 'too many error responses'}"
-    if isinstance(failure, requests.ConnectionError):
-        errno = re.search(r"\[Errno -?\d+\] [^'\")]+", str(reason or failure))
-        return "connection failed: " + (errno.group(0) if errno else type(reason or failure).__name__)
-    return str(failure).replace("\n", " ")[:200]
-
-
-QUERY_FAILURES = (PrometheusApiClientException, requests.RequestException, OSError, ValueError)
-"""What a query may fail with: reported per signal. Anything else is a fault and fails the pass."""
 
 
 def _outcome(done: Future[dict[str, float]], timeout: float) -> dict[str, float] | BaseException:
@@ -331,84 +167,6 @@ class _Wanted:
         )
 
 
-POST_OVER = 2048
-"""Queries longer than this (characters) go as a POST form: a replica's pods by name make a query of tens of
-kilobytes, past what proxies in front of Prometheus take in a URL."""
-
-
-def _ask_prometheus(client: PrometheusConnect, query: str, timeout: str, headers: dict[str, str] | None) -> bytes:
-    """The request `custom_query` makes, over the client's session (its retrying adapter, TLS settings and
-    timeout), returning the answer's body undecoded for `vector_values` (`custom_query` decodes it with
-    `response.json()`, three times the cost); a long query as a POST form, which the query API takes as it takes
-    a GET."""
-    session = client._session
-    url, form = f"{client.url}/api/v1/query", {"query": query, "timeout": timeout}
-    long = len(query) > POST_OVER
-    response = session.request(
-        "POST" if long else "GET",
-        url,
-        params=None if long else form,
-        data=form if long else None,
-        headers=headers,
-        timeout=client._timeout,
-        verify=session.verify,
-        cert=session.cert,
-    )
-    if response.status_code != 200:
-        raise PrometheusApiClientException(f"HTTP Status Code {response.status_code} ({response.content!r})")
-    return bytes(response.content)
-
-
-def _close_session(session: requests.Session) -> None:
-    """Close a session's pooled connections now. `Session.close` alone only drops urllib3's pools (urllib3 2
-    closes a pool's connections when the pool is garbage-collected), and a failed answer's traceback keeps its
-    pool alive for as long as the answer is kept."""
-    for adapter in session.adapters.values():
-        if isinstance(adapter, HTTPAdapter):
-            pools = adapter.poolmanager.pools
-            for key in list(pools.keys()):
-                with contextlib.suppress(KeyError):
-                    pools[key].close()
-    session.close()
-
-
-class _Retry(Retry):
-    """One retry for a dropped keep-alive connection or a 502 (a proxy that could not reach Prometheus), none
-    for a timeout: not for a read timeout (Prometheus is still evaluating the query, until its own `timeout`),
-    nor for a 503 (Prometheus' answer when that timeout ran out, or when it is overloaded) or a 504 (a proxy's
-    timeout). Sending a slow query again at once doubles the load where it is slowest. A read timeout is
-    reported as such ("timed out"), not as a failed connection. The cost: a keep-alive connection that died
-    without a reset costs one failed answer (the next refresh asks on a new one)."""
-
-    def increment(
-        self,
-        method: str | None = None,
-        url: str | None = None,
-        response: BaseHTTPResponse | None = None,
-        error: Exception | None = None,
-        _pool: ConnectionPool | None = None,
-        _stacktrace: TracebackType | None = None,
-    ) -> Self:
-        if isinstance(error, ReadTimeoutError):
-            raise error
-        return super().increment(method, url, response, error, _pool, _stacktrace)
-
-
-@dataclass
-class _Transport:
-    """One keep-alive session to a Prometheus, for every token: per (URL, CA bundle, TLS verification, timeout)."""
-
-    client: PrometheusConnect
-    ca_pem: str | None
-    used_at: float
-    """When a query last began or ended on it (monotonic)."""
-    busy: int = 0
-    """Queries on it now (it is not closed under them)."""
-
-
-TransportKey = tuple[str, str | None, bool, float]
-
-
 PASS_PLANS = 8192
 """Pools' rendered queries kept (`PromIO._pass_plan`); past it they are all rendered anew."""
 
@@ -480,7 +238,7 @@ class PromIO:
         self._pass_plans: dict[tuple[int, str], tuple[InferencePoolSpec, _PassPlan]] = {}
         """A pool's namespace-wide queries as last rendered, per (spec, namespace, and its pods when a query names
         them): the same at every pass until the spec changes (rendering them was ~3 % of a 300-pool operator)."""
-        self._transports: dict[TransportKey, _Transport] = {}
+        self._transports: dict[TransportKey, Transport] = {}
         self._ca_files: dict[str, str] = {}
         """CA bundle -> the temporary file it was written to (one per bundle, whatever uses it)."""
         self._lock = threading.Lock()
@@ -523,32 +281,25 @@ class PromIO:
             files, self._ca_files = list(self._ca_files.values()), {}
         self._pool.shutdown(wait=False, cancel_futures=True)
         for transport in transports:
-            _close_session(transport.client._session)
+            close_session(transport.session)
         for path in files:
             Path(path).unlink(missing_ok=True)
 
-    def _acquire(self, key: TransportKey) -> _Transport:
+    def _acquire(self, key: TransportKey) -> Transport:
         """The session for `key`, made on first use, marked busy until `_release`."""
-        url, ca_pem, insecure, timeout = key
+        _, ca_pem, insecure, _ = key
         with self._lock:
             if self._closed:
                 raise OSError("the Prometheus client is closed")
             transport = self._transports.get(key)
             if transport is None:
-                session = requests.Session()
-                if insecure:
-                    session.verify = False
-                elif ca_pem:
-                    session.verify = self._ca_file(ca_pem)
-                retry = _Retry(total=1, backoff_factor=0.1, status_forcelist=(502,), allowed_methods=None)
-                # a second past the query's own timeout, so Prometheus' answer that it timed out comes first
-                client = PrometheusConnect(url=url, session=session, timeout=math.ceil(timeout) + 1, retry=retry)
-                transport = self._transports[key] = _Transport(client, ca_pem, 0.0)
+                verify = False if insecure else self._ca_file(ca_pem) if ca_pem else True
+                transport = self._transports[key] = open_transport(key, verify)
             transport.busy += 1
             transport.used_at = time.monotonic()
             return transport
 
-    def _release(self, transport: _Transport) -> None:
+    def _release(self, transport: Transport) -> None:
         with self._lock:
             transport.busy -= 1
             transport.used_at = time.monotonic()
@@ -559,7 +310,7 @@ class PromIO:
         transport = self._acquire(key)
         headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
-            body = _ask_prometheus(transport.client, query, f"{key[3]:g}s", headers)
+            body = ask(transport, query, f"{key[3]:g}s", headers)
         finally:
             self._release(transport)
         return vector_values(body, pod_label)
@@ -579,7 +330,7 @@ class PromIO:
         any more (the lock is held)."""
         idle = [k for k, t in self._transports.items() if t.busy == 0 and at - t.used_at > IDLE_CLIENT_SECONDS]
         for key in idle:
-            _close_session(self._transports.pop(key).client._session)
+            close_session(self._transports.pop(key).session)
         used = {t.ca_pem for t in self._transports.values()}
         for pem in [pem for pem in self._ca_files if pem not in used]:
             Path(self._ca_files.pop(pem)).unlink(missing_ok=True)
@@ -1009,16 +760,4 @@ class PromIO:
         )
 
 
-__all__ = [
-    "FRESHNESS_KEY",
-    "PromAuth",
-    "PromIO",
-    "describe_failure",
-    "parse_value",
-    "plain_vector_values",
-    "pod_values",
-    "sample_times",
-    "to_snapshot",
-    "values_snapshot",
-    "vector_values",
-]
+__all__ = ["FRESHNESS_KEY", "PromAuth", "PromIO"]
