@@ -25,8 +25,10 @@ rendered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypedDict
 
 from sluice.api.operation import Operation
 from sluice.api.v1alpha1 import (
@@ -448,6 +450,61 @@ def _settled(stable: str | None, previous: CanaryStatus | None, operation: Opera
     return CanaryOutcome(status, {stable: 100} if stable else {})
 
 
+@dataclass(frozen=True)
+class _Round:
+    """One pass's check round: the check run now (None when none was due) and where the checks stand after it."""
+
+    ran: Check | None
+    failed: int
+    """Failed checks at this step, this one included."""
+    result: CheckResult | None
+    reason: str
+    checked_at: datetime | None
+
+
+def _check_round(
+    state: CanaryStatus,
+    interval: float,
+    cand: RevisionStats,
+    now: datetime,
+    run: Callable[[], Check],
+    may_check: bool = True,
+) -> _Round:
+    """Run `run` when a check is due (`interval` after the last one, `may_check`) and the candidate has routable
+    pods, or at once on an incident on a candidate pod (a failed check even if it leaves the candidate without
+    pods)."""
+    due = may_check and (state.last_check_at is None or (now - state.last_check_at).total_seconds() >= interval)
+    ran = run() if cand.incidents or (due and cand.routable_pods > 0) else None
+    if ran is None:
+        return _Round(None, state.failed_checks, state.last_check, state.last_check_reason, state.last_check_at)
+    return _Round(ran, state.failed_checks + (ran.result == "Fail"), ran.result, ran.reason, now)
+
+
+class _Carried(TypedDict):
+    stable_revision: str | None
+    candidate_revision: str
+    failed_checks: int
+    last_check_at: datetime | None
+    paused_by: str | None
+    last_operation: OperationRecord | None
+    served_users: bool
+
+
+def _carried(
+    state: CanaryStatus, candidate: str, cand: RevisionStats, weights: dict[str, int], checks: _Round
+) -> _Carried:
+    """What the next status of a rollout in progress carries over from `state` and this pass's `checks`."""
+    return _Carried(
+        stable_revision=state.stable_revision,
+        candidate_revision=candidate,
+        failed_checks=checks.failed,
+        last_check_at=checks.checked_at,
+        paused_by=state.paused_by,
+        last_operation=state.last_operation,
+        served_users=state.served_users or _serves(weights, candidate, cand),
+    )
+
+
 def _progress(
     spec: CanarySpec,
     state: CanaryStatus,
@@ -464,17 +521,13 @@ def _progress(
     cand = revisions.get(candidate, RevisionStats())
     stable_stats = revisions.get(stable) if stable else None
     caps = capacities(stable_stats, cand) if spec.comparable_load else None
-    due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= spec.analysis.interval
-    if after_shadow(state, now, window):
-        due = False  # the first live check's window must hold user traffic at this step, not the mirrored copies
-    ran: Check | None = None
-    # An incident on a candidate pod is a failed check at once, even if it leaves the candidate without pods.
-    if cand.incidents or (due and cand.routable_pods > 0):
+
+    def run() -> Check:
         planned_now = spec.steps[min(state.step_index or 0, len(spec.steps) - 1)]
         cap = _requests_cap(spec, stable_stats, planned_now, forced_split(stable, candidate, revisions)[0])
         shown = caps.loads(cand, stable_stats) if caps is not None and stable_stats is not None else None
         loads = (caps, shown) if caps is not None and shown is not None else None
-        ran = check(
+        return check(
             spec.analysis,
             cand,
             stable_stats,
@@ -483,16 +536,17 @@ def _progress(
             requests_cap=cap,
             loads=loads,
         )
-    failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
-    result = ran.result if ran else state.last_check
-    reason = ran.reason if ran else state.last_check_reason
+
+    # the first live check's window must hold user traffic at this step, not the mirrored copies
+    checks = _check_round(state, spec.analysis.interval, cand, now, run, may_check=not after_shadow(state, now, window))
+    result, reason = checks.result, checks.reason
     forced_to, forced_why = forced_split(stable, candidate, revisions)
-    phase, step_index, started = _next_step(spec, state, cand, result, failed, forced_why, now)
+    phase, step_index, started = _next_step(spec, state, cand, result, checks.failed, forced_why, now)
     waits = None
     if phase == "Promoted":
         waits = _held(caps, 100, cand, stable_stats, target_utilisation)
         if waits is None:
-            return _promoted(candidate, result, reason, now if ran else state.last_check_at, state.last_operation)
+            return _promoted(candidate, result, reason, checks.checked_at, state.last_operation)
         # the candidate cannot carry the pool yet: the last step waits on its clock (capacityHeld)
         phase, started = "Progressing", state.step_started_at or now
     planned = 0 if phase in ("RolledBack", "Waiting") else spec.steps[step_index]
@@ -511,23 +565,17 @@ def _progress(
     weight, forced_why = _published(weights, candidate, cand, forced_why)
     advanced = step_index != state.step_index
     status = CanaryStatus(
+        **_carried(state, candidate, cand, weights, checks),
         phase=phase,
-        stable_revision=stable,
-        candidate_revision=candidate,
         step_index=step_index,
         weight=weight,
         step_weight=planned,
         capacity_held=held[1] if held is not None else None,
         split_forced=forced_why,
-        failed_checks=failed,
         step_started_at=started,
-        last_check_at=now if ran else state.last_check_at,
         last_check=None if advanced else result,
         last_check_reason="" if advanced else reason,
-        paused_by=state.paused_by,
-        last_operation=state.last_operation,
         shadow_verdict=state.shadow_verdict,
-        served_users=state.served_users or _serves(weights, candidate, cand),
     )
     message = _message(spec, status, now)
     uncompared = spec.comparable_load and phase == "Progressing" and planned > 0 and not forced_why
@@ -609,18 +657,16 @@ def _shadow(
     forced_to, forced_why = forced_split(stable, candidate, revisions)
     if forced_to != candidate:  # users are on the stable revision anyway; only serving beats a 503
         forced_to, forced_why = None, None
-    due = state.last_check_at is None or (now - state.last_check_at).total_seconds() >= shadow.analysis.interval
-    ran: Check | None = None
-    if cand.incidents or (due and cand.routable_pods > 0):
+
+    def run() -> Check:
         stable_stats = revisions.get(stable) if stable else None
         cap = _split_share(stable_stats, shadow.mirror_percent / 100) if spec.match and forced_to is None else None
-        ran = check(
+        return check(
             shadow.analysis, cand, stable_stats, metrics_usable, stable_serves=forced_to is None, requests_cap=cap
         )
-    failed = state.failed_checks + (1 if ran is not None and ran.result == "Fail" else 0)
-    result = ran.result if ran else state.last_check
-    reason = ran.reason if ran else state.last_check_reason
-    checked_at = now if ran else state.last_check_at
+
+    checks = _check_round(state, shadow.analysis.interval, cand, now, run)
+    failed, result, reason, checked_at = checks.failed, checks.result, checks.reason, checks.checked_at
     paused = spec.paused or state.paused_by is not None
     weights = _split(stable, candidate, 0, forced_to)
     weight, forced_why = _published(weights, candidate, cand, forced_why)
@@ -654,23 +700,17 @@ def _shadow(
     mirrored = phase in ("Shadow", "Paused") and users_on_stable and cand.routable_pods > 0
     mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
     status = CanaryStatus(
+        **_carried(state, candidate, cand, weights, checks),
         phase=phase,
         stage="Shadow",
-        stable_revision=stable,
-        candidate_revision=candidate,
         step_index=0,
         weight=weight,
         step_weight=0,
         split_forced=forced_why,
-        failed_checks=failed,
         step_started_at=started,
-        last_check_at=checked_at,
         last_check=result,
         last_check_reason=reason,
-        paused_by=state.paused_by,
-        last_operation=state.last_operation,
         mirror_percent=mirror.percent if mirror else None,
-        served_users=state.served_users or _serves(weights, candidate, cand),
     )
     message = _shadow_message(shadow, status, now, window)
     return CanaryOutcome(status.model_copy(update={"message": message}), weights, mirror)
