@@ -8,10 +8,10 @@ Called by `sluice.core.reconcile`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from sluice.api.v1alpha1 import EndpointState, ProtectionSpec, ScoringSpec
+from sluice.api.v1alpha1 import EndpointState, ProtectionSpec, ScoringPolicy, ScoringSpec
 from sluice.core.absorb import FROZEN, HOLDABLE, SLOWER, Candidate, Hold, Other, weigh
 from sluice.core.headroom import (
     INFORMATIVE,
@@ -72,6 +72,89 @@ def allocate(
     return out
 
 
+@dataclass(frozen=True)
+class Targets:
+    """What a weight policy asks for one revision subset, before `_weigh` applies hysteresis, ramps and holds."""
+
+    weights: dict[str, int]
+    """Pod -> the weight the policy scored (pods it leaves out keep theirs, `_weigh`)."""
+    regroup: frozenset[str] = frozenset()
+    """Pods whose weights were evened out within their class (`_unequal_equals`)."""
+    headroom: dict[str, PodHeadroom] = field(default_factory=dict)
+    """headroom only: each pod's learned capacity and planned share."""
+    holds: dict[str, Hold] = field(default_factory=dict)
+    """headroom only: zeroings weighed against the others' room (`sluice.core.absorb`)."""
+
+
+Policy = Callable[[ScoringSpec, ProtectionSpec, list[PodVerdict], list[PodVerdict], float, float], Targets]
+"""(scoring, protection, the subset's verdicts, its live ones, the active-request bias, the metrics window)."""
+
+
+def _cube(
+    scoring: ScoringSpec,
+    protection: ProtectionSpec,
+    members: list[PodVerdict],
+    live: list[PodVerdict],
+    active_request_bias: float,
+    window: float,
+) -> Targets:
+    """(K / latency penalty)^sharpness (`sluice.core.scoring`): frozen pods take part with their last score, so
+    fresh pods are scaled on the same basis."""
+    return Targets(scale({v.name: v.smoothed for v in live}, scoring) if live else {})
+
+
+def _headroom(
+    scoring: ScoringSpec,
+    protection: ProtectionSpec,
+    members: list[PodVerdict],
+    live: list[PodVerdict],
+    active_request_bias: float,
+    window: float,
+) -> Targets:
+    """Shares from learned capacities (`sluice.core.headroom`), zeroings weighed against what the others can take
+    (`sluice.core.absorb`)."""
+    if not live:
+        return Targets({})
+
+    def planned_for(pods: list[PodVerdict], demand: float | None = None) -> dict[str, PodHeadroom]:
+        return plan(
+            [_load(v) for v in pods],
+            scoring.smoothing,
+            window,
+            scoring.target_utilization,
+            scoring.client_sidecars,
+            active_request_bias,
+            demand=demand,
+        )
+
+    headroom = planned_for(live)
+    # Frozen pods hold their weight (`_weigh`); only the fresh ones are planned and scaled.
+    fresh = {v.name for v in live if v.kind != "frozen"}
+    planned = {name: h.weight for name, h in headroom.items() if name in fresh}
+    holds: dict[str, Hold] = {}
+    if not protection.zero_when_others_full:
+        holds = _weigh_zeroing(scoring, protection, members, headroom, window)
+    held = {name for name, h in holds.items() if h.held}
+    weighed = {name for name in held if not holds[name].frozen}
+    if weighed:
+        # The others are planned for what they can take; the held pods keep the rest, in the same units.
+        rest = [v for v in live if v.name not in held]
+        kept = sum(holds[name].share for name in held)
+        carried = sum(_rate(v) for v in members if v.name in held or (v.name in fresh and v.name not in held))
+        headroom = {**headroom, **planned_for(rest, max(0.0, carried - kept))} if rest else headroom
+        planned = {v.name: headroom[v.name].weight for v in rest if v.name in fresh}
+        per_share = _weight_per_share([headroom[n] for n in planned])
+        planned.update({name: holds[name].share * per_share for name in weighed})
+    scaled = scale(planned, scoring) if planned else {}
+    regroup = _unequal_equals([v for v in live if v.name not in held], scaled)
+    targets = _smoothed(scoring, [v for v in live if v.name not in regroup and v.name not in held], scaled)
+    return Targets(targets, frozenset(regroup), headroom, holds)
+
+
+POLICIES: dict[ScoringPolicy, Policy] = {"cube": _cube, "headroom": _headroom}
+"""`scoring.policy` -> the function that asks for each pod's weight."""
+
+
 def _allocate_subset(
     scoring: ScoringSpec,
     protection: ProtectionSpec,
@@ -80,47 +163,16 @@ def _allocate_subset(
     window: float,
 ) -> dict[str, Allocation]:
     live = [v for v in members if v.kind in ("scored", "ramping", "frozen")]
-    headroom: dict[str, PodHeadroom] = {}
-    holds: dict[str, Hold] = {}
-    if scoring.policy == "headroom" and live:
-
-        def planned_for(pods: list[PodVerdict], demand: float | None = None) -> dict[str, PodHeadroom]:
-            return plan(
-                [_load(v) for v in pods],
-                scoring.smoothing,
-                window,
-                scoring.target_utilization,
-                scoring.client_sidecars,
-                active_request_bias,
-                demand=demand,
-            )
-
-        headroom = planned_for(live)
-        # Frozen pods hold their weight (`_weigh`); only the fresh ones are planned and scaled.
-        fresh = {v.name for v in live if v.kind != "frozen"}
-        planned = {name: h.weight for name, h in headroom.items() if name in fresh}
-        if not protection.zero_when_others_full:
-            holds = _weigh_zeroing(scoring, protection, members, headroom, window)
-        held = {name for name, h in holds.items() if h.held}
-        weighed = {name for name in held if not holds[name].frozen}
-        if weighed:
-            # The others are planned for what they can take; the held pods keep the rest, in the same units.
-            rest = [v for v in live if v.name not in held]
-            kept = sum(holds[name].share for name in held)
-            carried = sum(_rate(v) for v in members if v.name in held or (v.name in fresh and v.name not in held))
-            headroom = {**headroom, **planned_for(rest, max(0.0, carried - kept))} if rest else headroom
-            planned = {v.name: headroom[v.name].weight for v in rest if v.name in fresh}
-            per_share = _weight_per_share([headroom[n] for n in planned])
-            planned.update({name: holds[name].share * per_share for name in weighed})
-        scaled = scale(planned, scoring) if planned else {}
-        regroup = _unequal_equals([v for v in live if v.name not in held], scaled)
-        targets = _smoothed(scoring, [v for v in live if v.name not in regroup and v.name not in held], scaled)
-    else:
-        # Frozen pods take part with their last score, so fresh pods are scaled on the same basis.
-        targets = scale({v.name: v.smoothed for v in live}, scoring) if live else {}
-        regroup = set()
+    asked = POLICIES[scoring.policy](scoring, protection, members, live, active_request_bias, window)
     out = {
-        v.name: _weigh(scoring, v, targets.get(v.name), headroom.get(v.name), v.name in regroup, holds.get(v.name))
+        v.name: _weigh(
+            scoring,
+            v,
+            asked.weights.get(v.name),
+            asked.headroom.get(v.name),
+            v.name in asked.regroup,
+            asked.holds.get(v.name),
+        )
         for v in members
     }
     return _apply_floor(scoring, protection.min_routable_percent, members, out)
