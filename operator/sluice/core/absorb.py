@@ -32,7 +32,7 @@ weight, took their bursts; removing it cost 1.2-1.4x least-request's P99 even at
 OOM kills, restarts and not-Ready pods leave at once (they cannot serve); with no capacity learned among the
 others (a lightly loaded pool) nothing is weighed and a pod read since its incident keeps only its overflow share
 (`_overflow_only`); the cube policy knows no capacity and zeroes. `protection.zeroWhenOthersFull` restores
-zeroing whatever the cost. Called by `sluice.core.allocation`.
+zeroing whatever the cost. Called by `sluice.core.policies`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ about how much each can take, so on servers that saturate it overfills the faste
    (in-flight / rate, Little's law) — so the share planned is the share Envoy gives once the actives settle.
 
 The health band (error rate) scales the capacity; hysteresis, the recovery ramp, fast-zeroing and the floor work
-on the resulting weights exactly as for the cube. Called by `sluice.core.allocation`.
+on the resulting weights exactly as for the cube. Called by `sluice.core.policies`.
 """
 
 from __future__ import annotations
