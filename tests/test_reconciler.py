@@ -682,3 +682,23 @@ def test_a_pass_decodes_the_previous_podmemory_once(monkeypatch):
     loop.run(10)
     # once when the stored status is read (`readable`), once for the whole pass
     assert len(decoded) == 2
+
+
+def test_the_status_reaches_the_cluster_port_as_the_model_and_is_serialized_there():
+    """`Cluster.write_status` takes the typed status (it took a dict the reconciler had dumped)."""
+    from sluice.api.v1alpha1 import InferencePoolStatus  # noqa: PLC0415
+
+    loop = Loop()
+    written: list[Any] = []
+    real = loop.cluster.write_status
+
+    def recording(namespace: str, name: str, status: Any) -> None:
+        written.append(status)
+        real(namespace, name, status)
+
+    loop.cluster.write_status = recording  # type: ignore[method-assign]
+    loop.run(0)
+    (status,) = written
+    assert isinstance(status, InferencePoolStatus)
+    assert status.routable == "2/2"
+    assert loop.cluster.statuses[-1][2]["routable"] == "2/2"  # the wire form, camelCase, as the API server gets it

@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from sluice.api.snapshot import PoolSnapshot
+from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.core.events import Event
 from sluice.io.kube import KubeCluster
 from sluice.io.memory import MemoryCluster
@@ -65,20 +66,20 @@ def test_writes_are_refused_outside_a_held_shard_and_allowed_inside() -> None:
     fenced = FencedCluster(inner, shards)
     index = shards.shard("llm", "llama")
     with pytest.raises(ClusterError):
-        fenced.write_status("llm", "llama", {})  # no pass in progress
+        fenced.write_status("llm", "llama", InferencePoolStatus())  # no pass in progress
     with shards.passing("llm", "llama"):
         with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", {})  # the shard is not held
+            fenced.write_status("llm", "llama", InferencePoolStatus())  # the shard is not held
         shards._acquired(index, clock.now)
         with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", {})  # nor was it when this pass began
+            fenced.write_status("llm", "llama", InferencePoolStatus())  # nor was it when this pass began
     with shards.passing("llm", "llama"):
-        fenced.write_status("llm", "llama", {"routable": "1/1"})
+        fenced.write_status("llm", "llama", InferencePoolStatus(routable="1/1"))
         fenced.emit("llm", "llama", None, Event("Normal", "X", "y"))
         clock.now += 9.0  # the Lease lapsed mid-pass
         with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", {"routable": "2/2"})
-    assert list(inner.statuses) == [("llm", "llama", {"routable": "1/1"})]
+            fenced.write_status("llm", "llama", InferencePoolStatus(routable="2/2"))
+    assert [(ns, name, status["routable"]) for ns, name, status in inner.statuses] == [("llm", "llama", "1/1")]
 
 
 class Reconciler:
@@ -94,7 +95,7 @@ class Reconciler:
         index = self.shards.shard(snapshot.meta.namespace, snapshot.meta.name)
         fenced = FencedCluster(MemoryCluster(), self.shards)
         try:
-            fenced.write_status(snapshot.meta.namespace, snapshot.meta.name, {})
+            fenced.write_status(snapshot.meta.namespace, snapshot.meta.name, InferencePoolStatus())
             inside = True
         except ClusterError:
             inside = False
@@ -253,16 +254,16 @@ def test_a_pass_begun_in_one_term_writes_nothing_in_the_next() -> None:
     index = shards.shard("llm", "llama")
     shards._acquired(index, clock.now)
     with shards.passing("llm", "llama"):
-        fenced.write_status("llm", "llama", {"routable": "1/1"})
+        fenced.write_status("llm", "llama", InferencePoolStatus(routable="1/1"))
         shards._lose(index, "lapsed while the pass hung")
         clock.now += 20.0
         shards._acquired(index, clock.now)  # another replica had it meanwhile; this one took it back
         assert shards.holds(index)
         with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", {"routable": "2/2"})
+            fenced.write_status("llm", "llama", InferencePoolStatus(routable="2/2"))
     with shards.passing("llm", "llama"):  # a pass of the new term writes
-        fenced.write_status("llm", "llama", {"routable": "3/3"})
-    assert [s[2] for s in inner.statuses] == [{"routable": "1/1"}, {"routable": "3/3"}]
+        fenced.write_status("llm", "llama", InferencePoolStatus(routable="3/3"))
+    assert [s[2]["routable"] for s in inner.statuses] == ["1/1", "3/3"]
 
 
 def test_the_daemon_resyncs_when_the_shard_was_lost_and_regained_between_two_passes() -> None:
@@ -298,7 +299,7 @@ def test_stop_waits_for_a_write_in_flight_before_clearing_the_lease() -> None:
     ended: list[float] = []
 
     class Slow(MemoryCluster):
-        def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        def write_status(self, namespace: str, name: str, status: InferencePoolStatus) -> None:
             time.sleep(0.6)
             ended.append(time.monotonic())
 
@@ -306,7 +307,7 @@ def test_stop_waits_for_a_write_in_flight_before_clearing_the_lease() -> None:
 
     def write() -> None:
         with shards.passing("llm", "llama"):
-            fenced.write_status("llm", "llama", {})
+            fenced.write_status("llm", "llama", InferencePoolStatus())
 
     writer = threading.Thread(target=write)
     writer.start()

@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec
+from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod, ObservedService, ObservedSidecar, ServicePort
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
@@ -520,12 +520,12 @@ class KubeCluster:
                 )
             )
 
-    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def write_status(self, namespace: str, name: str, status: InferencePoolStatus) -> None:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": KIND,
             "metadata": {"name": name, "namespace": namespace},
-            "status": status,
+            "status": status.wire(),
         }
         self._server_side_apply(
             self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, PLURAL, namespace, name, body

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.api.v1alpha1 import InferencePoolSpec
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
@@ -96,9 +96,9 @@ class MemoryCluster:
         del self.objects[(where, key.kind, key.name)]
         return WriteResult(key.kind, key.name, "pruned")
 
-    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def write_status(self, namespace: str, name: str, status: InferencePoolStatus) -> None:
         self._enter("write_status")
-        self.statuses.append((namespace, name, copy.deepcopy(status)))
+        self.statuses.append((namespace, name, status.wire()))
 
     def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
         self._enter("emit")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from sluice.api.v1alpha1 import InferencePoolSpec
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod, SignalSnapshot
 
@@ -75,7 +75,8 @@ class Cluster(Protocol):
         """Stop owning an object (in `key.namespace`, else `namespace`): delete ours, give an adopted one its
         original back."""
 
-    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
+    def write_status(self, namespace: str, name: str, status: InferencePoolStatus) -> None:
+        """Write the pool's status subresource as `status` says it (serialized here, at the edge)."""
 
     def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None: ...
 

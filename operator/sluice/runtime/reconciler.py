@@ -121,10 +121,9 @@ class _Compared:
             self.decisions = _decisions(self.stored)
         return self.decisions
 
-    def wire(self) -> dict[str, Any]:
+    def written(self) -> InferencePoolStatus:
         """The status as written, with its pass time: a large pool's rows aggregated (`sluice.core.compact`)."""
-        stamped = self.stored.model_copy(update={"last_reconcile_time": self.status.last_reconcile_time})
-        return stamped.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return self.stored.model_copy(update={"last_reconcile_time": self.status.last_reconcile_time})
 
 
 def _change(a: _Compared | None, b: _Compared) -> str:
@@ -324,7 +323,7 @@ class Reconciler:
         )
         if due:
             try:
-                self.cluster.write_status(meta.namespace, meta.name, after.wire())
+                self.cluster.write_status(meta.namespace, meta.name, after.written())
             except ClusterError as failure:
                 log.warning("could not write the status of %s: %s", snapshot.key, failure)
                 report.status_failed = True

@@ -36,7 +36,7 @@ from typing import Any, TypeVar, cast
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from sluice.api.v1alpha1 import InferencePoolSpec
+from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod
 from sluice.core.shards import (
@@ -524,7 +524,7 @@ class FencedCluster:
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
         return self._fenced(lambda: self.inner.release(namespace, key))
 
-    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def write_status(self, namespace: str, name: str, status: InferencePoolStatus) -> None:
         self._fenced(lambda: self.inner.write_status(namespace, name, status))
 
     def emit(self, namespace: str, name: str, uid: str | None, event: Event) -> None:
