@@ -44,7 +44,7 @@ def test_a_pass_report_becomes_series() -> None:
                 WriteResult("VirtualService", "x", "unchanged"),
             ],
             events=[Event("Warning", "PodZeroed", "b: errors")],
-            status_written=True,
+            status_outcome="written",
             prometheus_seconds=0.004,
             signal_failures={"ttft": "timed out"},
         )
@@ -164,7 +164,7 @@ def test_a_steady_pool_without_a_canary_costs_a_dozen_series_besides_its_pods() 
     duration histogram (13 series) and the canary gauges of pools without a canary (9) were most of it."""
     metrics = OperatorMetrics()
     rows = [{"pod": f"p{i}", "revision": "v1", "weight": 100, "state": "Routable"} for i in range(16)]
-    steady = report(rows, status_written=True)
+    steady = report(rows, status_outcome="written")
     steady.status = steady.status.model_copy(update={"canary": None})
     metrics.record(steady)
     metrics.timing("llm/llama", 0.1, 0.0, 5.0, 1_800_000_000.0)

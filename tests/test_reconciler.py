@@ -156,7 +156,7 @@ def test_a_status_whose_observations_alone_moved_is_written_once_the_stored_one_
     loop.prom.ttft = 0.06  # both pods alike: the weights stay, the signals and scores move
     deferred = loop.run(10)
     assert not deferred.status_written
-    assert deferred.status_deferred
+    assert deferred.status_outcome == "deferred"
     assert deferred.status_kept
     assert deferred.status is not None
     assert deferred.status.endpoints[0].signals.ttft_seconds == 0.06

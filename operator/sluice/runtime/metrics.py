@@ -91,15 +91,6 @@ class GcPauses(Collector):
         yield count
 
 
-def _status_result(report: PassReport) -> str:
-    """What became of the pass's status (`sluice_status_writes_total{result}`)."""
-    if report.status_written:
-        return "written"
-    if report.status_failed:
-        return "failed"
-    return "deferred" if report.status_deferred else "skipped"
-
-
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, pod_series: bool = True) -> None:
         r = registry or CollectorRegistry()
@@ -186,7 +177,7 @@ class OperatorMetrics:
             self.query_errors.labels(pool, signal).inc()
         for write in report.writes:
             self.istio_writes.labels(pool, write.kind, write.action).inc()
-        self.status_writes.labels(pool, _status_result(report)).inc()
+        self.status_writes.labels(pool, report.status_outcome).inc()
         for event in report.events:
             self.events.labels(pool, event.reason).inc()
         if report.status is not None and gauges:

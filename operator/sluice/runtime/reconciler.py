@@ -326,14 +326,13 @@ class Reconciler:
                 self.cluster.write_status(meta.namespace, meta.name, after.written())
             except ClusterError as failure:
                 log.warning("could not write the status of %s: %s", snapshot.key, failure)
-                report.status_failed = True
+                report.status_outcome = "failed"
             else:
                 self._last_written[uid] = status
                 self._compared[uid] = after
-                report.status_written = True
+                report.status_outcome = "written"
         else:
-            report.status_deferred = change == "observations"
-        report.status_kept = report.status_written or not due
+            report.status_outcome = "deferred" if change == "observations" else "skipped"
         if report.status_kept:
             self._last_pass[uid] = status
         for event in report.events:

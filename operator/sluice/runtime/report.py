@@ -11,6 +11,9 @@ from sluice.core.events import Event
 from sluice.io.ports import WriteResult
 
 PassResult = Literal["ok", "invalid_spec", "error"]
+StatusOutcome = Literal["written", "failed", "deferred", "skipped"]
+"""What became of a pass's status: written; due and its write failed; only its observations moved and the stored
+status is younger than the refresh (written later); unchanged (`sluice_status_writes_total{result}`)."""
 
 
 @dataclass
@@ -21,16 +24,19 @@ class PassReport:
     """The status this pass computed (written, or not: unchanged, or only its observations moved)."""
     events: list[Event] = field(default_factory=list)
     writes: list[WriteResult] = field(default_factory=list)
-    status_written: bool = False
-    status_deferred: bool = False
-    """Only observations changed and the stored status is younger than the refresh: written later."""
-    status_kept: bool = False
-    """The next pass builds on this pass's status (written, or not due); False when the write failed."""
-    status_failed: bool = False
-    """The status was due and its write failed."""
+    status_outcome: StatusOutcome = "skipped"
     seconds: float = 0.0
     result: PassResult = "ok"
     prometheus_seconds: float | None = None
     signal_failures: dict[str, str] = field(default_factory=dict)
     errors_asked_at: datetime | None = None
     """When the error-rate answer the pass read was asked."""
+
+    @property
+    def status_written(self) -> bool:
+        return self.status_outcome == "written"
+
+    @property
+    def status_kept(self) -> bool:
+        """The next pass builds on this pass's status (written, or not due); not when its write failed."""
+        return self.status_outcome != "failed"
