@@ -160,3 +160,40 @@ def test_a_failed_write_is_not_remembered_as_done(cluster):
         adapter.apply(DESIRED, None, adopt=False)
     fake.fail_patch = False
     assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+
+
+def test_a_secret_is_read_once_per_expiry_and_a_rotated_one_is_picked_up_after_it(monkeypatch):
+    """The pools' Prometheus credentials: a GET per pool per pass before; now one per Secret every SECRET_SECONDS
+    (a failed read is not kept, so a Secret created later is found at the next pass)."""
+    import base64  # noqa: PLC0415
+
+    from sluice.io import kube  # noqa: PLC0415
+
+    clock = [1000.0]
+    monkeypatch.setattr(kube.time, "monotonic", lambda: clock[0])
+    reads: list[str] = []
+    token = {"value": "first"}
+
+    class FakeCore:
+        def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+            reads.append(name)
+            if name == "missing":
+                raise ApiException(status=404, reason="Not Found")
+            return SimpleNamespace(data={"token": base64.b64encode(token["value"].encode()).decode()})
+
+    adapter = KubeCluster(k8s.ApiClient())
+    adapter.core = FakeCore()  # type: ignore[assignment]
+    assert adapter.secret_key("llm", "prom", "token") == "first"
+    token["value"] = "rotated"
+    clock[0] += kube.SECRET_SECONDS - 1
+    assert adapter.secret_key("llm", "prom", "token") == "first"  # within the expiry: no GET
+    with pytest.raises(LookupError, match="no key 'other'"):
+        adapter.secret_key("llm", "prom", "other")
+    assert reads == ["prom"]
+    clock[0] += 1
+    assert adapter.secret_key("llm", "prom", "token") == "rotated"
+    assert reads == ["prom", "prom"]
+    for _ in range(2):
+        with pytest.raises(LookupError, match="Not Found"):
+            adapter.secret_key("llm", "missing", "token")
+    assert reads == ["prom", "prom", "missing", "missing"]

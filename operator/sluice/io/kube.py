@@ -74,6 +74,10 @@ MESH_SECONDS = 600.0
 """How long a read of the mesh side (Service, namespace labels, Sidecars) is used without a GET: the operator's
 watches of Services, Namespaces and Sidecars (`mesh_observed`) drop a read as soon as its object changes; this
 bounds what a missed event could cost (a steady pass reads nothing)."""
+SECRET_SECONDS = 30.0
+"""How long a Secret's keys (the pools' Prometheus bearer tokens and CA bundles) are used without a GET: a pass
+read them at every pass (a GET per pool per interval); the operator does not watch Secrets (no such right is
+asked), so a rotated token is picked up within this long."""
 
 
 def observed_service(service: dict[str, Any]) -> ObservedService:
@@ -308,9 +312,9 @@ class KubeCluster:
             for key in [key for key in self._mesh_reads if key[0] == "sidecars"]:
                 self._mesh_reads.pop(key, None)
 
-    def _read(self, key: tuple[str, ...], read: Callable[[], T]) -> T:
+    def _read(self, key: tuple[str, ...], read: Callable[[], T], seconds: float | None = None) -> T:
         kept = self._mesh_reads.get(key)
-        if kept is not None and time.monotonic() - kept[0] < self.mesh_seconds:
+        if kept is not None and time.monotonic() - kept[0] < (self.mesh_seconds if seconds is None else seconds):
             return cast(T, kept[1])
         answer = read()
         self._mesh_reads[key] = (time.monotonic(), answer)
@@ -353,14 +357,19 @@ class KubeCluster:
         return [observed_sidecar(item) for item in items]
 
     def secret_key(self, namespace: str, name: str, key: str) -> str:
+        """One key of a Secret, read at most every `SECRET_SECONDS` (a failed read is not kept)."""
+        data = self._read(("secret", namespace, name), lambda: self._secret_data(namespace, name), SECRET_SECONDS)
+        if key not in data:
+            raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(data[key]).decode()
+
+    def _secret_data(self, namespace: str, name: str) -> dict[str, str]:
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
         except ApiException as failure:
             raise LookupError(f"Secret {namespace}/{name}: {failure.reason}") from failure
-        data = secret.data or {}
-        if key not in data:
-            raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
-        return base64.b64decode(data[key]).decode()
+        data = secret.data or {}  # base64 text, as the API sends it
+        return {key: value if isinstance(value, str) else value.decode() for key, value in data.items()}
 
     def _get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         k = ISTIO_KINDS[kind]
