@@ -503,9 +503,6 @@ class FencedCluster:
             finally:
                 WRITE_FENCE.reset(token)
 
-    def __getattr__(self, name: str) -> Any:  # reads and helpers the adapter has beyond the port
-        return getattr(self.inner, name)
-
     def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
         return self.inner.pods(namespace, match_labels)
 
