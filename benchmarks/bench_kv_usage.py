@@ -3,7 +3,7 @@
     python benchmarks/bench_kv_usage.py --lengths azure --hardware h100,a100,l40s [--seconds 200]
     python benchmarks/bench_kv_usage.py --lengths fixed --prompt 2048 --output 128 --hardware a100,rtx4090,cpu
 
-One engine of the routing benchmark (`sluice.bench.engine`, vLLM's scheduler semantics) under Poisson arrivals at
+One engine of the routing benchmark (`sluice.sim.engine`, vLLM's scheduler semantics) under Poisson arrivals at
 20-100 % of its saturated throughput (`sluice.bench.capacity.saturated_throughput`), gauges sampled every second
 after a 30 s warm-up: what the headroom policy's KV-cache bound rests on (docs/design.md, "The KV-cache bound").
 """

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sluice.bench.engine import Engine
-from sluice.devstack.profiles import HARDWARE, MODELS, server_profile
+from sluice.sim.engine import Engine
+from sluice.sim.profiles import HARDWARE, MODELS, server_profile
 
 PREFILL_UTILISATION = 0.6
 DECODE_BATCH = 32

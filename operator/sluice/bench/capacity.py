@@ -14,10 +14,10 @@ import functools
 import math
 from dataclasses import dataclass
 
-from sluice.bench.engine import Engine, EngineConfig
 from sluice.bench.scenario import Scenario, WorkloadSpec
 from sluice.bench.trace import make_trace
-from sluice.devstack.profiles import server_profile
+from sluice.sim.engine import Engine, EngineConfig
+from sluice.sim.profiles import server_profile
 
 CURVE_POINTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
 CURVE_SECONDS = 240.0

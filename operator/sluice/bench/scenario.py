@@ -5,8 +5,8 @@ name: seed-000
 description: ...
 seed: 7                        # the first seed; `seeds` consecutive seeds are run
 seeds: 5
-model: llama-3.1-8b            # one model per pool (sluice.devstack.profiles.MODELS)
-servers:                       # one iteration-level engine each (sluice.bench.engine)
+model: llama-3.1-8b            # one model per pool (sluice.sim.profiles.MODELS)
+servers:                       # one iteration-level engine each (sluice.sim.engine)
   - {name: a100-0, hardware: a100, revision: v1}
   - {name: cpu-0, hardware: cpu}
 engine: {max_num_batched_tokens: 2048, max_num_seqs: 256}

@@ -1,7 +1,7 @@
 """The routing simulation: one arrival trace, a fleet of iteration-level engines, one strategy in front of them.
 
 Called by `sluice.bench.report` (and `sluice.bench.capacity` for single servers). Deterministic for (scenario,
-trace, strategy). Every server is a `sluice.bench.engine.Engine` (vLLM's scheduler, a roofline step time); a request
+trace, strategy). Every server is a `sluice.sim.engine.Engine` (vLLM's scheduler, a roofline step time); a request
 is "active" for the client that sent it from dispatch to its last token, as Envoy counts it. The trace comes from
 `sluice.bench.trace` and is the same for every strategy.
 
@@ -43,10 +43,10 @@ from sluice.bench.dataplane import (
     PowerOfTwoRouter,
     WeightedRandom,
 )
-from sluice.bench.engine import Engine, EngineConfig, Sequence
 from sluice.bench.scenario import Scenario, ServerSpec
 from sluice.bench.trace import Arrival
-from sluice.devstack.profiles import server_profile
+from sluice.sim.engine import Engine, EngineConfig, Sequence
+from sluice.sim.profiles import server_profile
 
 STRATEGIES = (
     "round-robin",

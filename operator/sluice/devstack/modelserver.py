@@ -1,6 +1,6 @@
 """A simulated vLLM server for the local stack: OpenAI-compatible completions paced by an iteration-level engine.
 
-Local-stack tool. Each process plays one pod. Timing comes from the benchmark's engine (`sluice.bench.engine`:
+Local-stack tool. Each process plays one pod. Timing comes from the benchmark's engine (`sluice.sim.engine`:
 vLLM's FCFS scheduler, token budget, chunked prefill, paged KV, preemption by recompute; step times from
 vllm-sr-sim's roofline over the hardware and the model) advanced in wall-clock time, so the demo, the end-to-end
 tests and the real-data-plane benchmark see the same servers as the simulation: a request's first SSE chunk leaves
@@ -78,8 +78,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sluice.bench.engine import Engine, Sequence
-from sluice.devstack.profiles import DEFAULT_MODEL, HARDWARE, MODELS, server_profile
+from sluice.sim.engine import Engine, Sequence
+from sluice.sim.profiles import DEFAULT_MODEL, HARDWARE, MODELS, server_profile
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)

@@ -1,6 +1,6 @@
 """Hardware × model performance profiles of the simulated servers, from vllm-sr-sim's roofline (`ComputedProfile`).
 
-Used by the benchmark's iteration-level engine (`sluice.bench.engine`) and by the local stack's simulated model
+Used by the benchmark's iteration-level engine (`sluice.sim.engine`) and by the local stack's simulated model
 server, so both model the same hardware. A profile is fleet_sim's `ProfileBuilder` over a `HardwareSpec` and a
 `ModelSpec`: decode steps cost (weights + KV bytes read) / effective bandwidth, prefill chunks cost
 max(memory time, FLOPs / peak tensor FLOP/s). Nothing here is fitted to a latency we want to see.
