@@ -49,6 +49,36 @@ def as_bot(api: Stack, token: str, *args: str) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
+def ensure(api: Stack, kind: str, name: str, *create: str, namespace: str | None = None) -> None:
+    """Create `kind`/`name` with `kubectl create <create>` unless it exists: a test that needs what an earlier one
+    of the module created also runs alone."""
+    where = ["-n", namespace] if namespace else []
+    if api.kubectl("get", kind, name, *where, check=False).returncode != 0:
+        api.kubectl("create", kind, name, *where, *create)
+
+
+@pytest.fixture
+def pool_reader(api: Stack) -> None:
+    """The role and binding `test_a_role_binding_grants_exactly_its_rules_in_its_namespace` creates."""
+    ensure(
+        api,
+        "role",
+        "pool-reader",
+        "--verb=get,list,watch",
+        "--resource=inferencepools.inference.sluice.dev",
+        namespace="llm",
+    )
+    ensure(api, "rolebinding", "bot-reads-pools", "--role=pool-reader", "--serviceaccount=llm:bot", namespace="llm")
+
+
+@pytest.fixture
+def secret_reader(api: Stack) -> None:
+    """The cluster role and binding `test_a_cluster_role_binding_grants_everywhere_and_a_missing_role_is_named`
+    creates."""
+    ensure(api, "clusterrole", "secret-reader", "--verb=list", "--resource=secrets")
+    ensure(api, "clusterrolebinding", "bot-secrets", "--clusterrole=secret-reader", "--serviceaccount=llm:bot")
+
+
 def test_an_unknown_token_is_401_and_a_service_account_without_bindings_is_403(api: Stack, token: str) -> None:
     code, out = as_bot(api, "not-a-token", "get", "inferencepools", "-n", "llm")
     assert code != 0
@@ -115,7 +145,9 @@ def test_a_role_binding_grants_exactly_its_rules_in_its_namespace(api: Stack, to
     assert 'cannot get resource "inferencepools/status" in API group "inference.sluice.dev"' in out  # read first
 
 
-def test_kubectl_auth_can_i_and_whoami_answer_for_an_impersonated_service_account(api: Stack, token: str) -> None:
+def test_kubectl_auth_can_i_and_whoami_answer_for_an_impersonated_service_account(
+    api: Stack, token: str, pool_reader: None
+) -> None:
     allowed = api.kubectl("auth", "can-i", "list", "inferencepools", "-n", "llm", f"--as={SA}", check=False)
     assert (allowed.returncode, allowed.stdout.strip()) == (0, "yes")  # the pool-reader binding above
     denied = api.kubectl("auth", "can-i", "patch", "inferencepools", "-n", "llm", f"--as={SA}", check=False)
@@ -142,7 +174,9 @@ def test_a_cluster_role_binding_grants_everywhere_and_a_missing_role_is_named(ap
     assert code == 0, out
 
 
-def test_the_admin_token_bypasses_rbac_and_discovery_needs_authentication(api: Stack, token: str) -> None:
+def test_the_admin_token_bypasses_rbac_and_discovery_needs_authentication(
+    api: Stack, token: str, secret_reader: None
+) -> None:
     admin = api.kubectl("get", "clusterrolebindings", "-o", "name").stdout
     assert "clusterrolebinding.rbac.authorization.k8s.io/bot-secrets" in admin
     code, out = as_bot(api, token, "api-resources", "--api-group=inference.sluice.dev")

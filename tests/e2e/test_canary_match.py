@@ -55,6 +55,15 @@ def traffic(stack: Stack, background: Background) -> Iterator[Traffic]:
     background.call(load.stop.set)
 
 
+@pytest.fixture(scope="module")
+def with_candidate(stack: Stack) -> Stack:
+    """The stack once v1 is routable and v2's pod runs beside it: each test may start from there, run alone or
+    after the others."""
+    wait_until(lambda: stack.pool("llama").get("status", {}).get("routable") == "2/2", 60, "v1 routable")
+    stack.add_pod(CANDIDATE)
+    return stack
+
+
 def http_routes(stack: Stack) -> list[dict[str, Any]]:
     out = stack.kubectl("get", "virtualservice", "sluice-llama", "-n", stack.namespace, "-o", "json", check=False)
     routes: list[dict[str, Any]] = json.loads(out.stdout)["spec"]["http"] if out.returncode == 0 else []
@@ -62,10 +71,9 @@ def http_routes(stack: Stack) -> list[dict[str, Any]]:
 
 
 def test_testers_reach_the_candidate_at_zero_percent_and_users_stay_on_the_stable_revision(
-    stack: Stack, traffic: Traffic
+    with_candidate: Stack, traffic: Traffic
 ) -> None:
-    wait_until(lambda: stack.pool("llama").get("status", {}).get("routable") == "2/2", 60, "v1 routable")
-    stack.add_pod(CANDIDATE)
+    stack = with_candidate
     stack.kubectl("apply", "-f", "-", stdin=manifest(stack))
     wait_until(
         lambda: [r["name"] for r in http_routes(stack)] == ["sluice-match", "sluice-weights"],
@@ -111,10 +119,11 @@ def test_an_invalid_regex_is_refused_by_the_operator_with_its_field_and_routing_
 
 
 def test_an_ab_test_keeps_every_user_on_one_revision_and_puts_the_asked_share_of_users_on_the_candidate(
-    stack: Stack, traffic: Traffic
+    with_candidate: Stack, traffic: Traffic
 ) -> None:
     """Half the hex buckets (keys ending 00-7f) on v2 for the experiment: each of 120 users (16-hex-digit keys) has
     all its requests on one revision, and it is the revision its key's last two digits assign."""
+    stack = with_candidate
     pool = yaml.safe_load(manifest(stack))
     canary = pool["spec"]["canary"]
     del canary["match"], canary["shadow"]

@@ -84,9 +84,36 @@ def start_operator_as_the_chart_deploys_it(stack: Stack) -> subprocess.Popen[byt
     return stack.operator
 
 
+def deployed(helm_config: Any) -> bool:
+    return any(r["name"] == RELEASE for r in helm_config.list())
+
+
+def ensure_installed(helm_config: Any, chart_dir: Path, **extra: Any) -> None:
+    """The release as an earlier test of the module leaves it, installed with `extra` if it is not: each test
+    also runs alone."""
+    if not deployed(helm_config):
+        chart = helm.Chart.load(str(chart_dir))
+        helm_config.install(chart, RELEASE, values(**extra), namespace=NAMESPACE, create_namespace=True, timeout=60)
+
+
+def ensure_uninstalled(stack: Stack, helm_config: Any) -> None:
+    if deployed(helm_config):
+        stack.stop_operator()
+        helm_config.uninstall(RELEASE, timeout=60)
+
+
+def ensure_pool(stack: Stack) -> None:
+    """The llama pool and its stable pods, as the canary test leaves them (the CRD is the chart's)."""
+    for pod in BASE_PODS[:2]:
+        if pod.name not in stack.pods:
+            stack.add_pod(pod)
+    if get(stack, "slp", "llama", "-n", "llm") is None:
+        stack.kubectl("apply", "-f", "-", stdin=pool_manifest(stack))
+
+
 def start_operator_and_wait_for_a_pass(stack: Stack, what: str) -> None:
     """Start the operator as the chart deploys it and wait until it has stamped the llama pool's status."""
-    before = (get(stack, "slp", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"]
+    before = (get(stack, "slp", "llama", "-n", "llm") or {}).get("status", {}).get("lastReconcileTime", "")
     start_operator_as_the_chart_deploys_it(stack)
     wait_until(
         lambda: (get(stack, "slp", "llama", "-n", "llm") or {})["status"]["lastReconcileTime"] > before,
@@ -120,8 +147,9 @@ def test_helm_install_creates_every_rendered_object_and_its_release_secret(
 
 
 def test_the_operator_runs_a_canary_under_the_charts_rbac_with_the_deployments_args(
-    stack: Stack, background: Background
+    stack: Stack, background: Background, helm_config: Any, chart_dir: Path
 ) -> None:
+    ensure_installed(helm_config, chart_dir)
     for pod in [*BASE_PODS[:2], PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.20.5")]:
         stack.add_pod(pod)
     start_operator_as_the_chart_deploys_it(stack)
@@ -151,6 +179,8 @@ def test_the_operator_runs_a_canary_under_the_charts_rbac_with_the_deployments_a
 def test_helm_upgrade_applies_changed_values_and_an_updated_crd(
     stack: Stack, helm_config: Any, chart_dir: Path
 ) -> None:
+    ensure_installed(helm_config, chart_dir)
+    ensure_pool(stack)  # its printer columns are read on a pool
     crd_file = chart_dir / "files" / "inference.sluice.dev_inferencepools.yaml"
     crd = yaml.safe_load(crd_file.read_text())
     crd["spec"]["versions"][0]["additionalPrinterColumns"].append(
@@ -176,7 +206,11 @@ def test_helm_upgrade_applies_changed_values_and_an_updated_crd(
     assert forbidden_calls(stack) == []
 
 
-def test_helm_uninstall_removes_the_release_and_keeps_the_crd_and_the_pools(stack: Stack, helm_config: Any) -> None:
+def test_helm_uninstall_removes_the_release_and_keeps_the_crd_and_the_pools(
+    stack: Stack, helm_config: Any, chart_dir: Path
+) -> None:
+    ensure_installed(helm_config, chart_dir)
+    ensure_pool(stack)
     stack.stop_operator()
     helm_config.uninstall(RELEASE, timeout=60)
     assert release_secrets(stack) == {}
@@ -190,11 +224,15 @@ def test_helm_uninstall_removes_the_release_and_keeps_the_crd_and_the_pools(stac
 def test_a_namespaced_install_runs_the_operator_with_roles_in_the_watched_namespace_only(
     stack: Stack, helm_config: Any, chart_dir: Path
 ) -> None:
+    ensure_uninstalled(stack, helm_config)
+    if get(stack, "namespace", NAMESPACE) is None:  # the first install created it
+        stack.kubectl("create", "namespace", NAMESPACE)
     helm_config.install(
         helm.Chart.load(str(chart_dir)), RELEASE, values(watchNamespaces=["llm"]), namespace=NAMESPACE, timeout=60
     )
     assert get(stack, "clusterrole", f"{RELEASE}-sluice") is None
     assert get(stack, "role", f"{RELEASE}-sluice", "-n", "llm") is not None
+    ensure_pool(stack)
     start_operator_and_wait_for_a_pass(stack, "a pass by the operator watching only llm")
     assert forbidden_calls(stack) == []
     account = f"--as=system:serviceaccount:{NAMESPACE}:{RELEASE}-sluice"
@@ -207,6 +245,8 @@ def test_a_sharded_upgrade_runs_the_operator_on_its_shard_leases_in_the_release_
 ) -> None:
     """`shards: 2` through Helm: the chart's FlowSchema is accepted, and the operator it deploys takes both shard
     Leases in the release namespace and runs the pool with the Lease verbs the chart grants and no others."""
+    ensure_installed(helm_config, chart_dir, watchNamespaces=["llm"])
+    ensure_pool(stack)
     stack.stop_operator()
     release = helm_config.upgrade(
         helm.Chart.load(str(chart_dir)),
