@@ -130,6 +130,47 @@ class Asked:
     method: str = "GET"
 
 
+class SteppedClock:
+    """A clock for `PromIO` that a test moves: `advance` steps it forward, and before each step waits (in real
+    time) until no query is in flight, so a query takes no time on it (as a fast Prometheus would) and a test of a
+    few intervals takes milliseconds. The refresher, waiting on it, looks at it again every real millisecond."""
+
+    def __init__(self, start: float = 1000.0, step: float = 0.05) -> None:
+        self.time = start
+        self.step = step
+        self.io: Any = None
+        """The `PromIO` whose queries each step waits for."""
+
+    def now(self) -> float:
+        return self.time
+
+    def wait(self, condition: threading.Condition, seconds: float) -> None:
+        condition.wait(timeout=0.001)
+
+    def settle(self, seconds: float = 5.0) -> None:
+        """Until the queries asked so far are answered (real seconds at most)."""
+        deadline = time.monotonic() + seconds
+        while self.io is not None and self.io.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def advance(self, seconds: float) -> None:
+        end = self.time + seconds
+        while self.time < end:
+            self.settle()
+            self.time = min(end, self.time + self.step)
+            time.sleep(0.002)  # the refresher's turn at the new time
+        self.settle()
+
+
+def stepped(**kwargs: Any) -> tuple[Any, SteppedClock]:
+    """A `PromIO` on a clock the test steps (`SteppedClock`): intervals pass without sleeping."""
+    from sluice.io.prometheus import PromIO  # noqa: PLC0415
+
+    clock = SteppedClock()
+    clock.io = PromIO(clock=clock, **kwargs)
+    return clock.io, clock
+
+
 class FakePrometheus:
     """Prometheus' query API on 127.0.0.1 (HTTPS with `tls`, a serving context), answering each query with what
     `answer(query)` returns: (HTTP status, a JSON body, or bytes as they are). It records every request (`seen`),

@@ -28,7 +28,7 @@ from sluice.io import prometheus as prometheus_io
 from sluice.io.promanswers import parse_value, plain_vector_values, pod_values, to_snapshot, vector_values
 from sluice.io.prometheus import PromAuth, PromIO
 from sluice.io.promtransport import POST_OVER
-from tests.helpers import T0, FakePrometheus, spec, vector
+from tests.helpers import T0, FakePrometheus, spec, stepped, vector
 
 SAMPLE_TIME = T0.timestamp() - 42.5  # the pod's newest sample, as `timestamp()` reports it
 ANSWERS: dict[str, list[dict[str, Any]]] = {
@@ -143,7 +143,7 @@ def test_one_namespace_wide_query_per_signal_serves_every_pool_and_each_keeps_it
 
 
 def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(prometheus: FakePrometheus) -> None:
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="2s")
     try:
         first = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
@@ -154,9 +154,10 @@ def test_a_shared_answer_is_refreshed_ahead_of_the_passes_and_keeps_its_time(pro
         assert reused.answered_at["errorRate"] == first.answered_at["errorRate"] == T0
         # Half an interval after it was asked, the refresher asks again without any pass (the failing query
         # waits out its backoff: one interval).
-        prometheus.wait_for(QUERIES + QUERIES - 1, seconds=3)
+        clock.advance(0.95)
+        assert len(prometheus.seen) == QUERIES  # not before half an interval
+        clock.advance(0.1)
         assert len(prometheus.seen) == QUERIES + QUERIES - 1
-        time.sleep(0.1)
         later = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.4))
         assert T0 + timedelta(seconds=0.9) <= later.collected_at <= T0 + timedelta(seconds=1.4)
         assert later.answered_at["errorRate"] >= T0 + timedelta(seconds=0.9)  # the refreshed answer: a new reading
@@ -186,13 +187,14 @@ def test_no_pass_waits_behind_a_refresh_while_the_previous_answer_is_within_stal
 
 
 def test_a_query_no_pass_reads_any_more_is_not_refreshed(prometheus: FakePrometheus) -> None:
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
-        time.sleep(2.6)  # past two intervals without a read: the refresher lets it go
+        clock.advance(2.6)  # past two intervals without a read: the refresher lets it go
         settled = len(prometheus.seen)
-        time.sleep(1.0)
+        assert settled > QUERIES  # it was refreshed while read recently
+        clock.advance(2.0)
         assert len(prometheus.seen) == settled
     finally:
         io.close()
@@ -200,7 +202,7 @@ def test_a_query_no_pass_reads_any_more_is_not_refreshed(prometheus: FakePrometh
 
 def test_a_pools_next_pass_never_gets_the_answer_its_own_previous_pass_asked_for(prometheus: FakePrometheus) -> None:
     """Passes one interval apart: each reads an answer asked since the previous pass."""
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
     try:
         previous = None
@@ -210,7 +212,7 @@ def test_a_pools_next_pass_never_gets_the_answer_its_own_previous_pass_asked_for
             if previous is not None:
                 assert read.collected_at > previous, f"pass {n} got an answer asked at {read.collected_at}"
             previous = now
-            time.sleep(1.0)
+            clock.advance(1.0)
     finally:
         io.close()
 
@@ -220,14 +222,14 @@ def test_a_query_one_pool_alone_reads_is_asked_once_per_interval_just_before_its
 ) -> None:
     """One pool in its namespace: one query per signal per interval (two before), each pass reading an answer
     asked a fifth of an interval earlier."""
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
     try:
         ages = []
         for n in range(6):
             read = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=n))
             ages.append((T0 + timedelta(seconds=n) - read.collected_at).total_seconds())
-            time.sleep(1.0)
+            clock.advance(1.0)
         waiting = [asked.at for asked in prometheus.seen if "num_requests_waiting" in asked.query]
         # the first pass asks, the refresher half an interval later (one read: nothing says it is alone yet),
         # then once before each pass: 7 or 8 over six intervals, against 12 at two per interval
@@ -284,14 +286,14 @@ def test_a_scalar_answer_is_a_query_failure_not_a_number() -> None:
 
 
 def test_the_refresh_pace_follows_the_pools_that_still_read_a_query(prometheus: FakePrometheus) -> None:
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     fast = spec(metrics={"prometheusUrl": prometheus.url}, interval="1s")
     slow = spec(metrics={"prometheusUrl": prometheus.url}, interval="4s")
     try:
         io.read_signals(fast, "llm", ["a"], PromAuth(), T0)
         io.read_signals(slow, "llm", ["a"], PromAuth(), T0)
         assert {w.ttl for w in io._wanted.values()} == {1.0}
-        time.sleep(2.2)  # the 1 s pool has not read for two of its intervals: it no longer sets the pace
+        clock.advance(2.2)  # the 1 s pool has not read for two of its intervals: it no longer sets the pace
         io.read_signals(slow, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.2))
         assert {w.ttl for w in io._wanted.values()} == {4.0}
     finally:

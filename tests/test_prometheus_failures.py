@@ -18,7 +18,7 @@ import pytest
 from sluice.core.evidence import judge_metrics
 from sluice.core.presets import PRESETS
 from sluice.io.prometheus import PromAuth, PromIO
-from tests.helpers import T0, FakePrometheus, spec, vector
+from tests.helpers import T0, FakePrometheus, spec, stepped, vector
 
 
 class _Prometheus(FakePrometheus):
@@ -48,17 +48,17 @@ QUERIES = len(PRESETS["vllm"]) + 1  # every vLLM signal and the sample times
 def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while_within_stale_after(
     prometheus: _Prometheus,
 ) -> None:
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "4s"}, interval="1s")
     try:
         good = io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         assert not good.failed
         prometheus.failing = True
-        time.sleep(2.1)  # past two intervals: the next pass asks again, and the query fails
+        clock.advance(2.1)  # past two intervals: the next pass asks again, and the query fails
         now = T0 + timedelta(seconds=2.1)
         first = io.read_signals(pool, "llm", ["a"], PromAuth(), now)
         prometheus.wait_for(2 * QUERIES)
-        time.sleep(0.1)
+        clock.advance(0.1)
         after = io.read_signals(pool, "llm", ["a"], PromAuth(), now + timedelta(seconds=0.2))
     finally:
         io.close()
@@ -72,12 +72,12 @@ def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while
 
 
 def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_reported(prometheus: _Prometheus) -> None:
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         prometheus.failing = True
-        time.sleep(2.1)  # past two intervals and past staleAfter: the next pass asks again, and it fails
+        clock.advance(2.1)  # past two intervals and past staleAfter: the next pass asks again, and it fails
         late = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.1))
     finally:
         io.close()
@@ -87,13 +87,13 @@ def test_a_last_good_answer_older_than_stale_after_is_not_used_the_failure_is_re
 
 
 def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_backoff(prometheus: _Prometheus) -> None:
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
     prometheus.failing = True
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         assert len(prometheus.seen) == QUERIES
-        time.sleep(1.1)  # one interval later: the backoff after one failure is one interval, so one more try
+        clock.advance(1.1)  # one interval later: the backoff after one failure is one interval, so one more try
 
         def one_pass(_: int) -> float:
             start = time.monotonic()
@@ -104,13 +104,13 @@ def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_ba
         with ThreadPoolExecutor(max_workers=16) as passes:
             waited = list(passes.map(one_pass, range(32)))
         prometheus.wait_for(2 * QUERIES)
-        time.sleep(0.2)
+        clock.advance(0.2)
         assert len(prometheus.seen) == 2 * QUERIES  # 32 passes at once: asked once
-        time.sleep(1.2)  # past one interval, but the backoff doubled after the second failure
+        clock.advance(1.2)  # past one interval, but the backoff doubled after the second failure
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.5))
-        time.sleep(0.2)
+        clock.advance(0.2)
         assert len(prometheus.seen) == 2 * QUERIES
-        time.sleep(1.0)  # two intervals after the second failure: asked once more
+        clock.advance(1.0)  # two intervals after the second failure: asked once more
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=3.7))
         prometheus.wait_for(3 * QUERIES)
         assert len(prometheus.seen) == 3 * QUERIES
@@ -120,23 +120,23 @@ def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_ba
 
 
 def test_a_success_after_failures_ends_the_backoff(prometheus: _Prometheus) -> None:
-    io = PromIO(preflight=False)
+    io, clock = stepped(preflight=False)
     pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "1s"}, interval="1s")
     prometheus.failing = True
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         prometheus.failing = False
-        time.sleep(0.5)
+        clock.advance(0.5)
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=0.5))  # still failing: in backoff
         assert len(prometheus.seen) == QUERIES
-        prometheus.wait_for(2 * QUERIES)  # asked again when the backoff (one interval) ends
-        time.sleep(0.1)
+        clock.advance(0.6)  # asked again when the backoff (one interval) ends
+        assert len(prometheus.seen) == 2 * QUERIES
         healed = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.2))
         assert not healed.failed
         assert T0 + timedelta(seconds=0.95) <= healed.collected_at <= T0 + timedelta(seconds=1.2)
         # No backoff left: refreshed every half interval again while passes read it.
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=1.5))
-        prometheus.wait_for(3 * QUERIES, seconds=2)
+        clock.advance(1.0)
         assert len(prometheus.seen) >= 3 * QUERIES
     finally:
         io.close()

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import CheckAnswers, SeriesAnswer, SignalName, SignalSnapshot
@@ -184,6 +184,26 @@ class _PassPlan:
     """The pods `queries` name (when `own`): rendered again when they change."""
 
 
+class Clock(Protocol):
+    """`PromIO`'s time: when answers were asked, when queries are due, how long the refresher sleeps."""
+
+    def now(self) -> float:
+        """Seconds, monotonic."""
+
+    def wait(self, condition: threading.Condition, seconds: float) -> None:
+        """Wait on `condition` (its lock held) until notified or `seconds` of this clock have passed."""
+
+
+class MonotonicClock:
+    """The process's monotonic clock."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, condition: threading.Condition, seconds: float) -> None:
+        condition.wait(timeout=seconds)
+
+
 class PromIO:
     """Prometheus sessions per (URL, CA bundle, TLS verification, timeout), whatever the bearer token, reused
     across passes, and answers shared across pools.
@@ -220,7 +240,10 @@ class PromIO:
         scoped: bool = False,
         owned: Callable[[str], Collection[str]] | None = None,
         preflight: bool = True,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock: Clock = clock or MonotonicClock()
+        """Every time PromIO reads or waits on (a test's clock steps through intervals without sleeping)."""
         self.preflight = preflight
         """Ask the preflight's queries too (`CheckAnswers`, every `check_every` seconds per namespace)."""
         self.scoped = scoped or owned is not None
@@ -259,7 +282,7 @@ class PromIO:
         """When each query was last sent (monotonic)."""
         self._owned_at: dict[str, tuple[float, frozenset[str]]] = {}
         """Namespace -> (when, the pods of the pools run here), for `_owned_pods`."""
-        self._swept = time.monotonic()
+        self._swept = self.clock.now()
         self.queries_sent = 0
         """Queries sent to Prometheus so far (all pools)."""
         self._wake = threading.Condition(self._lock)
@@ -271,6 +294,11 @@ class PromIO:
         self._closed = False
         self._refresher = threading.Thread(target=self._refresh_loop, name="sluice-prom-refresh", daemon=True)
         self._refresher.start()
+
+    def in_flight(self) -> int:
+        """Queries sent and not answered yet."""
+        with self._lock:
+            return len(self._pending)
 
     def close(self) -> None:
         """Stop the refresher and the queries, close every session and remove the CA files."""
@@ -296,13 +324,13 @@ class PromIO:
                 verify = False if insecure else self._ca_file(ca_pem) if ca_pem else True
                 transport = self._transports[key] = open_transport(key, verify)
             transport.busy += 1
-            transport.used_at = time.monotonic()
+            transport.used_at = self.clock.now()
             return transport
 
     def _release(self, transport: Transport) -> None:
         with self._lock:
             transport.busy -= 1
-            transport.used_at = time.monotonic()
+            transport.used_at = self.clock.now()
 
     def _query(self, key: TransportKey, token: str | None, query: str, pod_label: str) -> dict[str, float]:
         """One query over the session for `key`, with `token` as its bearer token (sent with the request, never
@@ -357,7 +385,7 @@ class PromIO:
         there is no answer at all. Every answer carries the time it was asked, so reusing one never makes old
         data look new.
         """
-        at = time.monotonic()
+        at = self.clock.now()
         with self._lock:
             if at - self._swept > SWEEP_EVERY:
                 self._sweep(at)
@@ -491,7 +519,7 @@ class PromIO:
         """
         with self._lock:
             while not self._closed:
-                at = time.monotonic()
+                at = self.clock.now()
                 while self._due and self._due[0][0] <= at:
                     _, _, key = heapq.heappop(self._due)
                     if key[0] is _EXTEND:
@@ -515,7 +543,7 @@ class PromIO:
                         continue
                     self._ask(key, wanted.read_now + timedelta(seconds=at - wanted.read_at), at)
                 self._next_wake = min(self._due[0][0], at + 1.0) if self._due else at + 1.0
-                self._wake.wait(timeout=max(0.01, self._next_wake - at))
+                self.clock.wait(self._wake, max(0.01, self._next_wake - at))
 
     def _fetch(
         self,
@@ -527,10 +555,10 @@ class PromIO:
     ) -> None:
         try:
             values = fetch(pods)
-            answer.took = time.monotonic() - answer.monotonic
+            answer.took = self.clock.now() - answer.monotonic
             answer.done.set_result(values)
         except BaseException as failure:  # handed to every pass that waits for it
-            answer.took = time.monotonic() - answer.monotonic
+            answer.took = self.clock.now() - answer.monotonic
             answer.done.set_exception(failure)
         if answer.took > SLOW_SHARE * key[2]:
             scope = "the namespace" if pods is None else f"{len(pods)} pods by name"
@@ -546,11 +574,11 @@ class PromIO:
             else:
                 failures = self._backoff[key].failures + 1 if key in self._backoff else 1
                 wait = min(ttl * 2 ** (failures - 1), max(ttl, MAX_BACKOFF_SECONDS))
-                self._backoff[key] = _Backoff(failures, time.monotonic() + wait)
+                self._backoff[key] = _Backoff(failures, self.clock.now() + wait)
             if key in self._wanted:
-                self._schedule(key, self._due_at(key, time.monotonic()))
+                self._schedule(key, self._due_at(key, self.clock.now()))
             if key in self._next and key not in self._pending:  # pods waited for while this was in flight
-                self._schedule_extension(key, time.monotonic())
+                self._schedule_extension(key, self.clock.now())
 
     def _last_good(self, key: tuple[Any, ...], stale_after: float, pods: frozenset[str] | None) -> _Answer | None:
         """The newest successful answer to `key` if it was asked within `stale_after` seconds (for `pods`)."""
@@ -558,7 +586,7 @@ class PromIO:
             good = self._good.get(key)
         if good is None or not good.serves(pods):
             return None
-        return good if time.monotonic() - good.monotonic <= stale_after else None
+        return good if self.clock.now() - good.monotonic <= stale_after else None
 
     def _sweep(self, at: float) -> None:
         self._swept = at
