@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sluice.api.v1alpha1 import EndpointState, ProtectionSpec, ScoringSpec
 from sluice.core.absorb import Hold
 from sluice.core.headroom import PodHeadroom
-from sluice.core.policies import POLICIES
+from sluice.core.policies import POLICIES, Subset
 from sluice.core.protection import floor_keep, spare_order
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import ramp, with_hysteresis
@@ -72,7 +72,7 @@ def _allocate_subset(
     window: float,
 ) -> dict[str, Allocation]:
     live = [v for v in members if v.kind in ("scored", "ramping", "frozen")]
-    asked = POLICIES[scoring.policy](scoring, protection, members, live, active_request_bias, window)
+    asked = POLICIES[scoring.policy](Subset(scoring, protection, members, live, active_request_bias, window))
     out = {
         v.name: _weigh(
             scoring,

@@ -41,33 +41,36 @@ class Targets:
     """headroom only: zeroings weighed against the others' room (`sluice.core.absorb`)."""
 
 
-Policy = Callable[[ScoringSpec, ProtectionSpec, list[PodVerdict], list[PodVerdict], float, float], Targets]
-"""(scoring, protection, the subset's verdicts, its live ones, the active-request bias, the metrics window)."""
+@dataclass(frozen=True)
+class Subset:
+    """What a weight policy is asked about: one revision subset of the pool."""
+
+    scoring: ScoringSpec
+    protection: ProtectionSpec
+    members: list[PodVerdict]
+    """Every pod of the subset."""
+    live: list[PodVerdict]
+    """Its pods that are scored, ramping or frozen."""
+    active_request_bias: float
+    window: float
+    """The metrics window (seconds)."""
 
 
-def _cube(
-    scoring: ScoringSpec,
-    protection: ProtectionSpec,
-    members: list[PodVerdict],
-    live: list[PodVerdict],
-    active_request_bias: float,
-    window: float,
-) -> Targets:
+Policy = Callable[[Subset], Targets]
+
+
+def _cube(subset: Subset) -> Targets:
     """(K / latency penalty)^sharpness (`sluice.core.scoring`): frozen pods take part with their last score, so
     fresh pods are scaled on the same basis."""
-    return Targets(scale({v.name: v.smoothed for v in live}, scoring) if live else {})
+    live = subset.live
+    return Targets(scale({v.name: v.smoothed for v in live}, subset.scoring) if live else {})
 
 
-def _headroom(
-    scoring: ScoringSpec,
-    protection: ProtectionSpec,
-    members: list[PodVerdict],
-    live: list[PodVerdict],
-    active_request_bias: float,
-    window: float,
-) -> Targets:
+def _headroom(subset: Subset) -> Targets:
     """Shares from learned capacities (`sluice.core.headroom`), zeroings weighed against what the others can take
     (`sluice.core.absorb`)."""
+    scoring, protection, members, live = subset.scoring, subset.protection, subset.members, subset.live
+    active_request_bias, window = subset.active_request_bias, subset.window
     if not live:
         return Targets({})
 
@@ -310,4 +313,4 @@ def _load(verdict: PodVerdict) -> PodLoad:
     )
 
 
-__all__ = ["POLICIES", "Policy", "Targets"]
+__all__ = ["POLICIES", "Policy", "Subset", "Targets"]
