@@ -14,7 +14,7 @@ from sluice.io.memory import MemoryCluster
 from sluice.io.ports import ClusterError
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.reconciler import Reconciler
-from tests.helpers import T0, at
+from tests.helpers import T0, at, sig
 
 LABELS = {"app": "llama", "sluice.dev/hardware-class": "a100"}
 PODS = [
@@ -649,16 +649,7 @@ def test_a_pass_decodes_the_previous_podmemory_once(monkeypatch):
 
     class EverySignal(FakeProm):
         def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
-            signals = PodSignals(
-                ttft_seconds=0.1,
-                ttft_p95_seconds=0.2,
-                kv_cache_usage=0.3,
-                queue_length=1.0,
-                running_requests=4.0,
-                request_rate=3.0,
-                error_rate=0.0,
-            )
-            return SignalSnapshot(collected_at=now, pods=dict.fromkeys(pods, signals))
+            return SignalSnapshot(collected_at=now, pods=dict.fromkeys(pods, sig(ttft=0.1, rps=3.0, queue=1.0)))
 
     pods = [ObservedPod(name=f"p{i:03d}", ip=f"10.0.{i // 250}.{i % 250 + 1}", labels=LABELS) for i in range(100)]
     loop = Loop(scoring={"policy": "cube"})
