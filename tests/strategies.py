@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sluice.api.crd import build_crd
 from sluice.api.durations import format_duration
-from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
+from sluice.emulator.apivalidation import SchemaRegistry, ValidationFailed
 
 Wire = dict[str, Any]
 Draw = Any

@@ -25,7 +25,7 @@ from sluice.api.errors import format_validation_error
 from sluice.api.reference import render_reference
 from sluice.api.rules import Rule
 from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec, QueryOverrides
-from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
+from sluice.emulator.apivalidation import SchemaRegistry, ValidationFailed
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.devstack.apiselect import label_selector_matches
+from sluice.emulator.apiselect import label_selector_matches
 
 LABELS = {"app": "llama", "tier": "gpu", "sluice.dev/pool": "p1"}
 

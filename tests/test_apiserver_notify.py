@@ -9,7 +9,7 @@ import aiohttp
 import kmock
 import pytest
 
-from sluice.devstack.apiserver import ApiServer, _HttpServer
+from sluice.emulator.apiserver import ApiServer, _HttpServer
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 

@@ -8,7 +8,7 @@ import logging
 import kmock
 import pytest
 
-from sluice.devstack.apiserver import LIST_CHUNK, ApiServer, _HttpServer
+from sluice.emulator.apiserver import LIST_CHUNK, ApiServer, _HttpServer
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from sluice.devstack.apistore import ApiError, Store
+from sluice.emulator.apistore import ApiError, Store
 
 
 @pytest.fixture

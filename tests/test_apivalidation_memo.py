@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from sluice.devstack import apivalidation
-from sluice.devstack.apistore import parse_apply_body
-from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
 from sluice.devstack.stack import SHARED_ISTIO
+from sluice.emulator import apivalidation
+from sluice.emulator.apistore import parse_apply_body
+from sluice.emulator.apivalidation import SchemaRegistry, ValidationFailed
 
 ENTRY: dict[str, Any] = {
     "apiVersion": "networking.istio.io/v1",

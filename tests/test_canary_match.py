@@ -31,8 +31,8 @@ from sluice.core.abtest import ALPHABETS, buckets, key_match
 from sluice.core.canary import RevisionStats, check
 from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
 from sluice.core.reconcile import Plan, plan_pass
-from sluice.devstack.apivalidation import SchemaRegistry
 from sluice.devstack.stack import SHARED_ISTIO, free_port
+from sluice.emulator.apivalidation import SchemaRegistry
 from sluice.istio.render import PoolRef, cluster_name, destination_host, destination_port, render
 from tests.helpers import at, observed, pod, sig
 from tests.helpers import spec as pool_spec

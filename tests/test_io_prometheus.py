@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sluice.core.observed import SignalSnapshot
 from sluice.core.presets import PRESETS, build_queries
-from sluice.devstack import apitls
+from sluice.emulator import apitls
 from sluice.io import prometheus as prometheus_io
 from sluice.io.promanswers import parse_value, plain_vector_values, pod_values, to_snapshot, vector_values
 from sluice.io.prometheus import PromAuth, PromIO

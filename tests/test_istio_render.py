@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from sluice.core.reconcile import Plan
-from sluice.devstack.apivalidation import SchemaRegistry
 from sluice.devstack.stack import SHARED_ISTIO
+from sluice.emulator.apivalidation import SchemaRegistry
 from sluice.istio.render import (
     PoolRef,
     cluster_name,

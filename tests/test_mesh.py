@@ -25,8 +25,8 @@ import pytest
 from sluice.core.mesh import protocol_of
 from sluice.core.observed import ObservedMesh, ObservedService, ObservedSidecar, ServicePort
 from sluice.core.reconcile import Plan, plan_pass
-from sluice.devstack.apivalidation import SchemaRegistry
 from sluice.devstack.stack import SHARED_ISTIO
+from sluice.emulator.apivalidation import SchemaRegistry
 from sluice.istio.render import PoolRef, render
 from sluice.runtime import handlers
 from sluice.runtime.config import OperatorConfig

@@ -18,8 +18,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from sluice.devstack.apiserver import LIST_CHUNK
 from sluice.devstack.stack import Stack
+from sluice.emulator.apiserver import LIST_CHUNK
 
 pytestmark = pytest.mark.slow
 

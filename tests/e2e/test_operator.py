@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.devstack.apivalidation import SchemaRegistry
 from sluice.devstack.stack import ROOT, SHARED_ISTIO, PodSpec, Stack, Traffic, free_port
+from sluice.emulator.apivalidation import SchemaRegistry
 from tests.e2e.conftest import (
     BASE_PODS,
     Background,

@@ -1,7 +1,7 @@
 """`make bench-scale`: what one operator process costs at 100 / 300 / 1000 pools, on the local stack.
 
 Local-stack tool. Per run (one pool count):
-- the Kubernetes API emulator (`sluice.devstack.apiserver`, its own process, with its audit log);
+- the Kubernetes API emulator (`sluice.emulator.apiserver`, its own process, with its audit log);
 - N InferencePools of `--pods` pods each (engine vllm, `interval: 5s`), the pods written Ready with an IP and
   no server behind them (nothing here sends traffic);
 - one metrics exporter in this process serving every pod's vLLM series (`pod` and `namespace` labels, as a

@@ -155,7 +155,7 @@ class Stack:
         self._kubelet_stop = asyncio.Event()
         # The second octet of this stack's pod addresses (see `_own_address`); SLUICE_STACK_OCTET pins it.
         self.address_octet = int(os.environ.get("SLUICE_STACK_OCTET") or random.randint(1, 254))
-        self.apiserver_args: list[str] = []  # extra `sluice.devstack.apiserver` options (e.g. a small watch history)
+        self.apiserver_args: list[str] = []  # extra `sluice.emulator.apiserver` options (e.g. a small watch history)
         self.core: k8s.CoreV1Api | None = None
         self.custom: k8s.CustomObjectsApi | None = None
 
@@ -238,7 +238,7 @@ class Stack:
         args = [
             sys.executable,
             "-m",
-            "sluice.devstack.apiserver",
+            "sluice.emulator.apiserver",
             "--kubeconfig",
             str(self.kubeconfig),
             "--namespace",

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sluice.devstack.apistore import ResourceType
+    from sluice.emulator.apistore import ResourceType
 
 JSON = Any
 

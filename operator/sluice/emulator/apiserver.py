@@ -10,7 +10,7 @@ with server-side Tables, keeps discovery in step with CRDs created at run time, 
 every request (user, decision, verb, resource, namespace, subresource, client), and of every allowed write
 again once answered, with its response code.
 
-    python -m sluice.devstack.apiserver --kubeconfig out/kubeconfig [--port 0] [--crd FILE ...] [--audit-log FILE]
+    python -m sluice.emulator.apiserver --kubeconfig out/kubeconfig [--port 0] [--crd FILE ...] [--audit-log FILE]
 
 It prints `ready <url>` once serving and runs until SIGTERM or SIGINT. It listens on 127.0.0.1 only. The
 kubeconfig's token is the admin's; `kubectl create token SA` gives a service account's.
@@ -40,9 +40,9 @@ import yaml
 from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
-from sluice.devstack import apiopenapi, apiprotobuf, apirbac, apitls
-from sluice.devstack.apiselect import as_table, field_selector_matches, label_selector_matches
-from sluice.devstack.apistore import ApiError, ResourceType, Store
+from sluice.emulator import apiopenapi, apiprotobuf, apirbac, apitls
+from sluice.emulator.apiselect import as_table, field_selector_matches, label_selector_matches
+from sluice.emulator.apistore import ApiError, ResourceType, Store
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 ADMIN_TOKEN = "local-stack"
@@ -814,7 +814,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="sluice.devstack.apiserver", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="sluice.emulator.apiserver", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--kubeconfig", required=True, help="write a kubeconfig for this server here")

@@ -33,10 +33,10 @@ from typing import Any
 
 import jsonpatch
 
-from sluice.devstack.apibuiltin import prune_unknown_fields
-from sluice.devstack.apilimits import data_size_errors, exceeds_etcd_limit
-from sluice.devstack.apinames import generated_name, metadata_errors
-from sluice.devstack.apiownership import (
+from sluice.emulator.apibuiltin import prune_unknown_fields
+from sluice.emulator.apilimits import data_size_errors, exceeds_etcd_limit
+from sluice.emulator.apinames import generated_name, metadata_errors
+from sluice.emulator.apiownership import (
     Manager,
     Ownership,
     conflict_message,
@@ -45,8 +45,8 @@ from sluice.devstack.apiownership import (
     owned_leaves,
     remove_path,
 )
-from sluice.devstack.apiselect import field_selector_matches, label_selector_matches
-from sluice.devstack.apivalidation import SchemaRegistry, ValidationFailed
+from sluice.emulator.apiselect import field_selector_matches, label_selector_matches
+from sluice.emulator.apivalidation import SchemaRegistry, ValidationFailed
 
 JSON = Any
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.devstack.apiopenapi import builtin_definition_for, upstream_definitions
+from sluice.emulator.apiopenapi import builtin_definition_for, upstream_definitions
 
 # CRDs carry JSON Schemas whose keywords ($ref, x-kubernetes-*) the converted definitions do not describe exactly.
 UNCHECKED = {("apiextensions.k8s.io", "CustomResourceDefinition")}
