@@ -76,7 +76,7 @@ def run_one(pools: int, replicas: int, interval: int, measure: float, warmup: fl
             command += ["--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--log-level", "warning"]
             if replicas > 1:
                 command += ["--shards", str(replicas), "--lease-namespace", "llm", "--identity", f"bench-{n}"]
-            processes.append(stack._spawn(command, f"operator-{n}.log"))
+            processes.append(stack.spawn(command, f"operator-{n}.log"))
         deadline = time.monotonic() + warmup
         while time.monotonic() < deadline:  # every pool passed once (or the warm-up ran out)
             time.sleep(2)

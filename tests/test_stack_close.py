@@ -52,9 +52,9 @@ def _wait_for(path: Path) -> str:
 
 def test_close_stops_the_clients_while_their_servers_still_answer(tmp_path: Path) -> None:
     stack = Stack(tmp_path)
-    stack._spawn([sys.executable, "-c", SERVER, str(tmp_path / "port")], "server.log", service=True)
+    stack.spawn([sys.executable, "-c", SERVER, str(tmp_path / "port")], "server.log", service=True)
     port = _wait_for(tmp_path / "port")
-    stack._spawn([sys.executable, "-c", CLIENT, port, str(tmp_path / "verdict"), str(tmp_path / "ready")], "client.log")
+    stack.spawn([sys.executable, "-c", CLIENT, port, str(tmp_path / "verdict"), str(tmp_path / "ready")], "client.log")
     _wait_for(tmp_path / "ready")
     stack.close()
     assert (tmp_path / "verdict").read_text() == "server answered"

@@ -110,7 +110,7 @@ def module_stack(
             setup(stack)
         yield stack
     finally:
-        background.call(stack._kubelet_stop.set)
+        background.call(stack.stop_kubelet)
         stack.close()
 
 
@@ -134,7 +134,7 @@ def operator_stack(
 def replica(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]:
     """One more operator process on the stack's namespace with `args`, its log in operator-<name>.log."""
     command = [sys.executable, "-m", "sluice", "operator", "-n", stack.namespace, "--kubeconfig", str(stack.kubeconfig)]
-    return stack._spawn([*command, *args], f"operator-{name}.log")
+    return stack.spawn([*command, *args], f"operator-{name}.log")
 
 
 def operator_page(port: int) -> str | None:

@@ -80,7 +80,7 @@ def start_operator_as_the_chart_deploys_it(stack: Stack) -> subprocess.Popen[byt
     config["users"][0]["user"]["token"] = token
     kubeconfig = stack.workdir / "operator.kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(config))
-    stack.operator = stack._spawn([sys.executable, "-m", "sluice", *args], "operator.log", kubeconfig=kubeconfig)
+    stack.operator = stack.spawn([sys.executable, "-m", "sluice", *args], "operator.log", kubeconfig=kubeconfig)
     return stack.operator
 
 

@@ -369,9 +369,9 @@ def run_router(
     trace replayed through it."""
     restart_servers(stack, quiet)
     port, metrics = free_port(), free_port()
-    process = stack._spawn(router_argv(router, command, policy, port, metrics), f"{router}-{policy}.log")
+    process = stack.spawn(router_argv(router, command, policy, port, metrics), f"{router}-{policy}.log")
     try:
-        stack._wait_http(f"http://127.0.0.1:{port}/health", 60, router)
+        stack.wait_http(f"http://127.0.0.1:{port}/health", 60, router)
         results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace))
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -389,14 +389,14 @@ def run_strategy(
     listen, admin = free_port(), free_port()
     lb = "ROUND_ROBIN" if strategy == "round-robin" else "LEAST_REQUEST"
     (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(envoy_config(envoy_dir, listen, admin, lb)))
-    envoy = stack._spawn(
+    envoy = stack.spawn(
         [
             *(str(ENVOY), "-c", str(envoy_dir / "envoy.yaml"), "--use-dynamic-base-id", "--log-level", "warn"),
             *(("--concurrency", str(args.envoy_concurrency)) if args.envoy_concurrency else ()),
         ],
         f"envoy-{strategy}.log",
     )
-    stack._wait_http(f"http://127.0.0.1:{admin}/ready", 30, "Envoy")
+    stack.wait_http(f"http://127.0.0.1:{admin}/ready", 30, "Envoy")
     timeline: list[tuple[float, dict[str, int]]] = []
 
     async def go() -> list[dict[str, Any]]:

@@ -210,7 +210,7 @@ def start_prometheus(stack: Stack, exporter_port: int, parts: int) -> str:
     }
     (home / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    stack._spawn(
+    stack.spawn(
         [
             "/usr/bin/prometheus",
             f"--config.file={home / 'prometheus.yml'}",
@@ -223,7 +223,7 @@ def start_prometheus(stack: Stack, exporter_port: int, parts: int) -> str:
         service=True,
     )
     url = f"http://127.0.0.1:{port}"
-    stack._wait_http(f"{url}/-/ready", 60, "Prometheus")
+    stack.wait_http(f"{url}/-/ready", 60, "Prometheus")
     return url
 
 
@@ -506,7 +506,7 @@ def run(args: argparse.Namespace, pools: int) -> Result:
                 command += ["--workers", str(args.workers)]
             if args.status_refresh is not None:
                 command += ["--status-refresh", f"{args.status_refresh:g}"]
-            operators.append(stack._spawn(command, f"operator-{replica}.log"))
+            operators.append(stack.spawn(command, f"operator-{replica}.log"))
         end_warmup = time.monotonic() + args.warmup
         steady = False
         while time.monotonic() < end_warmup and not steady:

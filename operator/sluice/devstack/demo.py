@@ -277,7 +277,7 @@ async def run_story(stack: Stack, quiet: bool = False) -> Story:
             traffic.stop.set()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(load, 10)
-        stack._kubelet_stop.set()
+        stack.stop_kubelet()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(kubelet, 5)
         with contextlib.suppress(asyncio.CancelledError):

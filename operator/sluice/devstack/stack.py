@@ -174,7 +174,7 @@ class Stack:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _spawn(
+    def spawn(
         self, args: list[str], log: str, kubeconfig: Path | None = None, service: bool = False
     ) -> subprocess.Popen[bytes]:
         """Start a process in its own session, output to `log` in the workdir. `service`: a server the others use
@@ -251,7 +251,7 @@ class Stack:
         args += self.apiserver_args
         log_path = self.workdir / "apiserver.log"
         log_path.unlink(missing_ok=True)
-        process = self._spawn(args, "apiserver.log", service=True)
+        process = self.spawn(args, "apiserver.log", service=True)
         self._wait_for(
             lambda: "ready " in log_path.read_text() if log_path.exists() else False, 30, "API emulator", process
         )
@@ -295,7 +295,7 @@ class Stack:
         (home / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
         data = Path(tempfile.mkdtemp(prefix="tsdb-", dir=home))
-        self._spawn(
+        self.spawn(
             [
                 binary,
                 f"--config.file={home / 'prometheus.yml'}",
@@ -308,7 +308,7 @@ class Stack:
             service=True,
         )
         self.prometheus_url = f"http://127.0.0.1:{port}"
-        self._wait_http(f"{self.prometheus_url}/-/ready", 30, "Prometheus")
+        self.wait_http(f"{self.prometheus_url}/-/ready", 30, "Prometheus")
 
     def stop_prometheus(self) -> subprocess.Popen[bytes]:
         process = next(p for p in self.processes if "prometheus" in str(p.args) and p.poll() is None)
@@ -418,7 +418,7 @@ class Stack:
     def _start_server(self, state: PodState) -> None:
         spec = state.spec
         state.oom_kills_at_start = read_oom_kills(self._memory_events(spec))
-        state.process = self._spawn(
+        state.process = self.spawn(
             [
                 sys.executable,
                 "-m",
@@ -524,7 +524,7 @@ class Stack:
             self.operator_args = extra
         command = [sys.executable, "-m", "sluice", "operator", "-n", self.namespace]
         command += ["--kubeconfig", str(self.kubeconfig), *self.operator_args]
-        self.operator = self._spawn(command, "operator.log")
+        self.operator = self.spawn(command, "operator.log")
         return self.operator
 
     def operator_usage(self) -> dict[str, float]:
@@ -588,7 +588,12 @@ class Stack:
             time.sleep(0.1)
         raise TimeoutError(f"{what} not ready after {seconds:.0f}s")
 
-    def _wait_http(self, url: str, seconds: float, what: str) -> None:
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet loop (pods are no longer restarted or watched; from the stack's event loop)."""
+        self._kubelet_stop.set()
+
+    def wait_http(self, url: str, seconds: float, what: str) -> None:
+        """Until `url` answers 200 (`seconds` at most, then an error naming `what`)."""
         import urllib.request  # noqa: PLC0415
 
         def ok() -> bool:
