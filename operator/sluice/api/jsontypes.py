@@ -1,4 +1,4 @@
-"""JSON as it crosses the wire, typed without `Any`.
+"""JSON as it crosses the wire, typed exactly.
 
 Kubernetes objects read from the API and Istio objects sluice renders are JSON. `JsonValue` says so exactly (a
 recursive alias mypy checks), so a reader narrows before it uses a value: `members` and `text` do it for the
