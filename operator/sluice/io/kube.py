@@ -29,6 +29,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from sluice.api.jsontypes import JsonObject
 from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod, ObservedService, ObservedSidecar, ServicePort
@@ -46,6 +47,7 @@ from sluice.istio.ownership import (
     ownership,
     release,
 )
+from sluice.istio.rendered import Rendered
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "sluice"
@@ -141,17 +143,17 @@ def observed_pod(pod: dict[str, Any]) -> ObservedPod:
 class Verified:
     """An Istio object as this process last read or wrote it: what it wanted, and whose the object was."""
 
-    desired: dict[str, Any]
+    desired: Rendered
     adopt: bool
     original: str | None
     """The adopted object's original (None: the object is sluice's own)."""
     read_at: float
     """When the object was last read (monotonic); writes without a read do not extend it."""
 
-    def body(self, desired: dict[str, Any]) -> dict[str, Any]:
+    def body(self, desired: Rendered) -> JsonObject:
         """What this process writes for `desired`: as it is for sluice's own object, with the original kept for an
         adopted one."""
-        return desired if self.original is None else as_adopted(desired, self.original)
+        return desired.body if self.original is None else as_adopted(desired.body, self.original)
 
 
 class PodSource(Protocol):
@@ -432,9 +434,8 @@ class KubeCluster:
 
     # ---- writes
 
-    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
-        meta = desired["metadata"]
-        kind, name, namespace = desired["kind"], meta["name"], meta["namespace"]
+    def apply(self, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
+        kind, name, namespace = desired.kind, desired.name, desired.namespace
         key = (namespace, kind, name)
         seen = self._verified.pop(key, None)
         if seen is not None and seen.adopt == adopt and time.monotonic() - seen.read_at < self.resync_seconds:
@@ -446,7 +447,7 @@ class KubeCluster:
             return WriteResult(kind, name, "updated")
         live = self._get(kind, namespace, name)
         read_at = time.monotonic()
-        decision = decide(live, desired, pool_uid, adopt)
+        decision = decide(live, desired.body, pool_uid, adopt)
         if decision.action == "refuse":
             return WriteResult(kind, name, "refused", f"{kind} {namespace}/{name} exists and is not managed by sluice")
         owner, original = ownership(live, pool_uid), None
@@ -464,7 +465,7 @@ class KubeCluster:
         self._verified[key] = Verified(copy.deepcopy(desired), adopt, original, read_at)  # once the write succeeded
         return WriteResult(kind, name, "created" if live is None else "updated")
 
-    def _patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+    def _patch(self, kind: str, namespace: str, name: str, body: JsonObject) -> None:
         k = ISTIO_KINDS[kind]
         self._server_side_apply(
             self.custom.patch_namespaced_custom_object, k.group, k.version, k.plural, namespace, name, body
