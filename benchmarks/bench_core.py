@@ -18,7 +18,8 @@ from pathlib import Path
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.observed import Observed, ObservedPod, PodSignals, SignalSnapshot
 from sluice.core.reconcile import plan_pass
-from sluice.istio.render import PoolRef, render
+from sluice.istio.objects import PoolRef
+from sluice.istio.render import render
 
 SIZES = (8, 64, 512, 4096)
 CLASSES = ("a100", "rtx4090", "cpu", "h100")

@@ -33,7 +33,9 @@ from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.devstack.stack import SHARED_ISTIO, free_port
 from sluice.emulator.apivalidation import SchemaRegistry
-from sluice.istio.render import PoolRef, cluster_name, destination_host, destination_port, render
+from sluice.istio.envoyfilters import cluster_name
+from sluice.istio.objects import PoolRef, destination_host, destination_port
+from sluice.istio.render import render
 from tests.helpers import at, observed, pod, sig
 from tests.helpers import spec as pool_spec
 from tests.test_envoy_patches import BOOTSTRAP, ENVOYS, envoy_validate, istio_cluster
@@ -72,8 +74,8 @@ def planned(canary: dict[str, Any], seconds: float = 0, previous: Any = None, po
 def virtual_service(s: Any, plan: Plan, istio: SchemaRegistry) -> dict[str, Any]:
     objects = render(POOL, s, plan)
     for obj in objects:
-        istio.validate(obj)
-    found = [o for o in objects if o["kind"] == "VirtualService"]
+        istio.validate(obj.body)
+    found = [o.body for o in objects if o.kind == "VirtualService"]
     assert len(found) == 1
     return found[0]
 

@@ -12,7 +12,8 @@ from sluice.api.operation import Operation
 from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.core.observed import ObservedPod, PodSignals
 from sluice.core.reconcile import Plan, plan_pass
-from sluice.istio.render import PoolRef, render
+from sluice.istio.objects import PoolRef
+from sluice.istio.render import render
 from tests.helpers import at, observed, pod, sig, spec
 
 POOL = PoolRef("llama", "llm")
@@ -44,7 +45,7 @@ def signals(candidate: PodSignals | None, stable: PodSignals | None = None) -> d
 
 def rendered_mirror(s: Any, plan: Plan) -> float | None:
     """The mirror percentage in the rendered VirtualService route (None when it has no mirror)."""
-    vs = next(o for o in render(POOL, s, plan) if o["kind"] == "VirtualService")
+    vs = next(o.body for o in render(POOL, s, plan) if o.kind == "VirtualService")
     mirrors = vs["spec"]["http"][0].get("mirrors")
     if not mirrors:
         return None

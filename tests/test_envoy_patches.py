@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.istio.render import PoolRef, cluster_name, destination_host, destination_port, render
+from sluice.istio.envoyfilters import cluster_name
+from sluice.istio.objects import PoolRef, destination_host, destination_port
+from sluice.istio.render import render
+from sluice.istio.rendered import Rendered
 from tests.helpers import pod, run, sig, spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +85,7 @@ def istio_cluster(name: str) -> dict[str, Any]:
     }
 
 
-def build_config(s: Any, objects: list[dict[str, Any]], subsets: list[str]) -> dict[str, Any]:
+def build_config(s: Any, objects: list[Rendered], subsets: list[str]) -> dict[str, Any]:
     host, port = destination_host(POOL, s), destination_port(s)
     vhost_host = f"{s.service}.{POOL.namespace}.svc.cluster.local"
     vhost_port = s.service_port or s.target_port
@@ -94,9 +97,9 @@ def build_config(s: Any, objects: list[dict[str, Any]], subsets: list[str]) -> d
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
     for obj in objects:
-        if obj["kind"] != "EnvoyFilter":
+        if obj.kind != "EnvoyFilter":
             continue
-        for patch in obj["spec"]["configPatches"]:
+        for patch in obj.body["spec"]["configPatches"]:
             value = patch["patch"]["value"]
             if patch["applyTo"] == "CLUSTER":
                 service = patch["match"]["cluster"]["service"]
@@ -180,7 +183,7 @@ def test_the_check_rejects_a_broken_patch(envoy, tmp_path):
     s = spec(**CASES["no-split-endpoint-weights"])
     plan = run(s, PODS, SIGNALS, 0)
     objects = render(POOL, s, plan)
-    lb = next(o for o in objects if o["metadata"]["name"].endswith("-lb"))
+    lb = next(o.body for o in objects if o.name.endswith("-lb"))
     lb["spec"]["configPatches"][0]["patch"]["value"]["least_request_lb_config"]["choice_count"] = 1
     result = envoy_validate(build_config(s, objects, []), tmp_path, ENVOYS[envoy])
     assert result.returncode != 0
@@ -244,7 +247,7 @@ def test_real_envoy_accepts_the_retry_policy_istiod_builds_from_sluices_retries(
     `test_the_check_rejects_a_broken_patch`)."""
     s = spec(routing={"retries": {"attempts": 2, "retryOn": ["reset", "5xx"], "statusCodes": [500]}})
     plan = run(s, PODS, SIGNALS, 0)
-    retries = next(o for o in render(POOL, s, plan) if o["kind"] == "VirtualService")["spec"]["http"][0]["retries"]
+    retries = next(o.body for o in render(POOL, s, plan) if o.kind == "VirtualService")["spec"]["http"][0]["retries"]
     words = retries["retryOn"].split(",")
     codes = [int(w) for w in words if w.isdigit()]
     policy = {

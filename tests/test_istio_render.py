@@ -10,12 +10,10 @@ import pytest
 from sluice.core.reconcile import Plan
 from sluice.devstack.stack import SHARED_ISTIO
 from sluice.emulator.apivalidation import SchemaRegistry
-from sluice.istio.render import (
-    PoolRef,
-    cluster_name,
-    render,
-    subset_name,
-)
+from sluice.istio.envoyfilters import cluster_name
+from sluice.istio.objects import PoolRef, subset_name
+from sluice.istio.render import render
+from sluice.istio.rendered import Rendered
 from tests.helpers import pod, run, sig, spec
 
 POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
@@ -31,8 +29,8 @@ def istio() -> SchemaRegistry:
     return SchemaRegistry().load(SHARED_ISTIO)
 
 
-def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
+def by_kind(objects: list[Rendered]) -> dict[str, dict[str, Any]]:
+    return {f"{o.kind}/{o.name}": o.body for o in objects}
 
 
 def plan_for(**wire: Any) -> tuple[Any, Plan]:
@@ -68,9 +66,9 @@ def test_every_rendered_object_validates_against_istio_crds(istio, mode, extra):
     objects = render(POOL, s, plan)
     assert objects
     for obj in objects:
-        istio.validate(obj)
-        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "sluice"
-        assert obj["metadata"]["ownerReferences"][0]["uid"] == POOL.uid
+        istio.validate(obj.body)
+        assert obj.body["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "sluice"
+        assert obj.body["metadata"]["ownerReferences"][0]["uid"] == POOL.uid
 
 
 def test_service_entry_carries_per_pod_weights_and_drops_zeroed_pods(istio):
@@ -122,13 +120,13 @@ def test_envoy_filter_route_patch_uses_istio_cluster_names(istio):
 
 def test_no_virtual_service_needed_without_endpoint_weights_or_canary(istio):
     s, plan = plan_for(routing={"endpointWeights": False})
-    kinds = {o["kind"] for o in render(POOL, s, plan)}
+    kinds = {o.kind for o in render(POOL, s, plan)}
     assert kinds == {"DestinationRule"}
 
 
 def test_cluster_envoy_filter_only_when_tuning_is_asked_for(istio):
     s, plan = plan_for()
-    assert not any(o["kind"] == "EnvoyFilter" for o in render(POOL, s, plan))
+    assert not any(o.kind == "EnvoyFilter" for o in render(POOL, s, plan))
     s, plan = plan_for(routing={"leastRequest": {"activeRequestBias": 2.0}})
     lb = by_kind(render(POOL, s, plan))["EnvoyFilter/sluice-llama-lb"]["spec"]["configPatches"][0]
     assert lb["applyTo"] == "CLUSTER"
@@ -144,7 +142,7 @@ def test_session_affinity_uses_consistent_hash_on_the_header(istio):
 def test_objects_without_pool_uid_have_no_owner_reference():
     s, plan = plan_for()
     for obj in render(PoolRef("llama", "llm"), s, plan):
-        assert "ownerReferences" not in obj["metadata"]
+        assert "ownerReferences" not in obj.body["metadata"]
 
 
 def test_subset_names_are_dns_labels_and_distinct():

@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sluice.io.kube import KubeCluster
 from sluice.io.ports import ClusterError
+from sluice.istio.rendered import Rendered
 
 DESIRED = {
     "apiVersion": "networking.istio.io/v1",
@@ -19,6 +20,11 @@ DESIRED = {
     "metadata": {"name": "sluice-llama", "namespace": "llm", "labels": {"app.kubernetes.io/managed-by": "sluice"}},
     "spec": {"hosts": ["llama.llm.sluice.internal"], "endpoints": [{"address": "10.0.0.1", "weight": 5}]},
 }
+
+
+def rendered(body: dict[str, Any]) -> Rendered:
+    """`body` as the renderer hands it to the adapter."""
+    return Rendered(body["kind"], body["metadata"]["name"], body["metadata"]["namespace"], body)
 
 
 class FakeCustom:
@@ -54,32 +60,32 @@ def cluster() -> tuple[KubeCluster, FakeCustom]:
 
 def test_a_steady_pass_makes_no_get_once_the_object_is_verified(cluster):
     adapter, fake = cluster
-    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "created"
     for _ in range(5):
-        assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+        assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "unchanged"
     assert (fake.gets, fake.patches) == (1, 1)
 
 
 def test_a_changed_object_read_recently_is_written_without_a_get(cluster):
     adapter, fake = cluster
-    adapter.apply(DESIRED, None, adopt=False)
+    adapter.apply(rendered(DESIRED), None, adopt=False)
     changed = json.loads(json.dumps(DESIRED))
     changed["spec"]["endpoints"][0]["weight"] = 9
-    assert adapter.apply(changed, None, adopt=False).action == "updated"
+    assert adapter.apply(rendered(changed), None, adopt=False).action == "updated"
     assert (fake.gets, fake.patches) == (1, 2)
     assert fake.live == changed
-    assert adapter.apply(changed, None, adopt=False).action == "unchanged"
+    assert adapter.apply(rendered(changed), None, adopt=False).action == "unchanged"
     assert (fake.gets, fake.patches) == (1, 2)
 
 
 def test_a_changed_object_is_read_again_once_the_resync_interval_passed(cluster):
     adapter, fake = cluster
-    adapter.apply(DESIRED, None, adopt=False)
+    adapter.apply(rendered(DESIRED), None, adopt=False)
     adapter.resync_seconds = 0.0
     changed = json.loads(json.dumps(DESIRED))
     changed["spec"]["endpoints"][0]["weight"] = 9
     fake.live = {**DESIRED, "metadata": {**DESIRED["metadata"], "labels": {}}}  # someone else's now
-    assert adapter.apply(changed, None, adopt=False).action == "refused"
+    assert adapter.apply(rendered(changed), None, adopt=False).action == "refused"
     assert fake.gets == 2
 
 
@@ -87,11 +93,11 @@ def test_an_adopted_object_keeps_its_original_on_a_write_without_a_get(cluster):
     adapter, fake = cluster
     theirs = {**DESIRED, "metadata": {"name": "sluice-llama", "namespace": "llm", "labels": {"team": "x"}}}
     fake.live = theirs
-    assert adapter.apply(DESIRED, None, adopt=True).action == "updated"
+    assert adapter.apply(rendered(DESIRED), None, adopt=True).action == "updated"
     original = fake.live["metadata"]["annotations"]["sluice.dev/original"]
     changed = json.loads(json.dumps(DESIRED))
     changed["spec"]["endpoints"][0]["weight"] = 9
-    assert adapter.apply(changed, None, adopt=True).action == "updated"
+    assert adapter.apply(rendered(changed), None, adopt=True).action == "updated"
     assert (fake.gets, fake.patches) == (1, 2)
     assert fake.live["metadata"]["annotations"]["sluice.dev/original"] == original
     assert fake.live["spec"] == changed["spec"]
@@ -100,56 +106,56 @@ def test_an_adopted_object_keeps_its_original_on_a_write_without_a_get(cluster):
 def test_an_object_is_read_again_after_the_resync_interval(cluster):
     adapter, fake = cluster
     adapter.resync_seconds = 0.0
-    adapter.apply(DESIRED, None, adopt=False)
+    adapter.apply(rendered(DESIRED), None, adopt=False)
     fake.live = None  # someone deleted it
-    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "created"
     assert fake.gets == 2
 
 
 def test_a_watch_event_of_someone_elses_edit_makes_the_next_pass_read_and_correct_it(cluster):
     adapter, fake = cluster
-    adapter.apply(DESIRED, None, adopt=False)
+    adapter.apply(rendered(DESIRED), None, adopt=False)
     adapter.observed(json.loads(json.dumps(DESIRED)))  # the event of sluice's own write
-    assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "unchanged"
     assert fake.gets == 1
     edited = json.loads(json.dumps(DESIRED))
     edited["spec"]["endpoints"][0]["weight"] = 1000  # kubectl edit, within the resync interval
     fake.live = edited
     adapter.observed(edited)
-    assert adapter.apply(DESIRED, None, adopt=False).action == "updated"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "updated"
     assert (fake.gets, fake.patches) == (2, 2)
     assert fake.live == DESIRED
 
 
 def test_a_field_someone_else_added_is_not_drift_that_could_be_corrected(cluster):
     adapter, fake = cluster
-    adapter.apply(DESIRED, None, adopt=False)
+    adapter.apply(rendered(DESIRED), None, adopt=False)
     added = json.loads(json.dumps(DESIRED))
     added["spec"]["exportTo"] = ["."]  # another manager's field: sluice's apply would leave it, so no re-read
     adapter.observed(added)
-    assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "unchanged"
     assert fake.gets == 1
 
 
 def test_a_watch_event_of_a_deletion_or_of_another_object_is_handled(cluster):
     adapter, fake = cluster
-    adapter.apply(DESIRED, None, adopt=False)
+    adapter.apply(rendered(DESIRED), None, adopt=False)
     other = {**DESIRED, "metadata": {**DESIRED["metadata"], "name": "someone-elses"}, "spec": {}}
     adapter.observed(other)  # not an object sluice verified: nothing to do
     adapter.observed({"kind": "ServiceEntry"})  # no metadata at all
-    assert adapter.apply(DESIRED, None, adopt=False).action == "unchanged"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "unchanged"
     fake.live = None
     adapter.observed(json.loads(json.dumps(DESIRED)), deleted=True)
-    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "created"
     assert fake.gets == 2
 
 
 def test_an_adopted_objects_own_write_event_keeps_it_verified(cluster):
     adapter, fake = cluster
     fake.live = {**DESIRED, "metadata": {"name": "sluice-llama", "namespace": "llm", "labels": {"team": "x"}}}
-    adapter.apply(DESIRED, None, adopt=True)
+    adapter.apply(rendered(DESIRED), None, adopt=True)
     adapter.observed(json.loads(json.dumps(fake.live)))  # what the write left: the original in an annotation
-    assert adapter.apply(DESIRED, None, adopt=True).action == "unchanged"
+    assert adapter.apply(rendered(DESIRED), None, adopt=True).action == "unchanged"
     assert fake.gets == 1
 
 
@@ -157,9 +163,9 @@ def test_a_failed_write_is_not_remembered_as_done(cluster):
     adapter, fake = cluster
     fake.fail_patch = True
     with pytest.raises(ClusterError):
-        adapter.apply(DESIRED, None, adopt=False)
+        adapter.apply(rendered(DESIRED), None, adopt=False)
     fake.fail_patch = False
-    assert adapter.apply(DESIRED, None, adopt=False).action == "created"
+    assert adapter.apply(rendered(DESIRED), None, adopt=False).action == "created"
 
 
 def test_a_secret_is_read_once_per_expiry_and_a_rotated_one_is_picked_up_after_it(monkeypatch):

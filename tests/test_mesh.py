@@ -27,7 +27,8 @@ from sluice.core.observed import ObservedMesh, ObservedService, ObservedSidecar,
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.devstack.stack import SHARED_ISTIO
 from sluice.emulator.apivalidation import SchemaRegistry
-from sluice.istio.render import PoolRef, render
+from sluice.istio.objects import PoolRef
+from sluice.istio.render import render
 from sluice.runtime import handlers
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.reconciler import Reconciler
@@ -75,8 +76,8 @@ def objects(m: ObservedMesh | None, istio: SchemaRegistry, **wire: Any) -> dict[
     s, plan = planned(m, **wire)
     rendered = render(POOL, s, plan)
     for obj in rendered:
-        istio.validate(obj)
-    return {f"{o['kind']}/{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in rendered}
+        istio.validate(obj.body)
+    return {f"{o.kind}/{o.namespace}/{o.name}": o.body for o in rendered}
 
 
 def condition(plan: Plan) -> tuple[str, str, str]:
@@ -402,10 +403,6 @@ def test_pools_of_one_name_in_two_namespaces_writing_into_a_third_stay_apart():
         when = at(0)
         seen = observed([injected("a")], SIGNALS, when).model_copy(update={"mesh": mesh()})
         plan = plan_pass(s, 1, seen, None, when, pool=pool.id)
-        names |= {
-            (o["metadata"]["namespace"], o["metadata"]["name"])
-            for o in render(pool, s, plan)
-            if o["kind"] == "EnvoyFilter"
-        }
+        names |= {(o.namespace, o.name) for o in render(pool, s, plan) if o.kind == "EnvoyFilter"}
     assert ("team-a", "sluice-llama.llm-lb") in names
     assert ("team-a", "sluice-llama.other-lb") in names

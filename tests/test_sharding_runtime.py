@@ -29,7 +29,7 @@ from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.report import PassReport
 from sluice.runtime.sharding import FencedCluster, ShardLeases
 from tests.test_handlers import BODY
-from tests.test_kube_cluster import DESIRED, FakeCustom
+from tests.test_kube_cluster import DESIRED, FakeCustom, rendered
 
 
 class Clock:
@@ -222,7 +222,7 @@ def test_a_write_is_checked_right_before_it_is_sent_not_only_when_the_call_begin
     adapter.custom = custom  # type: ignore[assignment]
     fenced = FencedCluster(adapter, shards)
     with shards.passing("llm", "llama"), pytest.raises(ClusterError):
-        fenced.apply(DESIRED, None, adopt=False)
+        fenced.apply(rendered(DESIRED), None, adopt=False)
     assert custom.patches == 0, "the patch after the hung read was withheld"
 
 
@@ -242,7 +242,7 @@ def test_a_fenced_write_carries_a_request_timeout_within_the_remaining_validity(
 
     adapter.custom = Custom()  # type: ignore[assignment]
     with shards.passing("llm", "llama"):
-        FencedCluster(adapter, shards).apply(DESIRED, None, adopt=False)
+        FencedCluster(adapter, shards).apply(rendered(DESIRED), None, adopt=False)
     assert timeouts == [pytest.approx(3.0)]
 
 

@@ -33,7 +33,8 @@ from sluice.core.observed import Observed
 from sluice.core.presets import build_queries
 from sluice.core.reconcile import plan_pass
 from sluice.explain import endpoint_table, scoring_line, summary
-from sluice.istio.render import PoolRef, render
+from sluice.istio.objects import PoolRef
+from sluice.istio.render import render
 from sluice.runtime.config import OperatorConfig
 
 
@@ -114,7 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = plan_pass(pool.spec, meta.generation, observed, previous, now, pool=ref.id)
     objects = render(ref, pool.spec, plan)
     if plan.publish:
-        sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+        sys.stdout.write(yaml.safe_dump_all([obj.body for obj in objects], sort_keys=False))
     else:
         sys.stdout.write("# no routable pod: sluice leaves the mesh's objects as they are\n")
     err = sys.stderr

@@ -22,7 +22,7 @@ from sluice.bench.scenario import Scenario
 from sluice.core.observed import Observed, ObservedPod, PodSignals, SignalSnapshot
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import PromAuth
-from sluice.istio.render import subset_name
+from sluice.istio.objects import subset_name
 from sluice.runtime.reconciler import Reconciler
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

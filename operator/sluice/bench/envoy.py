@@ -46,6 +46,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from sluice.api.jsontypes import members, text
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
 from sluice.bench.scenario import Scenario
@@ -57,6 +58,7 @@ from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import WriteResult
 from sluice.io.prometheus import PromIO
+from sluice.istio.rendered import Rendered
 from sluice.runtime.reconciler import Reconciler
 
 SERVERS = [
@@ -147,11 +149,19 @@ class EdsFileCluster(MemoryCluster):
         super().__init__()
         self.workdir = workdir
 
-    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
+    def apply(self, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
         result = super().apply(desired, pool_uid, adopt)
-        if desired["kind"] == "ServiceEntry" and result.action in ("created", "updated"):
-            write_eds(self.workdir, [(e["address"], int(e["weight"])) for e in desired["spec"]["endpoints"]])
+        if desired.kind == "ServiceEntry" and result.action in ("created", "updated"):
+            write_eds(self.workdir, _endpoint_weights(desired))
         return result
+
+
+def _endpoint_weights(entry: Rendered) -> list[tuple[str, int]]:
+    """(address, weight) of each endpoint of a rendered ServiceEntry."""
+    endpoints = members(entry.body, "spec").get("endpoints")
+    listed = endpoints if isinstance(endpoints, list) else []
+    pairs = [(text(e, "address"), members(e).get("weight")) for e in listed]
+    return [(address, weight) for address, weight in pairs if isinstance(weight, int)]
 
 
 def pool_spec(prometheus_url: str, interval: float, window: float) -> InferencePoolSpec:

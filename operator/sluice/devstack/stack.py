@@ -48,7 +48,7 @@ from kubernetes import client as k8s
 
 from sluice.io.kube import load_api_client
 from sluice.istio.kinds import SERVICE_ENTRY, VIRTUAL_SERVICE
-from sluice.istio.render import PoolRef, object_name, subset_name
+from sluice.istio.objects import PoolRef, object_name, subset_name
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_ISTIO = ROOT.parent / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"

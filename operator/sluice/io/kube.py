@@ -4,7 +4,8 @@ Writes are server-side apply with field manager `sluice`, and only when the cont
 object. Ownership (`sluice.istio.ownership`) decides what may be written: sluice's own objects, adopted ones
 (`spec.routing.adoptExisting`: no ownerReference, the original kept in an annotation and put back with a replace
 when released), never anybody else's. Releasing an object sluice created deletes it. Every client error becomes a
-`ClusterError`. Called by the reconciler in a worker thread (the client is blocking).
+`ClusterError`. Called by the reconciler in a worker thread (the client is blocking). The reads it makes, and the
+client's edge, are `sluice.io.kubereads`'; the objects it reads become the core's types in `sluice.io.kubeobserved`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import base64
 import contextlib
 import contextvars
 import copy
-import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,25 +27,27 @@ from typing import Any, Protocol, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 
+from sluice.api.jsontypes import JsonObject, text
 from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
-from sluice.core.observed import ObservedMesh, ObservedPod, ObservedService, ObservedSidecar, ServicePort
+from sluice.core.observed import ObservedMesh, ObservedPod
+from sluice.io.kubeobserved import observed_pod, strings
+from sluice.io.kubereads import call as _call
+from sluice.io.kubereads import discard as _discard
+from sluice.io.kubereads import (
+    get_istio_object,
+    list_sidecars,
+    listed,
+    owned_keys,
+    read_namespace_labels,
+    read_secret_data,
+    read_service,
+)
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.istio.kinds import ISTIO_KINDS
-from sluice.istio.ownership import (
-    MANAGED_BY,
-    ORIGINAL_ANNOTATION,
-    POOL_LABEL,
-    POOL_NAMESPACE_LABEL,
-    as_adopted,
-    decide,
-    drifted,
-    original_of,
-    ownership,
-    release,
-)
+from sluice.istio.ownership import as_adopted, decide, drifted, kept_original, original_of, ownership, release
+from sluice.istio.rendered import Rendered
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "sluice"
@@ -69,7 +71,6 @@ def _fenced() -> Iterator[float | None]:
         yield seconds
 
 
-SIDECARS = ("networking.istio.io", "v1", "sidecars")
 MESH_SECONDS = 600.0
 """How long a read of the mesh side (Service, namespace labels, Sidecars) is used without a GET: the operator's
 watches of Services, Namespaces and Sidecars (`mesh_observed`) drop a read as soon as its object changes; this
@@ -80,78 +81,21 @@ read them at every pass (a GET per pool per interval); the operator does not wat
 asked), so a rotated token is picked up within this long."""
 
 
-def observed_service(service: dict[str, Any]) -> ObservedService:
-    meta, spec = service.get("metadata") or {}, service.get("spec") or {}
-    ports = [
-        ServicePort(
-            port=int(port["port"]),
-            name=port.get("name"),
-            app_protocol=port.get("appProtocol"),
-            protocol=str(port.get("protocol") or "TCP"),
-            target_port=port.get("targetPort"),
-        )
-        for port in spec.get("ports") or []
-    ]
-    return ObservedService(
-        name=str(meta.get("name") or ""),
-        ports=ports,
-        labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
-    )
-
-
-def observed_sidecar(sidecar: dict[str, Any]) -> ObservedSidecar:
-    meta, spec = sidecar.get("metadata") or {}, sidecar.get("spec") or {}
-    egress = spec.get("egress")
-    return ObservedSidecar(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        selects_workloads=bool((spec.get("workloadSelector") or {}).get("labels")),
-        egress_hosts=None if not egress else [list(listener.get("hosts") or []) for listener in egress],
-    )
-
-
-def observed_pod(pod: dict[str, Any]) -> ObservedPod:
-    """What the core needs from a Pod object. Pure."""
-    meta, status = pod.get("metadata", {}), pod.get("status", {}) or {}
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    containers = status.get("containerStatuses") or []
-    restarts = sum(int(c.get("restartCount", 0)) for c in containers)
-    reason = None
-    restarted = [c for c in containers if int(c.get("restartCount", 0)) > 0]
-    if restarted:
-        latest = max(
-            restarted,
-            key=lambda c: ((c.get("lastState") or {}).get("terminated") or {}).get("finishedAt") or "",
-        )
-        reason = ((latest.get("lastState") or {}).get("terminated") or {}).get("reason")
-    return ObservedPod(
-        name=meta.get("name", ""),
-        ip=status.get("podIP") or None,
-        labels=meta.get("labels") or {},
-        ready=conditions.get("Ready") == "True",
-        deleting=bool(meta.get("deletionTimestamp")),
-        restarts=restarts,
-        last_termination_reason=reason,
-        service_account=(pod.get("spec") or {}).get("serviceAccountName") or None,
-    )
-
-
 @dataclass(frozen=True)
 class Verified:
     """An Istio object as this process last read or wrote it: what it wanted, and whose the object was."""
 
-    desired: dict[str, Any]
+    desired: Rendered
     adopt: bool
     original: str | None
     """The adopted object's original (None: the object is sluice's own)."""
     read_at: float
     """When the object was last read (monotonic); writes without a read do not extend it."""
 
-    def body(self, desired: dict[str, Any]) -> dict[str, Any]:
+    def body(self, desired: Rendered) -> JsonObject:
         """What this process writes for `desired`: as it is for sluice's own object, with the original kept for an
         adopted one."""
-        return desired if self.original is None else as_adopted(desired, self.original)
+        return desired.body if self.original is None else as_adopted(desired.body, self.original)
 
 
 class PodSource(Protocol):
@@ -165,7 +109,7 @@ class PodSource(Protocol):
 
     def abandon_seed(self, namespace: str) -> None: ...
 
-    def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None: ...
+    def finish_seed(self, namespace: str, pods: list[JsonObject]) -> None: ...
 
     def select(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]: ...
 
@@ -189,24 +133,6 @@ def load_api_client(
 
 
 USER_AGENT = f"sluice-operator/{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}"
-
-
-def _call(fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except ApiException as failure:
-        raise ClusterError(int(failure.status or 0), str(failure.reason or "error")) from failure
-
-
-def _json(answer: Any) -> Any:
-    return json.loads(cast(Any, answer).data)
-
-
-def _discard(answer: Any) -> None:
-    """Read a write's answer and give its connection back, without decoding it: the written object (with its
-    managedFields) would be parsed only to be dropped."""
-    cast(Any, answer).data  # noqa: B018 - reading the body is the point
-    cast(Any, answer).release_conn()
 
 
 class KubeCluster:
@@ -241,13 +167,12 @@ class KubeCluster:
         """Forget which objects were seen in the wanted state: the next pass reads them again."""
         self._verified.clear()
 
-    def observed(self, obj: dict[str, Any], deleted: bool = False) -> None:
+    def observed(self, obj: Mapping[str, object], deleted: bool = False) -> None:
         """A watch event of an Istio object. One this process verified is read again by the next pass that wants
         it when the event shows it deleted or no longer holding what was written (`drifted`) — someone else's edit;
         sluice's own writes match, and an event of an older write of its own costs one GET. With the watch, an edit is
         corrected at the next pass instead of at the next resync."""
-        meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace") or ""), str(obj.get("kind") or ""), str(meta.get("name") or ""))
+        key = (text(obj, "metadata", "namespace"), text(obj, "kind"), text(obj, "metadata", "name"))
         seen = self._verified.get(key)
         if seen is None:
             return
@@ -277,13 +202,13 @@ class KubeCluster:
         answer = _call(
             lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
         )
-        return [observed_pod(item) for item in _json(answer).get("items", [])]
+        return [observed_pod(item) for item in listed(answer)]
 
     def _seed(self, cache: PodSource, namespace: str) -> None:
         cache.begin_seed(namespace)
         try:
             answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
-            items = _json(answer).get("items", [])
+            items = listed(answer)
         except Exception:
             cache.abandon_seed(namespace)
             raise
@@ -294,10 +219,14 @@ class KubeCluster:
         the pool's and its client namespaces'), each read at most every `mesh_seconds`. A Sidecar kind that is not
         installed lists nothing."""
         try:
-            service = self._read(("service", namespace, spec.service), lambda: self._service(namespace, spec.service))
-            labels = self._read(("namespace", namespace), lambda: self._namespace_labels(namespace))
+            service = self._read(
+                ("service", namespace, spec.service), lambda: read_service(self.core, namespace, spec.service)
+            )
+            labels = self._read(("namespace", namespace), lambda: read_namespace_labels(self.core, namespace))
             clients = tuple(sorted(spec.routing.client_namespaces or ()))
-            sidecars = self._read(("sidecars", namespace, *clients), lambda: self._sidecars(namespace, spec))
+            sidecars = self._read(
+                ("sidecars", namespace, *clients), lambda: list_sidecars(self.custom, namespace, spec, self.namespaces)
+            )
         except ClusterError as failure:
             return ObservedMesh(failed=f"{failure.status} {failure.reason}")
         return ObservedMesh(service=service, namespace_labels=labels, sidecars=sidecars)
@@ -320,121 +249,22 @@ class KubeCluster:
         self._mesh_reads[key] = (time.monotonic(), answer)
         return answer
 
-    def _service(self, namespace: str, name: str) -> ObservedService | None:
-        try:
-            answer = self.core.read_namespaced_service(name, namespace, _preload_content=False)
-        except ApiException as failure:
-            if failure.status == 404:
-                return None
-            raise ClusterError(int(failure.status or 0), f"Service {namespace}/{name}: {failure.reason}") from failure
-        return observed_service(_json(answer))
-
-    def _namespace_labels(self, namespace: str) -> dict[str, str]:
-        answer = _call(lambda: self.core.read_namespace(namespace, _preload_content=False))
-        return dict((_json(answer).get("metadata") or {}).get("labels") or {})
-
-    def _sidecars(self, namespace: str, spec: InferencePoolSpec) -> list[ObservedSidecar]:
-        if self.namespaces is None:
-            try:
-                answer = self.custom.list_cluster_custom_object(*SIDECARS, _preload_content=False)
-            except ApiException as failure:
-                if failure.status == 404:
-                    return []  # Istio's Sidecar kind is not installed
-                raise ClusterError(int(failure.status or 0), f"Sidecars: {failure.reason}") from failure
-            return [observed_sidecar(item) for item in _json(answer).get("items", [])]
-        wanted = {namespace, spec.routing.root_namespace, *(spec.routing.client_namespaces or ())} - {".", "*"}
-        items: list[dict[str, Any]] = []
-        for where in sorted(wanted & self.namespaces):
-            try:
-                answer = self.custom.list_namespaced_custom_object(
-                    SIDECARS[0], SIDECARS[1], where, SIDECARS[2], _preload_content=False
-                )
-            except ApiException as failure:
-                if failure.status == 404:
-                    return []
-                raise ClusterError(int(failure.status or 0), f"Sidecars: {failure.reason}") from failure
-            items += _json(answer).get("items", [])
-        return [observed_sidecar(item) for item in items]
-
     def secret_key(self, namespace: str, name: str, key: str) -> str:
         """One key of a Secret, read at most every `SECRET_SECONDS` (a failed read is not kept)."""
-        data = self._read(("secret", namespace, name), lambda: self._secret_data(namespace, name), SECRET_SECONDS)
+        data = self._read(
+            ("secret", namespace, name), lambda: read_secret_data(self.core, namespace, name), SECRET_SECONDS
+        )
         if key not in data:
             raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data[key]).decode()
 
-    def _secret_data(self, namespace: str, name: str) -> dict[str, str]:
-        try:
-            secret = self.core.read_namespaced_secret(name, namespace)
-        except ApiException as failure:
-            raise LookupError(f"Secret {namespace}/{name}: {failure.reason}") from failure
-        data = secret.data or {}  # base64 text, as the API sends it
-        return {key: value if isinstance(value, str) else value.decode() for key, value in data.items()}
-
-    def _get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        k = ISTIO_KINDS[kind]
-        try:
-            answer = self.custom.get_namespaced_custom_object(
-                k.group, k.version, namespace, k.plural, name, _preload_content=False
-            )
-        except ApiException as failure:
-            if failure.status == 404:
-                return None
-            raise ClusterError(int(failure.status or 0), str(failure.reason or "error")) from failure
-        return cast(dict[str, Any], _json(answer))
-
     def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
-        selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, POOL_LABEL: pool}.items())
-        keys = []
-        for k in ISTIO_KINDS.values():
-            answer = _call(
-                lambda k=k: self.custom.list_namespaced_custom_object(  # type: ignore[misc]
-                    k.group, k.version, namespace, k.plural, label_selector=selector, _preload_content=False
-                )
-            )
-            keys += [ObjectKey(k.kind, item["metadata"]["name"]) for item in _json(answer).get("items", [])]
-        return keys + self._envoy_filters_elsewhere(namespace, selector, elsewhere)
-
-    def _envoy_filters_elsewhere(self, namespace: str, selector: str, elsewhere: frozenset[str]) -> list[ObjectKey]:
-        """The pool's EnvoyFilter copies outside its namespace: listed cluster-wide by their labels (wherever an
-        earlier pass put them), or, in a namespace-scoped install, in the namespaces of `elsewhere` it may read."""
-        filters = ISTIO_KINDS["EnvoyFilter"]
-        labelled = f"{selector},{POOL_NAMESPACE_LABEL}={namespace}"
-        if self.namespaces is None:
-            answer = _call(
-                lambda: self.custom.list_cluster_custom_object(
-                    filters.group, filters.version, filters.plural, label_selector=labelled, _preload_content=False
-                )
-            )
-            items = _json(answer).get("items", [])
-        else:
-            unreadable = sorted(elsewhere - self.namespaces - {namespace})
-            if unreadable:
-                log.warning("pool %s: EnvoyFilters in %s are outside the watched namespaces", namespace, unreadable)
-            items = []
-            for where in sorted((elsewhere & self.namespaces) - {namespace}):
-                answer = _call(
-                    lambda where=where: self.custom.list_namespaced_custom_object(  # type: ignore[misc]
-                        filters.group,
-                        filters.version,
-                        where,
-                        filters.plural,
-                        label_selector=labelled,
-                        _preload_content=False,
-                    )
-                )
-                items += _json(answer).get("items", [])
-        return [
-            ObjectKey(filters.kind, item["metadata"]["name"], item["metadata"]["namespace"])
-            for item in items
-            if item["metadata"]["namespace"] != namespace
-        ]
+        return owned_keys(self.custom, namespace, pool, elsewhere, self.namespaces)
 
     # ---- writes
 
-    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
-        meta = desired["metadata"]
-        kind, name, namespace = desired["kind"], meta["name"], meta["namespace"]
+    def apply(self, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
+        kind, name, namespace = desired.kind, desired.name, desired.namespace
         key = (namespace, kind, name)
         seen = self._verified.pop(key, None)
         if seen is not None and seen.adopt == adopt and time.monotonic() - seen.read_at < self.resync_seconds:
@@ -444,14 +274,14 @@ class KubeCluster:
             self._patch(kind, namespace, name, seen.body(desired))  # read recently: ours (or adopted), so no GET
             self._verified[key] = Verified(copy.deepcopy(desired), adopt, seen.original, seen.read_at)
             return WriteResult(kind, name, "updated")
-        live = self._get(kind, namespace, name)
+        live = get_istio_object(self.custom, kind, namespace, name)
         read_at = time.monotonic()
-        decision = decide(live, desired, pool_uid, adopt)
+        decision = decide(live, desired.body, pool_uid, adopt)
         if decision.action == "refuse":
             return WriteResult(kind, name, "refused", f"{kind} {namespace}/{name} exists and is not managed by sluice")
         owner, original = ownership(live, pool_uid), None
         if live is not None and owner == "adopted":
-            original = str(live["metadata"]["annotations"][ORIGINAL_ANNOTATION])
+            original = kept_original(live)
         elif live is not None and owner == "foreign":
             original = original_of(live)  # adopted by this write
         if decision.action == "unchanged" or decision.body is None:
@@ -464,7 +294,7 @@ class KubeCluster:
         self._verified[key] = Verified(copy.deepcopy(desired), adopt, original, read_at)  # once the write succeeded
         return WriteResult(kind, name, "created" if live is None else "updated")
 
-    def _patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+    def _patch(self, kind: str, namespace: str, name: str, body: JsonObject) -> None:
         k = ISTIO_KINDS[kind]
         self._server_side_apply(
             self.custom.patch_namespaced_custom_object, k.group, k.version, k.plural, namespace, name, body
@@ -472,13 +302,13 @@ class KubeCluster:
 
     def _server_side_apply(
         self,
-        patch: Callable[..., Any],
+        patch: Callable[..., object],
         group: str,
         version: str,
         plural: str,
         namespace: str,
         name: str,
-        body: dict[str, Any],
+        body: JsonObject,
     ) -> None:
         """`patch` (an object's or its status subresource's) as a forced server-side apply by `sluice`, within
         the write fence, its answer read and dropped undecoded (`_discard`)."""
@@ -503,7 +333,7 @@ class KubeCluster:
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
         namespace = key.namespace or namespace
         self._verified.pop((namespace, key.kind, key.name), None)
-        live = self._get(key.kind, namespace, key.name)
+        live = get_istio_object(self.custom, key.kind, namespace, key.name)
         if live is None:
             return WriteResult(key.kind, key.name, "unchanged")
         decision = release(live)
@@ -519,9 +349,9 @@ class KubeCluster:
             )
         return WriteResult(key.kind, key.name, "pruned")
 
-    def _replace(self, body: dict[str, Any]) -> None:
-        k = ISTIO_KINDS[body["kind"]]
-        meta = body["metadata"]
+    def _replace(self, body: JsonObject) -> None:
+        k = ISTIO_KINDS[text(body, "kind")]
+        meta = strings(body, "metadata")  # its name and namespace among them
         with _fenced() as seconds:
             _call(
                 lambda: self.custom.replace_namespaced_custom_object(
@@ -530,7 +360,7 @@ class KubeCluster:
             )
 
     def write_status(self, namespace: str, name: str, status: InferencePoolStatus) -> None:
-        body = {
+        body: JsonObject = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": KIND,
             "metadata": {"name": name, "namespace": namespace},

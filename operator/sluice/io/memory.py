@@ -12,11 +12,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.api.jsontypes import JsonObject, members
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.istio.ownership import MANAGED_BY, POOL_LABEL, POOL_NAMESPACE_LABEL, decide, release
+from sluice.istio.rendered import Rendered
 
 
 @dataclass
@@ -24,8 +26,8 @@ class MemoryCluster:
     pod_list: list[ObservedPod] = field(default_factory=list)
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-    """(namespace, kind, name) -> object."""
-    statuses: deque[tuple[str, str, dict[str, Any]]] = field(default_factory=lambda: deque(maxlen=1000))
+    """(namespace, kind, name) -> object (JSON; the benchmark reads the objects a pass wrote from it)."""
+    statuses: deque[tuple[str, str, JsonObject]] = field(default_factory=lambda: deque(maxlen=1000))
     """The latest status writes (bounded: a simulation runs for hours of simulated time)."""
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=10000))
     failures: dict[str, ClusterError] = field(default_factory=dict)
@@ -50,12 +52,11 @@ class MemoryCluster:
             raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
         return data[key]
 
-    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
+    def apply(self, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
         self._enter("apply")
-        meta = desired["metadata"]
-        kind, name, namespace = desired["kind"], meta["name"], meta["namespace"]
+        kind, name, namespace = desired.kind, desired.name, desired.namespace
         live = self.objects.get((namespace, kind, name))
-        decision = decide(live, desired, pool_uid, adopt)
+        decision = decide(live, desired.body, pool_uid, adopt)
         if decision.action == "refuse":
             return WriteResult(kind, name, "refused", f"{kind} {namespace}/{name} exists and is not managed by sluice")
         if decision.action == "unchanged" or decision.body is None:
@@ -74,7 +75,7 @@ class MemoryCluster:
         wanted = {**MANAGED_BY, POOL_LABEL: pool}
         keys = []
         for (ns, kind, name), obj in sorted(self.objects.items()):
-            labels = obj["metadata"].get("labels") or {}
+            labels = members(obj, "metadata", "labels")
             if not all(labels.get(k) == v for k, v in wanted.items()):
                 continue
             if ns == namespace:

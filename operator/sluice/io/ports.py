@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod, SignalSnapshot
+from sluice.istio.rendered import Rendered
 
 WriteAction = Literal["created", "updated", "unchanged", "refused", "pruned", "restored"]
 
@@ -60,7 +61,7 @@ class Cluster(Protocol):
     def secret_key(self, namespace: str, name: str, key: str) -> str:
         """One key of a Secret; LookupError when the Secret or the key is missing."""
 
-    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
+    def apply(self, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
         """Write `desired` if it differs and sluice may (ours, or adopted when `adopt`); refuse a foreign one."""
 
     def mesh(self, namespace: str, spec: InferencePoolSpec) -> ObservedMesh | None:

@@ -14,8 +14,11 @@ The contract (see docs/guide.md, "Ownership"):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, cast
+
+from sluice.api.jsontypes import JsonObject, members, text
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sluice"}
 POOL_LABEL = "sluice.dev/pool"
@@ -27,21 +30,33 @@ ORIGINAL_ANNOTATION = "sluice.dev/original"
 Ownership = Literal["absent", "ours", "adopted", "foreign"]
 
 
-def ownership(live: dict[str, Any] | None, pool_uid: str | None) -> Ownership:
+def _listed(value: Mapping[str, object], key: str) -> list[object]:
+    """The list at `key` (an empty one when missing or not a list)."""
+    found = value.get(key)
+    return found if isinstance(found, list) else []
+
+
+def _child(value: JsonObject, key: str) -> JsonObject:
+    """The JSON object at `key` (an empty one when missing or not an object)."""
+    found = value.get(key)
+    return found if isinstance(found, dict) else {}
+
+
+def ownership(live: Mapping[str, object] | None, pool_uid: str | None) -> Ownership:
     if live is None:
         return "absent"
-    meta = live.get("metadata", {})
-    if ORIGINAL_ANNOTATION in (meta.get("annotations") or {}):
+    meta = members(live, "metadata")
+    if ORIGINAL_ANNOTATION in members(meta, "annotations"):
         return "adopted"
-    labels = meta.get("labels") or {}
-    owned = any(ref.get("uid") == pool_uid for ref in meta.get("ownerReferences") or [] if pool_uid)
+    labels = members(meta, "labels")
+    owned = any(members(ref).get("uid") == pool_uid for ref in _listed(meta, "ownerReferences") if pool_uid)
     managed = all(labels.get(k) == v for k, v in MANAGED_BY.items())
     return "ours" if managed or owned else "foreign"
 
 
-def original_of(live: dict[str, Any]) -> str:
+def original_of(live: Mapping[str, object]) -> str:
     """What to give back later: the object's spec, labels and annotations as the user left them (JSON)."""
-    meta = live.get("metadata", {})
+    meta = members(live, "metadata")
     return json.dumps(
         {"spec": live.get("spec"), "labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {}},
         sort_keys=True,
@@ -49,44 +64,51 @@ def original_of(live: dict[str, Any]) -> str:
     )
 
 
-def as_adopted(desired: dict[str, Any], original: str) -> dict[str, Any]:
+def kept_original(live: Mapping[str, object]) -> str:
+    """The original an adopted object carries (its annotation, as `original_of` wrote it)."""
+    return text(live, "metadata", "annotations", ORIGINAL_ANNOTATION)
+
+
+def as_adopted(desired: JsonObject, original: str) -> JsonObject:
     """The desired object for an adopted one: no ownerReference, the original kept in an annotation."""
-    meta = dict(desired["metadata"])
+    meta = dict(_child(desired, "metadata"))
     meta.pop("ownerReferences", None)
-    meta["annotations"] = {**(meta.get("annotations") or {}), ORIGINAL_ANNOTATION: original}
+    meta["annotations"] = {**_child(meta, "annotations"), ORIGINAL_ANNOTATION: original}
     return {**desired, "metadata": meta}
 
 
-def restored(live: dict[str, Any]) -> dict[str, Any]:
+def restored(live: Mapping[str, object]) -> JsonObject:
     """The whole object to write back (a replace): the user's spec, labels and annotations, sluice's gone."""
-    meta = live["metadata"]
-    original = json.loads(meta["annotations"][ORIGINAL_ANNOTATION])
-    kept = {k: v for k, v in meta.items() if k in ("name", "namespace", "resourceVersion", "uid")}
-    restored_meta = {**kept}
+    meta = members(live, "metadata")
+    # json.loads is untyped: the annotation holds the JSON object `original_of` wrote
+    original = cast(JsonObject, json.loads(kept_original(live)))
+    restored_meta: JsonObject = {
+        k: v for k, v in meta.items() if k in ("name", "namespace", "resourceVersion", "uid") and isinstance(v, str)
+    }
     for key in ("labels", "annotations"):
         if original[key]:
             restored_meta[key] = original[key]
-    body: dict[str, Any] = {"apiVersion": live["apiVersion"], "kind": live["kind"], "metadata": restored_meta}
+    body: JsonObject = {"apiVersion": text(live, "apiVersion"), "kind": text(live, "kind"), "metadata": restored_meta}
     if original["spec"] is not None:
         body["spec"] = original["spec"]
     return body
 
 
-def differs(live: dict[str, Any], desired: dict[str, Any]) -> bool:
+def differs(live: Mapping[str, object], desired: Mapping[str, object]) -> bool:
     """True when applying `desired` would change the live object (spec, our labels, annotations, owner)."""
     if live.get("spec") != desired.get("spec"):
         return True
-    live_meta, want_meta = live.get("metadata", {}), desired.get("metadata", {})
+    live_meta, want_meta = members(live, "metadata"), members(desired, "metadata")
     for key in ("labels", "annotations"):
-        have = live_meta.get(key) or {}
-        if any(have.get(k) != v for k, v in (want_meta.get(key) or {}).items()):
+        have = members(live_meta, key)
+        if any(have.get(k) != v for k, v in members(want_meta, key).items()):
             return True
-    wanted_owners = {ref["uid"] for ref in want_meta.get("ownerReferences") or []}
-    live_owners = {ref.get("uid") for ref in live_meta.get("ownerReferences") or []}
+    wanted_owners = {members(ref).get("uid") for ref in _listed(want_meta, "ownerReferences")}
+    live_owners = {members(ref).get("uid") for ref in _listed(live_meta, "ownerReferences")}
     return not wanted_owners <= live_owners
 
 
-def _holds(live: Any, want: Any) -> bool:
+def _holds(live: object, want: object) -> bool:
     """`live` has every field `want` sets, with its value (maps compared field by field; lists, atomic in
     Istio's schemas, as a whole)."""
     if isinstance(want, dict):
@@ -94,7 +116,7 @@ def _holds(live: Any, want: Any) -> bool:
     return bool(live == want)
 
 
-def drifted(live: dict[str, Any], written: dict[str, Any]) -> bool:
+def drifted(live: Mapping[str, object], written: Mapping[str, object]) -> bool:
     """True when the live object no longer holds what sluice wrote: a field it sets changed or went, or one of
     its labels, annotations or owners. Fields somebody else added are not drift: sluice's server-side apply
     would not remove them, so reading the object again could not make it match."""
@@ -108,18 +130,19 @@ class Decision:
     """What to do with one desired object, given what is live: the adapters only carry it out."""
 
     action: Literal["refuse", "restore", "unchanged", "write", "delete"]
-    body: dict[str, Any] | None = None
+    body: JsonObject | None = None
     """The object to apply (`write`) or to replace the live one with (`restore`)."""
 
 
-def another_pools(live: dict[str, Any], desired: dict[str, Any]) -> bool:
+def another_pools(live: Mapping[str, object], desired: Mapping[str, object]) -> bool:
     """A sluice object labelled for another pool (same name, another namespace: its EnvoyFilter copies)."""
-    have = live.get("metadata", {}).get("labels") or {}
-    want = desired.get("metadata", {}).get("labels") or {}
+    have = members(live, "metadata", "labels")
+    want = members(desired, "metadata", "labels")
     return any(key in have and key in want and have[key] != want[key] for key in (POOL_LABEL, POOL_NAMESPACE_LABEL))
 
 
-def decide(live: dict[str, Any] | None, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> Decision:
+def decide(live: Mapping[str, object] | None, desired: JsonObject, pool_uid: str | None, adopt: bool) -> Decision:
+    """`desired` is the rendered object's body (`Rendered.body`): ownership reads its metadata and spec only."""
     owner = ownership(live, pool_uid)
     if live is not None and owner == "ours" and another_pools(live, desired):
         return Decision("refuse")
@@ -129,10 +152,10 @@ def decide(live: dict[str, Any] | None, desired: dict[str, Any], pool_uid: str |
         return Decision("write", as_adopted(desired, original_of(live))) if adopt else Decision("refuse")
     if not adopt:  # adopted, and adoptExisting was turned off: the user's object is theirs again
         return Decision("restore", restored(live))
-    body = as_adopted(desired, live["metadata"]["annotations"][ORIGINAL_ANNOTATION])
+    body = as_adopted(desired, kept_original(live))
     return Decision("write", body) if differs(live, body) else Decision("unchanged")
 
 
-def release(live: dict[str, Any]) -> Decision:
+def release(live: Mapping[str, object]) -> Decision:
     """What releasing a live object means: an adopted one is given back, one sluice created is deleted."""
     return Decision("restore", restored(live)) if ownership(live, None) == "adopted" else Decision("delete")

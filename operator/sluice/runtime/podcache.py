@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice.core.observed import ObservedPod
-from sluice.io.kube import observed_pod
+from sluice.io.kubeobserved import observed_pod
 
 
 class PodCache:

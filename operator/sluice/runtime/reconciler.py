@@ -41,7 +41,9 @@ from sluice.core.mesh import PoolId
 from sluice.core.observed import Observed, SignalSnapshot
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.io.ports import Cluster, ClusterError, ObjectKey, PromAuth, SignalSource
-from sluice.istio.render import PoolRef, render
+from sluice.istio.objects import PoolRef
+from sluice.istio.render import render
+from sluice.istio.rendered import Rendered
 from sluice.runtime.report import PassReport
 
 log = logging.getLogger("sluice")
@@ -61,9 +63,8 @@ OBSERVATIONS = frozenset(
 """A row's fields that move with every reading; a change of these alone waits for `status_refresh`."""
 
 
-def _key(ref: PoolRef, obj: dict[str, Any]) -> ObjectKey:
-    where = obj["metadata"]["namespace"]
-    return ObjectKey(obj["kind"], obj["metadata"]["name"], None if where == ref.namespace else where)
+def _key(ref: PoolRef, obj: Rendered) -> ObjectKey:
+    return ObjectKey(obj.kind, obj.name, None if obj.namespace == ref.namespace else obj.namespace)
 
 
 def _elsewhere(plan: Plan) -> frozenset[str]:
@@ -268,7 +269,7 @@ class Reconciler:
             try:
                 result = self.cluster.apply(obj, ref.uid, spec.routing.adopt_existing)
             except ClusterError as failure:
-                failed.append(f"{obj['kind']} {obj['metadata']['name']}: {failure.status} {failure.reason}")
+                failed.append(f"{obj.kind} {obj.name}: {failure.status} {failure.reason}")
                 continue
             report.writes.append(result)
             if result.action == "refused":

@@ -50,6 +50,7 @@ from sluice.core.shards import (
 )
 from sluice.io.kube import USER_AGENT, WRITE_FENCE
 from sluice.io.ports import Cluster, ClusterError, ObjectKey, WriteResult
+from sluice.istio.rendered import Rendered
 
 log = logging.getLogger("sluice.sharding")
 TIMEOUT = 4.0  # seconds per Lease call: a call that hangs must not hold the renewals past the Lease's validity
@@ -515,7 +516,7 @@ class FencedCluster:
     def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
         return self.inner.owned(namespace, pool, elsewhere)
 
-    def apply(self, desired: dict[str, Any], pool_uid: str | None, adopt: bool) -> WriteResult:
+    def apply(self, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
         return self._fenced(lambda: self.inner.apply(desired, pool_uid, adopt))
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
