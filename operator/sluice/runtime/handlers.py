@@ -48,7 +48,7 @@ from sluice.runtime.metrics import GcPauses, OperatorMetrics
 from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
-from sluice.runtime.sharding import FencedCluster, ShardLeases
+from sluice.runtime.sharding import ShardLeases
 from sluice.runtime.snapshots import SnapshotReader
 
 log = logging.getLogger("sluice")
@@ -139,7 +139,6 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         runtime.shards = ShardLeases(
             load_api_client(config.kubeconfig, retries=0), config.lease_namespace, config.shards, config.identity
         )
-        runtime.reconciler = Reconciler(FencedCluster(runtime.cluster, runtime.shards), runtime.prom, refresh)
         runtime.shards.start()
     # No `_created` twin of every counter and histogram on the page.
     disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -266,8 +265,8 @@ async def pool_loop(
                 if shards is None:
                     return clock(), reconciler.run(snapshot, datetime.now(UTC))
                 # every write fenced to the term seen here: a pass that outlives it writes nothing more
-                with shards.passing(snapshot.meta.namespace, snapshot.meta.name, term):
-                    return clock(), reconciler.run(snapshot, datetime.now(UTC))
+                fence = shards.fence(snapshot.meta.namespace, snapshot.meta.name, term)
+                return clock(), reconciler.run(snapshot, datetime.now(UTC), fence)
 
             try:
                 started, report = await run_pass(timed)
@@ -320,14 +319,13 @@ async def pool_deleted(
     term = None if shards is None else shards.pool_term(ns, name)
     if shards is not None and term is None:
         raise kopf.TemporaryError("the pool's shard is held by another replica", delay=5)
-    writer: Cluster = cluster if shards is None else FencedCluster(cluster, shards)
+    writer: Cluster = cluster if shards is None else shards.fence(ns, name, term).around(cluster)
 
     mesh = (status or {}).get("mesh") or {}
     elsewhere = frozenset(str(where) for where in mesh.get("envoyFilterNamespaces") or ())
 
     def give_back() -> list[tuple[ObjectKey, WriteResult]]:
-        with contextlib.nullcontext() if shards is None else shards.passing(ns, name, term):  # fenced as a pass
-            return [(key, writer.release(ns, key)) for key in cluster.owned(ns, name, elsewhere)]
+        return [(key, writer.release(ns, key)) for key in cluster.owned(ns, name, elsewhere)]  # fenced as a pass
 
     for key, result in await asyncio.to_thread(give_back):
         log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)

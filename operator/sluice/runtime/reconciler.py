@@ -24,6 +24,7 @@ released (deleted, or given back when adopted). Events are derived from the stat
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ from sluice.core.observed import Observed, SignalSnapshot
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.io.ports import Cluster, ClusterError, ObjectKey, PromAuth, SignalSource
 from sluice.istio.render import PoolRef, render
+from sluice.runtime.fence import PassFence
 from sluice.runtime.report import PassReport
 
 log = logging.getLogger("sluice")
@@ -169,6 +171,12 @@ class Reconciler:
         self._rendered.pop(uid, None)
         self._read_at.pop(uid, None)
 
+    def _through(self, cluster: Cluster) -> Reconciler:
+        """This reconciler for one pass whose calls go to `cluster`: the per-pool memory is the same, shared."""
+        view = copy.copy(self)
+        view.cluster = cluster
+        return view
+
     def _stored(self, uid: str, snapshot: PoolSnapshot) -> InferencePoolStatus | None:
         """The status stored for the pool, as far as this process knows: the newer of its own last write and the
         one the watch delivered."""
@@ -179,7 +187,10 @@ class Reconciler:
         write is stored nowhere else)."""
         return _newer(self._last_pass.get(snapshot.meta.uid or ""), snapshot.status)
 
-    def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+    def run(self, snapshot: PoolSnapshot, now: datetime, fence: PassFence | None = None) -> PassReport:
+        """One pass; with `fence` (a sharded replica), every write of the pass goes through it."""
+        if fence is not None:
+            return self._through(fence.around(self.cluster)).run(snapshot, now)
         started = time.monotonic()
         meta = snapshot.meta
         previous = self._previous(snapshot)
