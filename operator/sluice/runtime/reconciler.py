@@ -87,7 +87,7 @@ def _newer(mine: InferencePoolStatus | None, theirs: InferencePoolStatus | None)
 _NOT_DECISIONS = frozenset({"endpoints", "pod_memory", "endpoint_summary", "signal_checks"})
 """A stored status' fields that carry rows (their decisions are compared row by row, `_decisions`), and the
 preflight's findings, which are observations (the SignalsReady condition carries what they decide)."""
-Decisions = tuple[tuple[tuple[str, Any], ...], tuple[tuple[tuple[str, Any], ...], ...]]
+Decisions = tuple[tuple[tuple[str, object], ...], tuple[tuple[tuple[str, object], ...], ...]]
 
 
 def _decisions(status: InferencePoolStatus) -> Decisions:
