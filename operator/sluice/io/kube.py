@@ -211,12 +211,6 @@ class KubeCluster:
     fence: WriteFence | None = None
     """Checked right before each write request (`fenced`); None: unfenced."""
 
-    def fenced(self, fence: WriteFence) -> KubeCluster:
-        """This adapter with every write request behind `fence`: its caches, clients and locks are shared."""
-        view = copy.copy(self)
-        view.fence = fence
-        return view
-
     def __init__(self, api_client: k8s.ApiClient, resync_seconds: float = 60.0, user_agent: str = USER_AGENT) -> None:
         api_client.user_agent = user_agent  # lets audit logs (and the RBAC test) tell the operator's calls apart
         self.api_client = api_client
@@ -245,6 +239,12 @@ class KubeCluster:
     def resync(self) -> None:
         """Forget which objects were seen in the wanted state: the next pass reads them again."""
         self._verified.clear()
+
+    def fenced(self, fence: WriteFence) -> KubeCluster:
+        """This adapter with every write request behind `fence`: its caches, clients and locks are shared."""
+        view = copy.copy(self)
+        view.fence = fence
+        return view
 
     def observed(self, obj: dict[str, Any], deleted: bool = False) -> None:
         """A watch event of an Istio object. One this process verified is read again by the next pass that wants
