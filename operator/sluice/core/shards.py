@@ -1,9 +1,10 @@
-"""Sharding: which shard a pool belongs to, and what a replica should do with the shard Leases it sees. Pure.
+"""Sharding: which shard a pool belongs to, what a replica should do with the shard Leases it sees, and when a
+pass's write may go. Pure.
 
 Pools are split into `shards` by a stable hash of `namespace/name` (SHA-256, so every replica and every Python
 process agrees; Python's own `hash` is salted per process). Each shard is owned through a
-`coordination.k8s.io/v1` Lease; the I/O is `sluice.runtime.sharding`. The rules, as client-go's leader election
-has them, per shard:
+`coordination.k8s.io/v1` Lease (written as `lease_body` says, read with `lease_view` and its readers); the I/O
+is `sluice.runtime.sharding`. The rules, as client-go's leader election has them, per shard:
 - a Lease is expired when its record (holder, resourceVersion) has not changed for `leaseDurationSeconds` as
   observed by this replica's own monotonic clock (no trust in other clocks); a released Lease (no holder) is
   free at once;
