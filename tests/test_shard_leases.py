@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from sluice.core.shards import Fence
 from sluice.io.kube import load_api_client
 from sluice.runtime.sharding import ShardLeases, _Stopping
 from tests.test_sharding_runtime import Clock, FakeLeaseApi, faked
@@ -132,16 +133,16 @@ def test_a_shard_given_up_is_cleared_only_once_its_calls_in_flight_have_ended_or
     a.step()
     index = 1
     term = a.term(index)
-    with a.writing(index, term):  # a fenced call under way when the shard is given up
-        a._releasing[index] = clock.now + a.margin
+    with a.tenures.writing(Fence(index, term)):  # a fenced call under way when the shard is given up
+        a.tenures.releasing[index] = clock.now + a.margin
         clock.now += a.margin
         a.step()
         assert holders(api)[index] == "a", "cleared while a call of the shard was in flight"
     clock.now += 0.5
     a.step()
     assert holders(api)[index] is None
-    with a.writing(2, a.term(2)):  # one that does not return: cleared once the validity ended
-        a._releasing[2] = clock.now + a.margin
+    with a.tenures.writing(Fence(2, a.term(2))):  # one that does not return: cleared once the validity ended
+        a.tenures.releasing[2] = clock.now + a.margin
         clock.now += 8.0
         a.step()
         assert holders(api)[2] is None

@@ -20,14 +20,16 @@ from kubernetes.client.exceptions import ApiException
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.core.events import Event
+from sluice.core.shards import Fence
 from sluice.io.kube import KubeCluster
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.runtime import handlers
 from sluice.runtime.config import OperatorConfig
+from sluice.runtime.fence import FencedCluster, PassFence
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.report import PassReport
-from sluice.runtime.sharding import FencedCluster, ShardLeases
+from sluice.runtime.sharding import ShardLeases
 from tests.test_handlers import BODY
 from tests.test_kube_cluster import DESIRED, FakeCustom, rendered
 
@@ -47,15 +49,15 @@ def leases(clock: Clock) -> ShardLeases:
 def test_a_shard_is_held_until_its_validity_ends_and_not_while_it_is_given_up() -> None:
     clock = Clock()
     shards = leases(clock)
-    shards._valid_until[2] = clock.now + 8.0
+    shards.tenures.valid_until[2] = clock.now + 8.0
     assert shards.holds(2)
     assert not shards.holds(1)
     clock.now += 7.9
     assert shards.holds(2)
     clock.now += 0.2
     assert not shards.holds(2)  # expired by its own deadline, whatever the renewal thread does
-    shards._valid_until[2] = clock.now + 8.0
-    shards._releasing[2] = clock.now + 2.0
+    shards.tenures.valid_until[2] = clock.now + 8.0
+    shards.tenures.releasing[2] = clock.now + 2.0
     assert not shards.holds(2)  # the fence closes before the Lease is cleared
 
 
@@ -63,22 +65,22 @@ def test_writes_are_refused_outside_a_held_shard_and_allowed_inside() -> None:
     clock = Clock()
     shards = leases(clock)
     inner = MemoryCluster()
-    fenced = FencedCluster(inner, shards)
     index = shards.shard("llm", "llama")
+    fenced = FencedCluster(inner, PassFence(shards.tenures, Fence(index, None)))
     with pytest.raises(ClusterError):
-        fenced.write_status("llm", "llama", InferencePoolStatus())  # no pass in progress
-    with shards.passing("llm", "llama"):
-        with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", InferencePoolStatus())  # the shard is not held
-        shards._acquired(index, clock.now)
-        with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", InferencePoolStatus())  # nor was it when this pass began
-    with shards.passing("llm", "llama"):
-        fenced.write_status("llm", "llama", InferencePoolStatus(routable="1/1"))
-        fenced.emit("llm", "llama", None, Event("Normal", "X", "y"))
-        clock.now += 9.0  # the Lease lapsed mid-pass
-        with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", InferencePoolStatus(routable="2/2"))
+        fenced.write_status("llm", "llama", InferencePoolStatus())  # a pass begun with no term
+    fenced = shards.fence("llm", "llama").around(inner)
+    with pytest.raises(ClusterError):
+        fenced.write_status("llm", "llama", InferencePoolStatus())  # the shard is not held
+    shards._acquired(index, clock.now)
+    with pytest.raises(ClusterError):
+        fenced.write_status("llm", "llama", InferencePoolStatus())  # nor was it when this pass began
+    fenced = shards.fence("llm", "llama").around(inner)
+    fenced.write_status("llm", "llama", InferencePoolStatus(routable="1/1"))
+    fenced.emit("llm", "llama", None, Event("Normal", "X", "y"))
+    clock.now += 9.0  # the Lease lapsed mid-pass
+    with pytest.raises(ClusterError):
+        fenced.write_status("llm", "llama", InferencePoolStatus(routable="2/2"))
     assert [(ns, name, status["routable"]) for ns, name, status in inner.statuses] == [("llm", "llama", "1/1")]
 
 
@@ -91,9 +93,9 @@ class Reconciler:
     def written_at(self, uid: str) -> datetime | None:
         return None
 
-    def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+    def run(self, snapshot: PoolSnapshot, now: datetime, fence: PassFence | None = None) -> PassReport:
         index = self.shards.shard(snapshot.meta.namespace, snapshot.meta.name)
-        fenced = FencedCluster(MemoryCluster(), self.shards)
+        fenced = FencedCluster(MemoryCluster(), fence or PassFence(self.shards.tenures, Fence(index, None)))
         try:
             fenced.write_status(snapshot.meta.namespace, snapshot.meta.name, InferencePoolStatus())
             inside = True
@@ -220,8 +222,8 @@ def test_a_write_is_checked_right_before_it_is_sent_not_only_when_the_call_begin
 
     custom.get_namespaced_custom_object = slow_get  # type: ignore[method-assign]
     adapter.custom = custom  # type: ignore[assignment]
-    fenced = FencedCluster(adapter, shards)
-    with shards.passing("llm", "llama"), pytest.raises(ClusterError):
+    fenced = FencedCluster(adapter, shards.fence("llm", "llama"))
+    with pytest.raises(ClusterError):
         fenced.apply(rendered(DESIRED), None, adopt=False)
     assert custom.patches == 0, "the patch after the hung read was withheld"
 
@@ -241,8 +243,7 @@ def test_a_fenced_write_carries_a_request_timeout_within_the_remaining_validity(
             return super().patch_namespaced_custom_object(*args, **kwargs)
 
     adapter.custom = Custom()  # type: ignore[assignment]
-    with shards.passing("llm", "llama"):
-        FencedCluster(adapter, shards).apply(rendered(DESIRED), None, adopt=False)
+    FencedCluster(adapter, shards.fence("llm", "llama")).apply(rendered(DESIRED), None, adopt=False)
     assert timeouts == [pytest.approx(3.0)]
 
 
@@ -250,19 +251,18 @@ def test_a_pass_begun_in_one_term_writes_nothing_in_the_next() -> None:
     clock = Clock()
     shards = leases(clock)
     inner = MemoryCluster()
-    fenced = FencedCluster(inner, shards)
     index = shards.shard("llm", "llama")
     shards._acquired(index, clock.now)
-    with shards.passing("llm", "llama"):
-        fenced.write_status("llm", "llama", InferencePoolStatus(routable="1/1"))
-        shards._lose(index, "lapsed while the pass hung")
-        clock.now += 20.0
-        shards._acquired(index, clock.now)  # another replica had it meanwhile; this one took it back
-        assert shards.holds(index)
-        with pytest.raises(ClusterError):
-            fenced.write_status("llm", "llama", InferencePoolStatus(routable="2/2"))
-    with shards.passing("llm", "llama"):  # a pass of the new term writes
-        fenced.write_status("llm", "llama", InferencePoolStatus(routable="3/3"))
+    fenced = FencedCluster(inner, shards.fence("llm", "llama"))
+    fenced.write_status("llm", "llama", InferencePoolStatus(routable="1/1"))
+    shards._lose(index, "lapsed while the pass hung")
+    clock.now += 20.0
+    shards._acquired(index, clock.now)  # another replica had it meanwhile; this one took it back
+    assert shards.holds(index)
+    with pytest.raises(ClusterError):
+        fenced.write_status("llm", "llama", InferencePoolStatus(routable="2/2"))
+    fenced = FencedCluster(inner, shards.fence("llm", "llama"))
+    fenced.write_status("llm", "llama", InferencePoolStatus(routable="3/3"))  # a pass of the new term writes
     assert [s[2]["routable"] for s in inner.statuses] == ["1/1", "3/3"]
 
 
@@ -275,7 +275,7 @@ def test_the_daemon_resyncs_when_the_shard_was_lost_and_regained_between_two_pas
     runtime.cluster = SimpleNamespace(resync=lambda: resyncs.append(time.monotonic()))  # type: ignore[assignment]
 
     class Twice(Reconciler):
-        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+        def run(self, snapshot: PoolSnapshot, now: datetime, fence: PassFence | None = None) -> PassReport:
             self.runs.append((time.monotonic(), True))
             if len(self.runs) == 1:  # lost and taken back within one interval: the daemon never saw it idle
                 shards._lose(index, "lapsed")
@@ -303,11 +303,9 @@ def test_stop_waits_for_a_write_in_flight_before_clearing_the_lease() -> None:
             time.sleep(0.6)
             ended.append(time.monotonic())
 
-    fenced = FencedCluster(Slow(), shards)
-
     def write() -> None:
-        with shards.passing("llm", "llama"):
-            fenced.write_status("llm", "llama", InferencePoolStatus())
+        fenced = FencedCluster(Slow(), shards.fence("llm", "llama"))
+        fenced.write_status("llm", "llama", InferencePoolStatus())
 
     writer = threading.Thread(target=write)
     writer.start()
@@ -370,7 +368,7 @@ def holding_the_pool(valid_for: float | None = None) -> tuple[ShardLeases, int, 
 class Stays(Reconciler):
     """Passes and goes on (the stub's own run stops the daemon after one pass)."""
 
-    def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+    def run(self, snapshot: PoolSnapshot, now: datetime, fence: PassFence | None = None) -> PassReport:
         self.runs.append((time.monotonic(), True))
         return PassReport(pool=snapshot.key)
 
@@ -385,7 +383,7 @@ def test_a_pool_whose_shard_moved_away_leaves_no_gauge_on_this_replica() -> None
     ran: list[float] = []
 
     class LosesItsShard(Reconciler):
-        def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+        def run(self, snapshot: PoolSnapshot, now: datetime, fence: PassFence | None = None) -> PassReport:
             self.runs.append((time.monotonic(), True))
             ran.append(time.monotonic())
             shards._lose(index, "taken over")

@@ -1,9 +1,10 @@
-"""Sharding: which shard a pool belongs to, and what a replica should do with the shard Leases it sees. Pure.
+"""Sharding: which shard a pool belongs to, what a replica should do with the shard Leases it sees, and when a
+pass's write may go. Pure.
 
 Pools are split into `shards` by a stable hash of `namespace/name` (SHA-256, so every replica and every Python
 process agrees; Python's own `hash` is salted per process). Each shard is owned through a
-`coordination.k8s.io/v1` Lease; the I/O is `sluice.runtime.sharding`. The rules, as client-go's leader election
-has them, per shard:
+`coordination.k8s.io/v1` Lease (written as `lease_body` says, read with `lease_view` and its readers); the I/O
+is `sluice.runtime.sharding`. The rules, as client-go's leader election has them, per shard:
 - a Lease is expired when its record (holder, resourceVersion) has not changed for `leaseDurationSeconds` as
   observed by this replica's own monotonic clock (no trust in other clocks); a released Lease (no holder) is
   free at once;
@@ -11,7 +12,8 @@ has them, per shard:
   Lease changed within its duration; over its share it releases the surplus; candidates are tried in an order
   hashed from the replica's identity, so replicas starting together go for different shards;
 - a replica acts on a shard only while `now < renewal sent + duration - margin`: it stops writing before any
-  other replica can consider the Lease expired.
+  other replica can consider the Lease expired; a pass's writes go only while the shard is held in the term the
+  pass began in (`Fence`).
 A pool's daemon follows its shard from pass to pass (`next_turn`, `after_pass`): it idles while the shard is not
 held here, forgets what it remembered of the pool when the shard comes back or returns in a new term, and counts a
 pass during which the shard went away as lost.
@@ -20,7 +22,11 @@ pass during which the shard went away as lost.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from sluice.api.jsontypes import JsonObject, members, text
 
 SHARD_LABEL = "sluice.dev/shard-set"
 ROLE_LABEL = "sluice.dev/lease-role"
@@ -73,6 +79,60 @@ class LeaseView:
         return self.unchanged_for >= self.duration
 
 
+def micro_time(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_body(
+    namespace: str,
+    prefix: str,
+    name: str,
+    role: str,
+    holder: str | None,
+    version: str | None,
+    duration: int,
+    stamp: str,
+    acquired: bool,
+) -> JsonObject:
+    """A Lease of the shard set `prefix` as written: `holder` None clears it; `version` None creates it."""
+    spec: JsonObject = {"holderIdentity": holder, "leaseDurationSeconds": duration}
+    if holder:
+        spec["renewTime"] = stamp
+        if acquired:
+            spec["acquireTime"] = stamp
+    meta: JsonObject = {"name": name, "namespace": namespace, "labels": {SHARD_LABEL: prefix, ROLE_LABEL: role}}
+    if version is not None:
+        meta["resourceVersion"] = version
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+
+
+def holder_of(lease: Mapping[str, object] | None) -> str | None:
+    found = members(lease, "spec").get("holderIdentity")
+    return found if isinstance(found, str) else None
+
+
+def version_of(lease: Mapping[str, object]) -> str:
+    return text(lease, "metadata", "resourceVersion")
+
+
+def role_of(lease: Mapping[str, object]) -> str:
+    return text(lease, "metadata", "labels", ROLE_LABEL)
+
+
+def duration_of(lease: Mapping[str, object], default: float) -> float:
+    seconds = members(lease, "spec").get("leaseDurationSeconds")
+    return float(seconds) if isinstance(seconds, int | float) and seconds else default
+
+
+def lease_view(lease: Mapping[str, object], default_duration: float, unchanged_for: float) -> LeaseView:
+    return LeaseView(
+        holder=holder_of(lease) or None,
+        resource_version=version_of(lease),
+        duration=duration_of(lease, default_duration),
+        unchanged_for=unchanged_for,
+    )
+
+
 @dataclass(frozen=True)
 class Decision:
     acquire: list[int] = field(default_factory=list)
@@ -108,6 +168,32 @@ def decide(
 
 def _free(view: LeaseView | None, identity: str) -> bool:
     return view is None or view.free_for(identity)
+
+
+@dataclass(frozen=True)
+class Tenure:
+    """A shard as this replica holds it: the term it was taken in (a number never reused) and until when this
+    replica may act on it (`renewal sent + duration - margin`, monotonic seconds)."""
+
+    term: int
+    valid_until: float
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The write fence of one pass: its pool's shard and the term in which the pass began (None: not held then).
+    A pass that outlives its term writes nothing more, even once its replica has taken the shard back."""
+
+    shard: int
+    term: int | None
+
+    def deadline(self, held: Tenure | None, now: float) -> float | None:
+        """May a write go `now`: the seconds it may take (what is left of the validity, its request timeout), or
+        None when it may not. `held`: the shard's tenure now (None: not held, being given up, or the fence closed
+        for good)."""
+        if self.term is None or held is None or held.term != self.term or now >= held.valid_until:
+            return None
+        return held.valid_until - now
 
 
 @dataclass(frozen=True)

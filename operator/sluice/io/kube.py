@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import contextvars
 import copy
 import logging
 import os
@@ -53,17 +52,14 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "sluice"
 APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")
-WRITE_FENCE: contextvars.ContextVar[Callable[[], AbstractContextManager[float]] | None] = contextvars.ContextVar(
-    "sluice_write_fence", default=None
-)
-"""Set by `sluice.runtime.sharding.FencedCluster` around a fenced call: entered right before each write request,
-it refuses (`ClusterError`) or gives the seconds the request may take (its `_request_timeout`); it is left when
-the request has returned."""
+WriteFence = Callable[[], AbstractContextManager[float]]
+"""A pass's write fence as `sluice.runtime.fence.FencedCluster` hands it to `KubeCluster.fenced`: entered right
+before each write request, it refuses (`ClusterError`) or gives the seconds the request may take (its
+`_request_timeout`); it is left when the request has returned."""
 
 
 @contextlib.contextmanager
-def _fenced() -> Iterator[float | None]:
-    fence = WRITE_FENCE.get()
+def _fenced(fence: WriteFence | None) -> Iterator[float | None]:
     if fence is None:
         yield None
         return
@@ -138,6 +134,9 @@ USER_AGENT = f"sluice-operator/{os.environ.get('HOSTNAME', 'local')}-{os.getpid(
 class KubeCluster:
     """The operator's adapter: the `Cluster` port over the Kubernetes API."""
 
+    fence: WriteFence | None = None
+    """Checked right before each write request (`fenced`); None: unfenced."""
+
     def __init__(self, api_client: k8s.ApiClient, resync_seconds: float = 60.0, user_agent: str = USER_AGENT) -> None:
         api_client.user_agent = user_agent  # lets audit logs (and the RBAC test) tell the operator's calls apart
         self.api_client = api_client
@@ -166,6 +165,12 @@ class KubeCluster:
     def resync(self) -> None:
         """Forget which objects were seen in the wanted state: the next pass reads them again."""
         self._verified.clear()
+
+    def fenced(self, fence: WriteFence) -> KubeCluster:
+        """This adapter with every write request behind `fence`: its caches, clients and locks are shared."""
+        view = copy.copy(self)
+        view.fence = fence
+        return view
 
     def observed(self, obj: Mapping[str, object], deleted: bool = False) -> None:
         """A watch event of an Istio object. One this process verified is read again by the next pass that wants
@@ -312,7 +317,7 @@ class KubeCluster:
     ) -> None:
         """`patch` (an object's or its status subresource's) as a forced server-side apply by `sluice`, within
         the write fence, its answer read and dropped undecoded (`_discard`)."""
-        with _fenced() as seconds:
+        with _fenced(self.fence) as seconds:
             answer = _call(
                 lambda: patch(
                     group,
@@ -341,7 +346,7 @@ class KubeCluster:
             self._replace(decision.body)
             return WriteResult(key.kind, key.name, "restored")
         k = ISTIO_KINDS[key.kind]
-        with _fenced() as seconds:
+        with _fenced(self.fence) as seconds:
             _call(
                 lambda: self.custom.delete_namespaced_custom_object(
                     k.group, k.version, namespace, k.plural, key.name, _request_timeout=seconds
@@ -352,7 +357,7 @@ class KubeCluster:
     def _replace(self, body: JsonObject) -> None:
         k = ISTIO_KINDS[text(body, "kind")]
         meta = strings(body, "metadata")  # its name and namespace among them
-        with _fenced() as seconds:
+        with _fenced(self.fence) as seconds:
             _call(
                 lambda: self.custom.replace_namespaced_custom_object(
                     k.group, k.version, meta["namespace"], k.plural, meta["name"], body, _request_timeout=seconds
@@ -387,5 +392,5 @@ class KubeCluster:
             reporting_component="sluice",
             reporting_instance="sluice",
         )
-        with _fenced() as seconds:
+        with _fenced(self.fence) as seconds:
             _call(lambda: self.core.create_namespaced_event(namespace, body, _request_timeout=seconds))

@@ -13,7 +13,7 @@ is passed then, as before).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 import kopf
 
@@ -21,20 +21,21 @@ KEPT_METADATA = ("labels", "annotations")  # the only metadata kopf's essence ke
 READ_METADATA = (*KEPT_METADATA, "ownerReferences")  # and what kopf's key naming reads (`mark_key`)
 
 
-def _light(field: Any) -> bool:
+def _light(field: kopf.FieldSpec) -> bool:
     """An extra field `SpecDiffBase`'s lighter body still has."""
-    path = field.split(".") if isinstance(field, str) else list(field)
+    path = field.split(".") if isinstance(field, str) else list(field or ())
     if not path or path[0] == "status":
         return False
     return path[0] != "metadata" or (len(path) > 1 and path[1] in KEPT_METADATA)
 
 
 class SpecDiffBase(kopf.AnnotationsDiffBaseStorage):
-    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None) -> kopf.BodyEssence:
         fields = list(extra_fields or ())
         if not all(_light(f) for f in fields):
             return super().build(body=body, extra_fields=fields)
         meta = body.get("metadata") or {}
-        light: dict[str, Any] = {k: v for k, v in body.items() if k not in ("status", "metadata")}
+        light: dict[str, object] = {k: v for k, v in body.items() if k not in ("status", "metadata")}
         light["metadata"] = {k: meta[k] for k in READ_METADATA if k in meta}
+        # the body's own JSON, without its status and most of its metadata
         return super().build(body=kopf.Body(cast(kopf.RawBody, light)), extra_fields=fields)

@@ -28,11 +28,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import kopf
 from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
+from sluice.api.jsontypes import members, text
 from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
@@ -49,14 +49,15 @@ from sluice.runtime.metrics import GcPauses, OperatorMetrics
 from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
-from sluice.runtime.sharding import FencedCluster, ShardLeases
+from sluice.runtime.sharding import ShardLeases
 from sluice.runtime.snapshots import SnapshotReader
+from sluice.runtime.wakeups import pod_matters, wait_for_next_pass, wake_shard, wake_when_stopped
 
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
 UNHELD_RECHECK = 30.0
 """How long the daemon of a pool whose shard this replica does not hold waits before it looks again, unless
-woken: a shard taken wakes its pools (`_wake_shard`), so this is only a safety net. (At 1 s, the 1,500 daemons
+woken: a shard taken wakes its pools (`wakeups.wake_shard`), so this is only a safety net. (At 1 s, the 1,500 daemons
 of the shards another replica holds at 3,000 pools woke 1,500 times a second for nothing.)"""
 ISTIO_RESYNC_SECONDS = 600.0
 """How long an Istio object this process applied or found as wanted is trusted without a GET: the watch of the
@@ -111,13 +112,13 @@ def owned_pods(runtime: Runtime, namespace: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def runtime_of(memo: Any) -> Runtime:
+def runtime_of(memo: kopf.Memo) -> Runtime:
     runtime: Runtime = memo.runtime
     return runtime
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> None:
     runtime = runtime_of(memo)
     config = runtime.config
     settings.posting.level = logging.WARNING
@@ -140,7 +141,6 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         runtime.shards = ShardLeases(
             load_api_client(config.kubeconfig, retries=0), config.lease_namespace, config.shards, config.identity
         )
-        runtime.reconciler = Reconciler(FencedCluster(runtime.cluster, runtime.shards), runtime.prom, refresh)
         runtime.shards.start()
     # No `_created` twin of every counter and histogram on the page.
     disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -153,7 +153,7 @@ def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 
 
 @kopf.on.cleanup()
-def cleanup(memo: Any, **_: Any) -> None:
+def cleanup(memo: kopf.Memo, **_: object) -> None:
     runtime = runtime_of(memo)
     if runtime.shards is not None:
         runtime.shards.on_change = None  # the daemons and their loop are gone
@@ -175,141 +175,138 @@ def _waker(runtime: Runtime, namespace: str | None, name: str) -> asyncio.Event:
     return runtime.wakers.setdefault((namespace, name), asyncio.Event())
 
 
-async def _wait_for_next_pass(
-    waker: asyncio.Event, due: float, shards: ShardLeases | None, namespace: str, name: str, term: int | None
-) -> None:
-    """Until `due` (the event loop's time) or a wake-up; with shards, also no longer than the shard's validity in
-    `term`: a shard that lapses with no lease round to say so (the lease thread stalled) is seen when it lapses,
-    its gauges gone then, not at the next pass."""
-    clock = asyncio.get_running_loop().time
-    while (left := due - clock()) > 0:
-        timeout = left
-        if shards is not None:
-            valid = shards.valid_for(namespace, name, term)
-            if valid is None:
-                return
-            timeout = min(left, max(valid, 0.0) + 0.1)
-        try:
-            await asyncio.wait_for(waker.wait(), timeout=timeout)
-            return
-        except TimeoutError:
-            continue
-
-
-async def _wake_when_stopped(stopped: kopf.DaemonStopped, waker: asyncio.Event) -> None:
-    await stopped.wait()
-    waker.set()
-
-
-def _wake_shard(runtime: Runtime, loop: asyncio.AbstractEventLoop, index: int) -> None:
-    """From the lease thread: wake, on the operator's loop, the daemons of the pools in shard `index`."""
-
-    def wake() -> None:
-        shards = runtime.shards
-        if shards is None:
-            return
-        for (namespace, name), waker in list(runtime.wakers.items()):
-            if shards.shard(namespace or "default", name) == index:
-                waker.set()
-
-    loop.call_soon_threadsafe(wake)
-
-
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def pool_loop(
-    name: str, namespace: str | None, body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any
+    name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: object
 ) -> None:
     runtime = runtime_of(memo)
-    waker = _waker(runtime, namespace, name)
     reconciler, metrics = runtime.reconciler, runtime.metrics
     assert reconciler is not None, "startup builds it before any daemon runs"
     assert metrics is not None, "startup builds it before any daemon runs"
+    daemon = _PoolDaemon(runtime, reconciler, metrics, namespace, name)
     await stopped.wait(runtime.config.first_pass_delay)
-    # The loop's clock (monotonic; virtual under a test's fast-forwarding loop), read by the pass's thread too.
-    clock = asyncio.get_running_loop().time
-    run_pass = runtime.run_pass or functools.partial(run_on_workers, runtime)
-    uid = ""
-    due = clock()
-    shards, turn = runtime.shards, PoolTurn()
-    sharded = shards is not None
-    if shards is not None and shards.on_change is None:  # the loop is known here, not in the threaded startup
-        shards.on_change = functools.partial(_wake_shard, runtime, asyncio.get_running_loop())
-    # kopf stopping the daemon (the pool deleted, the operator shutting down) ends the wait for the next pass
-    # at once, not at the end of the interval or at kopf's cancellation
-    stopping = asyncio.create_task(_wake_when_stopped(stopped, waker), name=f"sluice-stop-{namespace}/{name}")
-    try:
-        while not stopped:
-            term = None if shards is None else shards.pool_term(namespace or "default", name)
-            step = next_turn(turn, sharded, term)
-            turn = step.turn
-            if step.forget_gauges:
-                metrics.forget(f"{namespace}/{name}")
-            if not step.pass_now:  # another replica's shard (or none held yet): woken when this replica takes it
-                runtime.selectors.get(namespace, {}).pop(name, None)  # its pods are not asked for here
-                waker.clear()  # (the hook was set before the first look: a shard taken after it wakes its pools)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waker.wait(), timeout=UNHELD_RECHECK)
-                continue
-            if step.resume:
-                reconciler.forget(uid)
-                if runtime.cluster is not None:
-                    runtime.cluster.resync()
-                due = clock()
-            waker.clear()
-            snapshot = runtime.snapshots.read(body, reconciler.written_at(str(body.metadata.get("uid") or "")))
-            uid = snapshot.meta.uid or ""
-            selector = dict(snapshot.spec.selector.match_labels) if snapshot.spec is not None else {}
-            runtime.selectors.setdefault(namespace, {})[name] = selector
-            submitted = clock()
-            interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
+    await daemon.run(body, stopped)
 
-            def timed(snapshot: PoolSnapshot = snapshot, term: int | None = term) -> tuple[float, PassReport]:
-                if shards is None:
-                    return clock(), reconciler.run(snapshot, datetime.now(UTC))
-                # every write fenced to the term seen here: a pass that outlives it writes nothing more
-                with shards.passing(snapshot.meta.namespace, snapshot.meta.name, term):
-                    return clock(), reconciler.run(snapshot, datetime.now(UTC))
 
-            try:
-                started, report = await run_pass(timed)
-            except Exception:  # a pass that crashed is logged, reported in the status, and retried
-                log.exception("pass failed for %s", snapshot.key)
-                metrics.passes.labels(snapshot.key, "error").inc()
-            else:
-                # the shard went away during the pass: what it did is counted, but what it saw must not outdo
-                # the new owner's gauges
-                now_term = None if shards is None else shards.pool_term(namespace or "default", name)
-                turn, lost = after_pass(turn, sharded, now_term)
-                metrics.record(report, gauges=not lost)
-                if lost:
-                    metrics.forget(f"{namespace}/{name}")
-                else:
-                    wall = time.time() - (clock() - started)
-                    metrics.timing(report.pool, started - due, started - submitted, interval, wall)
-                written = [f"{w.kind}:{w.action}" for w in report.writes if w.action not in ("unchanged", "refused")]
-                # a pass that changed the mesh at info; every pass at debug (1000 pools: 200 lines a second)
-                log.log(
-                    logging.INFO if written else logging.DEBUG,
-                    "pass %s in %.0f ms%s",
-                    report.pool,
-                    report.seconds * 1000,
-                    f" wrote {written}" if written else "",
-                )
-            due = submitted + interval  # the next pass is due one interval after this one began
-            await stopped.wait(MIN_GAP)  # however late (a wake-up before `due` is early, never late); a stop ends it
-            await _wait_for_next_pass(waker, due, shards, namespace or "default", name, term)
-    finally:
-        stopping.cancel()
-        runtime.wakers.pop((namespace, name), None)
-        runtime.selectors.get(namespace, {}).pop(name, None)
-        reconciler.forget(uid)
-        runtime.snapshots.forget(uid)
-        metrics.forget(f"{namespace}/{name}")
+class _PoolDaemon:
+    """One pool's daemon: passes every interval (sooner when woken), only while its shard is held here."""
+
+    def __init__(
+        self, runtime: Runtime, reconciler: Reconciler, metrics: OperatorMetrics, namespace: str | None, name: str
+    ) -> None:
+        self.runtime, self.reconciler, self.metrics = runtime, reconciler, metrics
+        self.namespace, self.name, self.pool = namespace, name, f"{namespace}/{name}"
+        self.waker = _waker(runtime, namespace, name)
+        # The loop's clock (monotonic; virtual under a test's fast-forwarding loop), read by the pass's thread too.
+        self.clock = asyncio.get_running_loop().time
+        self.shards, self.turn = runtime.shards, PoolTurn()
+        self.uid = ""
+        self.due = 0.0
+        """When the next pass is due (the loop's time)."""
+
+    def _term(self) -> int | None:
+        return None if self.shards is None else self.shards.pool_term(self.namespace or "default", self.name)
+
+    async def run(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
+        shards, self.due = self.shards, self.clock()
+        if shards is not None and shards.on_change is None:  # the loop is known here, not in the threaded startup
+            shards.on_change = functools.partial(wake_shard, self.runtime.wakers, shards, asyncio.get_running_loop())
+        # kopf stopping the daemon (the pool deleted, the operator shutting down) ends the wait for the next pass
+        # at once, not at the end of the interval or at kopf's cancellation
+        stopping = asyncio.create_task(wake_when_stopped(stopped, self.waker), name=f"sluice-stop-{self.pool}")
+        try:
+            while not stopped:
+                term = self._term()
+                step = next_turn(self.turn, shards is not None, term)
+                self.turn = step.turn
+                if step.forget_gauges:
+                    self.metrics.forget(self.pool)
+                if not step.pass_now:  # another replica's shard (or none held yet): woken when this one takes it
+                    await self._idle()
+                    continue
+                if step.resume:
+                    self._resume()
+                self.waker.clear()
+                snapshot = self._read(body)
+                submitted = self.clock()
+                interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
+                await self._pass(snapshot, term, submitted, interval)
+                self.due = submitted + interval  # the next pass is due one interval after this one began
+                await stopped.wait(MIN_GAP)  # however late (a wake-up before `due` is early); a stop ends it
+                await wait_for_next_pass(self.waker, self.due, shards, self.namespace or "default", self.name, term)
+        finally:
+            stopping.cancel()
+            self._forget()
+
+    async def _idle(self) -> None:
+        self.runtime.selectors.get(self.namespace, {}).pop(self.name, None)  # its pods are not asked for here
+        self.waker.clear()  # (the hook was set before the first look: a shard taken after it wakes its pools)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.waker.wait(), timeout=UNHELD_RECHECK)
+
+    def _resume(self) -> None:
+        """The shard came back: what this process remembers of the pool may be stale; the pass is due now."""
+        self.reconciler.forget(self.uid)
+        if self.runtime.cluster is not None:
+            self.runtime.cluster.resync()
+        self.due = self.clock()
+
+    def _read(self, body: kopf.Body) -> PoolSnapshot:
+        snapshot = self.runtime.snapshots.read(body, self.reconciler.written_at(text(body, "metadata", "uid")))
+        self.uid = snapshot.meta.uid or ""
+        selector = dict(snapshot.spec.selector.match_labels) if snapshot.spec is not None else {}
+        self.runtime.selectors.setdefault(self.namespace, {})[self.name] = selector
+        return snapshot
+
+    async def _pass(self, snapshot: PoolSnapshot, term: int | None, submitted: float, interval: float) -> None:
+        shards, reconciler, clock = self.shards, self.reconciler, self.clock
+
+        def timed() -> tuple[float, PassReport]:
+            if shards is None:
+                return clock(), reconciler.run(snapshot, datetime.now(UTC))
+            # every write fenced to the term seen here: a pass that outlives it writes nothing more
+            fence = shards.fence(snapshot.meta.namespace, snapshot.meta.name, term)
+            return clock(), reconciler.run(snapshot, datetime.now(UTC), fence)
+
+        run_pass = self.runtime.run_pass or functools.partial(run_on_workers, self.runtime)
+        try:
+            started, report = await run_pass(timed)
+        except Exception:  # a pass that crashed is logged, reported in the status, and retried
+            log.exception("pass failed for %s", snapshot.key)
+            self.metrics.passes.labels(snapshot.key, "error").inc()
+            return
+        # the shard went away during the pass: what it did is counted, but what it saw must not outdo the new
+        # owner's gauges
+        self.turn, lost = after_pass(self.turn, shards is not None, self._term())
+        self.metrics.record(report, gauges=not lost)
+        if lost:
+            self.metrics.forget(self.pool)
+        else:
+            wall = time.time() - (clock() - started)
+            self.metrics.timing(report.pool, started - self.due, started - submitted, interval, wall)
+        written = [f"{w.kind}:{w.action}" for w in report.writes if w.action not in ("unchanged", "refused")]
+        # a pass that changed the mesh at info; every pass at debug (1000 pools: 200 lines a second)
+        level = logging.INFO if written else logging.DEBUG
+        log.log(
+            level, "pass %s in %.0f ms%s", report.pool, report.seconds * 1000, f" wrote {written}" if written else ""
+        )
+
+    def _forget(self) -> None:
+        self.runtime.wakers.pop((self.namespace, self.name), None)
+        self.runtime.selectors.get(self.namespace, {}).pop(self.name, None)
+        self.reconciler.forget(self.uid)
+        self.runtime.snapshots.forget(self.uid)
+        self.metrics.forget(self.pool)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def pool_deleted(
-    name: str, namespace: str | None, memo: Any, uid: str | None = None, status: Any = None, **_: Any
+    name: str,
+    namespace: str | None,
+    memo: kopf.Memo,
+    uid: str | None = None,
+    status: kopf.Status | None = None,
+    **_: object,
 ) -> None:
     """Give adopted objects back, and delete the EnvoyFilters written in other namespaces (no ownerReference can
     reach them), before the pool goes (the finalizer holds the pool until this returns)."""
@@ -321,14 +318,13 @@ async def pool_deleted(
     term = None if shards is None else shards.pool_term(ns, name)
     if shards is not None and term is None:
         raise kopf.TemporaryError("the pool's shard is held by another replica", delay=5)
-    writer: Cluster = cluster if shards is None else FencedCluster(cluster, shards)
+    writer: Cluster = cluster if shards is None else shards.fence(ns, name, term).around(cluster)
 
-    mesh = (status or {}).get("mesh") or {}
-    elsewhere = frozenset(str(where) for where in mesh.get("envoyFilterNamespaces") or ())
+    written = members(status, "mesh").get("envoyFilterNamespaces")
+    elsewhere = frozenset(str(where) for where in written) if isinstance(written, list | tuple) else frozenset()
 
     def give_back() -> list[tuple[ObjectKey, WriteResult]]:
-        with contextlib.nullcontext() if shards is None else shards.passing(ns, name, term):  # fenced as a pass
-            return [(key, writer.release(ns, key)) for key in cluster.owned(ns, name, elsewhere)]
+        return [(key, writer.release(ns, key)) for key in cluster.owned(ns, name, elsewhere)]  # fenced as a pass
 
     for key, result in await asyncio.to_thread(give_back):
         log.info("pool %s/%s deleted: %s %s %s", ns, name, key.kind, key.name, result.action)
@@ -336,17 +332,17 @@ async def pool_deleted(
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def spec_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+async def spec_changed(name: str, namespace: str | None, memo: kopf.Memo, **_: object) -> None:
     _waker(runtime_of(memo), namespace, name).set()
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field=("metadata", "annotations", OPERATION_ANNOTATION))
-async def operation_requested(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+async def operation_requested(name: str, namespace: str | None, memo: kopf.Memo, **_: object) -> None:
     """`kubectl sluice promote|abort|...` wrote a rollout operation: act on it now, not at the next tick."""
     _waker(runtime_of(memo), namespace, name).set()
 
 
-async def istio_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+async def istio_event(event: kopf.RawEvent, memo: kopf.Memo, **_: object) -> None:
     """Every event of the Istio kinds sluice writes (`KubeCluster.observed`: someone else's edit of an object
     sluice verified makes the next pass read it again and correct it)."""
     cluster = runtime_of(memo).cluster
@@ -359,14 +355,13 @@ for _kind in ISTIO_KINDS.values():
 
 
 def _mesh_event(kind: str) -> Callable[..., Awaitable[None]]:
-    async def mesh_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    async def mesh_event(event: kopf.RawEvent, memo: kopf.Memo, **_: object) -> None:
         """A Service, Namespace or Sidecar listed or changed: the pools' reads of it (`KubeCluster.mesh`) are read
         again at their next pass."""
         cluster = runtime_of(memo).cluster
-        obj: dict[str, Any] = dict(event.get("object") or {})
-        meta = obj.get("metadata") or {}
+        obj = event.get("object")
         if cluster is not None:
-            cluster.mesh_observed(kind, str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            cluster.mesh_observed(kind, text(obj, "metadata", "namespace"), text(obj, "metadata", "name"))
 
     return mesh_event
 
@@ -379,26 +374,14 @@ for _mesh_kind, (_group, _version, _plural) in (
     kopf.on.event(_group, _version, _plural, id=f"mesh-{_plural}")(_mesh_event(_mesh_kind))
 
 
-def pod_matters(event_type: str, pod: dict[str, Any]) -> bool:
-    """A pod event worth an immediate pass: deletion, not Ready, a restart, a terminating pod."""
-    if event_type == "DELETED":
-        return True
-    meta, status = pod.get("metadata", {}), pod.get("status") or {}
-    if meta.get("deletionTimestamp"):
-        return True
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    restarted = any(int(c.get("restartCount", 0)) > 0 for c in status.get("containerStatuses") or [])
-    return not ready or restarted
-
-
 @kopf.on.event("", "v1", "pods")
 async def pod_event(
-    event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+    event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: object
 ) -> None:
     runtime = runtime_of(memo)
-    pod: dict[str, Any] = dict(event.get("object") or {})
+    pod = dict(event.get("object") or {})
     if event.get("type") == "DELETED":
-        runtime.pods.drop(namespace or "", str(pod.get("metadata", {}).get("name", "")))
+        runtime.pods.drop(namespace or "", text(pod, "metadata", "name"))
     else:
         # the pod cache (`sluice.runtime.podcache`); type None: an object of kopf's (re)listing
         runtime.pods.put(namespace or "", pod, listing=event.get("type") is None)

@@ -33,8 +33,8 @@ import contextlib
 import gc
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -60,7 +60,7 @@ class GcPauses(Collector):
         self.collections = [0, 0, 0]
         self._started: dict[int, float] = {}
 
-    def callback(self, phase: str, info: dict[str, Any]) -> None:
+    def callback(self, phase: str, info: Mapping[str, int]) -> None:
         ident = threading.get_ident()
         if phase == "start":
             self._started[ident] = time.perf_counter()
@@ -91,10 +91,36 @@ class GcPauses(Collector):
         yield count
 
 
+class _Recorded(NamedTuple):
+    """What `_record_status` last set for a pool."""
+
+    available: float | None
+    rows: tuple[tuple[str, str, int], ...]
+    states: tuple[int, ...]
+    canary_weight: int
+    canary_step: int
+    phase: str | None
+
+
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, pod_series: bool = True) -> None:
         r = registry or CollectorRegistry()
         self.registry = r
+        self._pass_series(r)
+        self._signal_series(r)
+        self._routing_series(r)
+        self._write_series(r)
+        self._pods: dict[str, set[tuple[str, str]]] = {}
+        self._recorded: dict[str, _Recorded] = {}
+        """Pool -> what `_record_status` last set: a pass that changed none of it sets nothing (the labelled
+        children cost ~30 lookups a pass, ~5 % of a 1000-pool operator's CPU)."""
+        self._behind: set[str] = set()
+        self._canaries: set[str] = set()
+        """Pools whose canary series are on the page."""
+        self.pod_series = pod_series
+
+    def _pass_series(self, r: CollectorRegistry) -> None:
+        """The passes: their time, how late they started, how long they queued."""
         # Operator-wide, as the lag: 13 series per pool were the largest part of a 1000-pool page, rendered anew
         # at every scrape. The pool's own last pass is one gauge.
         self.duration = Histogram(
@@ -128,6 +154,9 @@ class OperatorMetrics:
         self.behind = Gauge(
             "sluice_pools_behind", "Pools whose last pass started more than one interval late.", registry=r
         )
+
+    def _signal_series(self, r: CollectorRegistry) -> None:
+        """Reading the signals from Prometheus."""
         self.query_seconds = Histogram(
             "sluice_prometheus_query_seconds",
             "Reading a pool's signals (shared answers included).",
@@ -140,6 +169,9 @@ class OperatorMetrics:
         self.metrics_available = Gauge(
             "sluice_metrics_available", "1: signals fresh; 0: weights frozen.", ["pool"], registry=r
         )
+
+    def _routing_series(self, r: CollectorRegistry) -> None:
+        """What the pool routes: weights, pods per state, the canary."""
         self.weight = Gauge(
             "sluice_endpoint_weight", "Published endpoint weight (0: removed).", ["pool", "pod", "revision"], registry=r
         )
@@ -149,19 +181,14 @@ class OperatorMetrics:
         self.canary_phase = Gauge(
             "sluice_canary_phase", "1 for the current canary phase.", ["pool", "phase"], registry=r
         )
+
+    def _write_series(self, r: CollectorRegistry) -> None:
+        """What the passes wrote: Istio objects, statuses, Events."""
         self.istio_writes = Counter(
             "sluice_istio_writes", "Istio object writes.", ["pool", "kind", "action"], registry=r
         )
         self.status_writes = Counter("sluice_status_writes", "Status writes.", ["pool", "result"], registry=r)
         self.events = Counter("sluice_events", "Kubernetes Events emitted.", ["pool", "reason"], registry=r)
-        self._pods: dict[str, set[tuple[str, str]]] = {}
-        self._recorded: dict[str, tuple[Any, ...]] = {}
-        """Pool -> what `_record_status` last set: a pass that changed none of it sets nothing (the labelled
-        children cost ~30 lookups a pass, ~5 % of a 1000-pool operator's CPU)."""
-        self._behind: set[str] = set()
-        self._canaries: set[str] = set()
-        """Pools whose canary series are on the page."""
-        self.pod_series = pod_series
 
     def record(self, report: PassReport, gauges: bool = True) -> None:
         """Update every series from one pass's report; `gauges` False: its counters and histograms only (a pass
@@ -190,7 +217,7 @@ class OperatorMetrics:
         states = tuple(sum(1 for row in status.endpoints if row.state == state) for state in STATES)
         canary = status.canary
         step = canary.step_index if canary else None
-        recorded = (
+        recorded = _Recorded(
             available,
             rows,
             states,
@@ -215,10 +242,10 @@ class OperatorMetrics:
             self._forget_canary(pool)
             return
         self._canaries.add(pool)
-        self.canary_weight.labels(pool).set(recorded[3])
-        self.canary_step.labels(pool).set(recorded[4])
+        self.canary_weight.labels(pool).set(recorded.canary_weight)
+        self.canary_step.labels(pool).set(recorded.canary_step)
         for phase in PHASES:
-            self.canary_phase.labels(pool, phase).set(1.0 if recorded[5] == phase else 0.0)
+            self.canary_phase.labels(pool, phase).set(1.0 if recorded.phase == phase else 0.0)
 
     def _forget_canary(self, pool: str) -> None:
         if pool not in self._canaries:

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from sluice.core.observed import ObservedPod
 from sluice.io.kubeobserved import observed_pod
@@ -89,7 +88,7 @@ class PodCache:
             self._pending.pop(namespace, None)
             self._failed[namespace] = self.clock()
 
-    def finish_seed(self, namespace: str, pods: list[dict[str, Any]]) -> None:
+    def finish_seed(self, namespace: str, pods: Sequence[Mapping[str, object]]) -> None:
         """The namespace's listed pods, except those the watch touched since `begin_seed` (its word is newer);
         the pods neither listed nor touched are gone (deleted while the watch was down)."""
         with self._lock:
@@ -106,7 +105,7 @@ class PodCache:
             self._began[namespace] = self._pending.pop(namespace, self.clock())
             self._failed.pop(namespace, None)
 
-    def put(self, namespace: str, pod: dict[str, Any], listing: bool = False) -> None:
+    def put(self, namespace: str, pod: Mapping[str, object], listing: bool = False) -> None:
         """Add or replace a pod from its object (as the watch delivered it); `listing`: from a listing of the
         watch (event type None), which for a namespace already seeded means the watch was restarted."""
         seen = observed_pod(pod)

@@ -24,12 +24,12 @@ released (deleted, or given back when adopted). Events are derived from the stat
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sluice.api.memory import remembered
 from sluice.api.snapshot import PoolSnapshot
@@ -44,6 +44,7 @@ from sluice.io.ports import Cluster, ClusterError, ObjectKey, PromAuth, SignalSo
 from sluice.istio.objects import PoolRef
 from sluice.istio.render import render
 from sluice.istio.rendered import Rendered
+from sluice.runtime.fence import PassFence
 from sluice.runtime.report import PassReport
 
 log = logging.getLogger("sluice")
@@ -86,7 +87,7 @@ def _newer(mine: InferencePoolStatus | None, theirs: InferencePoolStatus | None)
 _NOT_DECISIONS = frozenset({"endpoints", "pod_memory", "endpoint_summary", "signal_checks"})
 """A stored status' fields that carry rows (their decisions are compared row by row, `_decisions`), and the
 preflight's findings, which are observations (the SignalsReady condition carries what they decide)."""
-Decisions = tuple[tuple[tuple[str, Any], ...], tuple[tuple[tuple[str, Any], ...], ...]]
+Decisions = tuple[tuple[tuple[str, object], ...], tuple[tuple[tuple[str, object], ...], ...]]
 
 
 def _decisions(status: InferencePoolStatus) -> Decisions:
@@ -170,6 +171,12 @@ class Reconciler:
         self._rendered.pop(uid, None)
         self._read_at.pop(uid, None)
 
+    def _through(self, cluster: Cluster) -> Reconciler:
+        """This reconciler for one pass whose calls go to `cluster`: the per-pool memory is the same, shared."""
+        view = copy.copy(self)
+        view.cluster = cluster
+        return view
+
     def _stored(self, uid: str, snapshot: PoolSnapshot) -> InferencePoolStatus | None:
         """The status stored for the pool, as far as this process knows: the newer of its own last write and the
         one the watch delivered."""
@@ -180,7 +187,10 @@ class Reconciler:
         write is stored nowhere else)."""
         return _newer(self._last_pass.get(snapshot.meta.uid or ""), snapshot.status)
 
-    def run(self, snapshot: PoolSnapshot, now: datetime) -> PassReport:
+    def run(self, snapshot: PoolSnapshot, now: datetime, fence: PassFence | None = None) -> PassReport:
+        """One pass; with `fence` (a sharded replica), every write of the pass goes through it."""
+        if fence is not None:
+            return self._through(fence.around(self.cluster)).run(snapshot, now)
         started = time.monotonic()
         meta = snapshot.meta
         previous = self._previous(snapshot)

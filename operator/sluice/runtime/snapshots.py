@@ -15,24 +15,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
+from sluice.api.jsontypes import JsonObject, JsonValue, members, text
 from sluice.api.snapshot import PoolSnapshot, parse_snapshot
 
-Key = tuple[Any, ...]
+Key = tuple[str, str, object, tuple[tuple[str, str], ...]]
+"""What a snapshot without its status was parsed from: name, namespace, generation, annotations."""
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> JsonValue:
     """Deep-copy kopf's read-only views into plain dicts and lists."""
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return plain_object(value)
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
-    return value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"not JSON: {type(value).__name__}")  # kopf's bodies are decoded JSON
 
 
-def stored_at(status: Any) -> datetime | None:
-    raw = status.get("lastReconcileTime") if hasattr(status, "get") else None
+def plain_object(value: Mapping[str, object]) -> JsonObject:
+    return {str(k): plain(v) for k, v in value.items()}
+
+
+def stored_at(status: object) -> datetime | None:
+    raw = status.get("lastReconcileTime") if isinstance(status, Mapping) else None
     try:
         stamp = datetime.fromisoformat(str(raw)) if raw else None
     except ValueError:
@@ -40,12 +47,12 @@ def stored_at(status: Any) -> datetime | None:
     return stamp if stamp is not None and stamp.tzinfo is not None else None  # no zone: parse it, never compare
 
 
-def _key(meta: Mapping[str, Any]) -> Key | None:
+def _key(meta: Mapping[str, object]) -> Key | None:
     generation = meta.get("generation")
     if generation is None:
         return None  # nothing tells a changed spec from an unchanged one: parse every time
-    annotations = meta.get("annotations") or {}
-    return (meta.get("name"), meta.get("namespace"), generation, tuple(sorted(annotations.items())))
+    annotations = tuple(sorted((str(k), str(v)) for k, v in members(meta, "annotations").items()))
+    return (text(meta, "name"), text(meta, "namespace"), generation, annotations)
 
 
 @dataclass
@@ -53,24 +60,25 @@ class SnapshotReader:
     parsed: dict[str, tuple[Key, PoolSnapshot]] = field(default_factory=dict)
     """Pool uid -> (what it was parsed from, the snapshot without a status)."""
 
-    def read(self, body: Mapping[str, Any], mine_at: datetime | None = None) -> PoolSnapshot:
+    def read(self, body: Mapping[str, object], mine_at: datetime | None = None) -> PoolSnapshot:
         """The pool as a pass sees it. `mine_at`: when the status this process wrote last was stamped."""
-        status: Any = body.get("status")
+        status = body.get("status")
         stamp = stored_at(status)
         if status and not (mine_at is not None and stamp is not None and stamp <= mine_at):
-            return parse_snapshot(plain({"metadata": body.get("metadata"), "spec": body.get("spec"), "status": status}))
+            whole = {"metadata": body.get("metadata"), "spec": body.get("spec"), "status": status}
+            return parse_snapshot(plain_object(whole))
         return self._without_status(body)
 
     def forget(self, uid: str) -> None:
         self.parsed.pop(uid, None)
 
-    def _without_status(self, body: Mapping[str, Any]) -> PoolSnapshot:
-        meta: Mapping[str, Any] = body.get("metadata") or {}
-        uid, key = str(meta.get("uid") or ""), _key(meta)
+    def _without_status(self, body: Mapping[str, object]) -> PoolSnapshot:
+        meta = members(body, "metadata")
+        uid, key = text(meta, "uid"), _key(meta)
         known = self.parsed.get(uid)
         if known is not None and key is not None and known[0] == key:
             return known[1]
-        snapshot = parse_snapshot(plain({"metadata": meta, "spec": body.get("spec") or {}}))
+        snapshot = parse_snapshot(plain_object({"metadata": meta, "spec": body.get("spec") or {}}))
         if key is not None and uid:
             self.parsed[uid] = (key, snapshot)
         return snapshot
