@@ -7,12 +7,16 @@ a field.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal, Self
+import typing
+from typing import ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
 from sluice.api.rules import Rule, cel_string, check_rules, emit_rules
+
+if typing.TYPE_CHECKING:  # types only: the names stay out of this module's (re-exported) namespace
+    from sluice.api.jsontypes import JsonObject
 
 GROUP = "inference.sluice.dev"
 VERSION = "v1alpha1"
@@ -91,6 +95,6 @@ class ApiModel(BaseModel):
         check_rules(self)
         return self
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> JsonObject:
         """The JSON-ready camelCase dict, without unset optional fields."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)

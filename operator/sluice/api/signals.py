@@ -5,7 +5,7 @@ overrides (their placeholders checked) and the models the Triton preset reads.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import Field
 
@@ -51,8 +51,8 @@ def _placeholder_rule(field: str) -> Rule:
     )
 
 
-def _query_field(description: str) -> Any:
-    return Field(default=None, min_length=1, max_length=MAX_QUERY_LENGTH, description=description)
+Query = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_LENGTH)]
+"""A PromQL query with its placeholders (`$selector`, ...)."""
 
 
 class QueryOverrides(ApiModel):
@@ -77,19 +77,22 @@ class QueryOverrides(ApiModel):
         )
     )
 
-    ttft: str | None = _query_field("Mean time to first token over the window, seconds.")
-    ttft_p95: str | None = _query_field("95th percentile time to first token, seconds.")
-    kv_cache_usage: str | None = _query_field("KV-cache (effective VRAM) usage, 0 to 1.")
-    queue_length: str | None = _query_field("Requests waiting for a batch slot.")
-    running_requests: str | None = _query_field("Requests being processed.")
-    request_rate: str | None = _query_field("Finished requests per second.")
-    error_rate: str | None = _query_field("Share of requests that failed, 0 to 1.")
-    lora_failure_rate: str | None = _query_field(
-        "Share of LoRA adapter loads that failed, 0 to 1 (vLLM and SGLang: 5xx answers of their load endpoint)."
+    ttft: Query | None = Field(default=None, description="Mean time to first token over the window, seconds.")
+    ttft_p95: Query | None = Field(default=None, description="95th percentile time to first token, seconds.")
+    kv_cache_usage: Query | None = Field(default=None, description="KV-cache (effective VRAM) usage, 0 to 1.")
+    queue_length: Query | None = Field(default=None, description="Requests waiting for a batch slot.")
+    running_requests: Query | None = Field(default=None, description="Requests being processed.")
+    request_rate: Query | None = Field(default=None, description="Finished requests per second.")
+    error_rate: Query | None = Field(default=None, description="Share of requests that failed, 0 to 1.")
+    lora_failure_rate: Query | None = Field(
+        default=None,
+        description="Share of LoRA adapter loads that failed, 0 to 1 (vLLM and SGLang: 5xx answers of their load "
+        "endpoint).",
     )
-    sleeping: str | None = _query_field(
-        "1 while the engine is asleep (vLLM sleep mode), 0 while awake: a sleeping pod is not routed. Optional: "
-        "a pod without it is taken as awake."
+    sleeping: Query | None = Field(
+        default=None,
+        description="1 while the engine is asleep (vLLM sleep mode), 0 while awake: a sleeping pod is not routed. "
+        "Optional: a pod without it is taken as awake.",
     )
 
 
