@@ -1,17 +1,22 @@
 """Shared building blocks of the InferencePool API: the wire conventions, label and name patterns and rules.
 
-Imported by the spec and status models (`sluice.api.spec`, `sluice.api.status`); nothing here knows a field.
+Imported by the spec and status models (`sluice.api.spec` and its parts, `sluice.api.status`); nothing here knows
+a field.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal, Self
+import typing
+from typing import ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
 from sluice.api.rules import Rule, cel_string, check_rules, emit_rules
+
+if typing.TYPE_CHECKING:  # types only: the names stay out of this module's (re-exported) namespace
+    from sluice.api.jsontypes import JsonObject
 
 GROUP = "inference.sluice.dev"
 VERSION = "v1alpha1"
@@ -40,6 +45,11 @@ LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 QUERY_PLACEHOLDERS = frozenset({"selector", "namespace", "pods", "window", "podLabel"})
 PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 LABEL_VALUE_MAX_LENGTH = 63
+
+# Bounds on what CEL rules iterate: without them the API server estimates a rule's cost for a request-sized map
+# or string and refuses the CRD ("estimated rule cost exceeds budget").
+MAX_LABELS = 64
+MAX_QUERY_LENGTH = 8192
 # The DNS-subdomain prefix of a label key (before '/') may be 253 characters; LABEL_KEY bounds the name part.
 LABEL_KEY_PREFIX_MAX_LENGTH = 253
 
@@ -85,6 +95,6 @@ class ApiModel(BaseModel):
         check_rules(self)
         return self
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> JsonObject:
         """The JSON-ready camelCase dict, without unset optional fields."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -31,7 +30,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     """How an API server shows a rejected value: scalars as JSON, containers by their type."""
     if isinstance(value, list):
         return '"array"'

@@ -17,17 +17,17 @@ import binascii
 import json
 import zlib
 from datetime import datetime
-from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from sluice.api.jsontypes import JsonObject, JsonValue
 from sluice.api.status import EndpointStatus, InferencePoolStatus
 
 PREFIX = "z1:"
 STATES = ("Routable", "Zeroed", "Recovering")
 VERDICTS = ("scored", "ramping", "frozen", "awaiting", "quiet", "excluded")
 # Array positions after the pod name, each with the value that is dropped when it ends the array.
-FIELDS: tuple[tuple[str, Any], ...] = (
+FIELDS: tuple[tuple[str, int | float | None], ...] = (
     ("weight", 0),
     ("score", 0.0),
     ("state", 0),
@@ -57,8 +57,8 @@ def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _pack(row: EndpointStatus) -> list[Any]:
-    values: list[Any] = [
+def _pack(row: EndpointStatus) -> list[JsonValue]:
+    values: list[JsonValue] = [
         row.weight,
         row.score,
         STATES.index(row.state),
@@ -102,22 +102,35 @@ def decode(stored: str | None) -> list[EndpointStatus]:
         raise MemoryUnreadable(f"podMemory: not readable ({failure})") from failure
     if not isinstance(packed, list):
         raise MemoryUnreadable("podMemory: not a list of pods")
-    items: list[dict[str, Any]] = []
-    for entry in packed:
-        if not isinstance(entry, list) or not entry or len(entry) > len(FIELDS) + 1:
-            raise MemoryUnreadable(f"podMemory: malformed entry {str(entry)[:60]}")
-        values = entry[1:] + [default for _, default in FIELDS[len(entry) - 1 :]]
-        item: dict[str, Any] = {"pod": entry[0]}
-        for (name, _), value in zip(FIELDS, values, strict=True):
-            item[name] = value
-        try:
-            item["state"] = STATES[item["state"]]
-            item["verdict"] = VERDICTS[item["verdict"]]
-        except (IndexError, TypeError) as failure:
-            raise MemoryUnreadable(f"podMemory: bad state or verdict in {str(entry)[:60]}") from failure
-        item["floor_held"] = bool(item["floor_held"])
-        item["class_known"] = bool(item["class_known"])
-        items.append(item)
+    return _validated([_item(entry) for entry in packed])
+
+
+def _named(names: tuple[str, ...], value: JsonValue, entry: list[JsonValue]) -> str:
+    """A state or verdict stored as its position in `names`."""
+    if not isinstance(value, int):
+        raise MemoryUnreadable(f"podMemory: bad state or verdict in {str(entry)[:60]}")
+    try:
+        return names[value]
+    except IndexError as failure:
+        raise MemoryUnreadable(f"podMemory: bad state or verdict in {str(entry)[:60]}") from failure
+
+
+def _item(entry: JsonValue) -> JsonObject:
+    """One pod's array as the fields of its row, the dropped trailing defaults restored."""
+    if not isinstance(entry, list) or not entry or len(entry) > len(FIELDS) + 1:
+        raise MemoryUnreadable(f"podMemory: malformed entry {str(entry)[:60]}")
+    values = entry[1:] + [default for _, default in FIELDS[len(entry) - 1 :]]
+    item: JsonObject = {"pod": entry[0]}
+    for (name, _), value in zip(FIELDS, values, strict=True):
+        item[name] = value
+    item["state"] = _named(STATES, item["state"], entry)
+    item["verdict"] = _named(VERDICTS, item["verdict"], entry)
+    item["floor_held"] = bool(item["floor_held"])
+    item["class_known"] = bool(item["class_known"])
+    return item
+
+
+def _validated(items: list[JsonObject]) -> list[EndpointStatus]:
     try:
         return _ROWS.validate_python(items)
     except ValidationError as failure:

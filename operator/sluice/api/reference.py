@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 from sluice.api.crd import build_crd
+from sluice.api.jsontypes import members, text
 
 
-def _rows(schema: dict[str, Any], path: str, required: bool) -> Iterator[tuple[str, str, str, str, str]]:
-    kind = schema["type"]
-    if kind == "array" and schema.get("items", {}).get("type"):
-        kind = f"[]{schema['items']['type']}"
-    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
-        kind = f"map[string]{schema['additionalProperties'].get('type', 'object')}"
-    default = json.dumps(schema["default"]) if "default" in schema else ""
+def _listed(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else []
+
+
+def _kind(schema: Mapping[str, object]) -> str:
+    kind = text(schema, "type")
+    item_type = members(schema, "items").get("type")
+    if kind == "array" and item_type:
+        kind = f"[]{item_type}"
+    extra = schema.get("additionalProperties")
+    if kind == "object" and isinstance(extra, Mapping):
+        kind = f"map[string]{extra.get('type', 'object')}"
+    return kind
+
+
+def _notes(schema: Mapping[str, object]) -> str:
     limits = []
     for key, label in (
         ("minimum", ">="),
@@ -29,21 +38,27 @@ def _rows(schema: dict[str, Any], path: str, required: bool) -> Iterator[tuple[s
             strict = schema.get({"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}.get(key, ""), False)
             limits.append(f"{label.replace('=', '') if strict else label} {schema[key]}")
     if "enum" in schema:
-        limits.append(" \\| ".join(str(v) for v in schema["enum"]))
-    rules = [rule["message"] for rule in schema.get("x-kubernetes-validations", [])]
-    notes = "; ".join([*limits, *rules])
-    description = schema.get("description", "").replace("|", "\\|").replace("\n", " ")
-    yield path, kind + (" (required)" if required else ""), default.replace("|", "\\|"), description, notes
-    for name, child in schema.get("properties", {}).items():
-        yield from _rows(child, f"{path}.{name}", name in schema.get("required", []))
-    items = schema.get("items")
-    if isinstance(items, dict) and "properties" in items:
-        for name, child in items["properties"].items():
-            yield from _rows(child, f"{path}[].{name}", name in items.get("required", []))
+        limits.append(" \\| ".join(str(v) for v in _listed(schema["enum"])))
+    rules = [text(rule, "message") for rule in _listed(schema.get("x-kubernetes-validations"))]
+    return "; ".join([*limits, *rules])
+
+
+def _rows(schema: Mapping[str, object], path: str, required: bool) -> Iterator[tuple[str, str, str, str, str]]:
+    kind = _kind(schema)
+    default = json.dumps(schema["default"]) if "default" in schema else ""
+    description = text(schema, "description").replace("|", "\\|").replace("\n", " ")
+    yield path, kind + (" (required)" if required else ""), default.replace("|", "\\|"), description, _notes(schema)
+    for name, child in members(schema, "properties").items():
+        yield from _rows(members(child), f"{path}.{name}", name in _listed(schema.get("required")))
+    items = members(schema, "items")
+    if "properties" in items:
+        for name, child in members(items, "properties").items():
+            yield from _rows(members(child), f"{path}[].{name}", name in _listed(items.get("required")))
 
 
 def render_reference() -> str:
-    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    versions = _listed(members(build_crd(), "spec").get("versions"))
+    root = members(versions[0], "schema", "openAPIV3Schema", "properties")
     lines = [
         "# InferencePool field reference (`inference.sluice.dev/v1alpha1`)",
         "",
@@ -58,7 +73,7 @@ def render_reference() -> str:
             "| field | type | default | description | limits and rules |",
             "|---|---|---|---|---|",
         ]
-        for path, kind, default, description, notes in _rows(root[section], section, False):
+        for path, kind, default, description, notes in _rows(members(root, section), section, False):
             if path == section:
                 continue
             lines.append(f"| `{path}` | {kind} | {f'`{default}`' if default else ''} | {description} | {notes} |")

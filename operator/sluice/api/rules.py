@@ -9,6 +9,7 @@ message, so the two cannot drift. Pure.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-JsonDict = dict[str, Any]
+if typing.TYPE_CHECKING:  # types only: the names stay out of this module's (re-exported) namespace
+    from sluice.api.jsontypes import JsonObject, JsonValue
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,9 @@ class Rule:
         if self.field_path and not self.field_path.startswith("."):
             raise ValueError(f"fieldPath must start with '.': {self.field_path!r}")
 
-    def entry(self) -> dict[str, str]:
+    def entry(self) -> JsonObject:
         """The `x-kubernetes-validations` entry."""
-        entry = {"rule": self.cel, "message": self.message}
+        entry: JsonObject = {"rule": self.cel, "message": self.message}
         if self.field_path:
             entry["fieldPath"] = self.field_path
         return entry
@@ -67,7 +69,7 @@ def _wire_name(model: type[BaseModel], field: str) -> str:
     return info.alias or field
 
 
-def _value_at(value: Any, path: tuple[str, ...]) -> Any:
+def _value_at(value: JsonValue, path: tuple[str, ...]) -> JsonValue:
     for part in path:
         if not isinstance(value, dict) or part not in value:
             return None
@@ -80,7 +82,7 @@ def check_rules(model: BaseModel) -> None:
     cls = type(model)
     rules: tuple[Rule, ...] = getattr(cls, "rules", ())
     failures: list[InitErrorDetails] = []
-    wire: JsonDict | None = None
+    wire: JsonObject | None = None
     for rule in rules:
         subject = model if rule.on is None else getattr(model, rule.on)
         if subject is None or rule.check(subject):
@@ -100,13 +102,20 @@ def check_rules(model: BaseModel) -> None:
         raise ValidationError.from_exception_data(cls.__name__, failures)
 
 
-def emit_rules(schema: JsonDict, model: type[BaseModel]) -> None:
+def _field_node(schema: JsonObject, model: type[BaseModel], field: str) -> JsonObject:
+    """The schema node of `field`: keyed by wire name in the CRD's (by_alias) schema, by Python name otherwise."""
+    properties = schema["properties"]
+    node = (properties.get(_wire_name(model, field)) or properties[field]) if isinstance(properties, dict) else None
+    if not isinstance(node, dict):
+        raise TypeError(f"{model.__name__}.{field}: a rule's field has no schema object")
+    return node
+
+
+def emit_rules(schema: JsonObject, model: type[BaseModel]) -> None:
     """pydantic `json_schema_extra` hook: the model's rules as `x-kubernetes-validations` on their nodes."""
     rules: tuple[Rule, ...] = getattr(model, "rules", ())
     for rule in rules:
-        if rule.on is None:
-            node = schema
-        else:  # keyed by wire name in the CRD's (by_alias) schema, by Python name otherwise
-            properties = schema["properties"]
-            node = properties.get(_wire_name(model, rule.on)) or properties[rule.on]
-        node.setdefault("x-kubernetes-validations", []).append(rule.entry())
+        node = schema if rule.on is None else _field_node(schema, model, rule.on)
+        validations = node.setdefault("x-kubernetes-validations", [])
+        if isinstance(validations, list):  # always: only this hook writes the key
+            validations.append(rule.entry())

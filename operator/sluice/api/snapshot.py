@@ -7,12 +7,13 @@ of sluice (parsed leniently, the unreadable parts dropped and listed) never make
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from pydantic import ValidationError
 
 from sluice.api.errors import format_validation_error
+from sluice.api.jsontypes import members
 from sluice.api.memory import readable
 from sluice.api.operation import Operation, parse_operation
 from sluice.api.spec import InferencePoolSpec
@@ -36,14 +37,15 @@ class PoolSnapshot:
         return f"{self.meta.namespace}/{self.meta.name}"
 
 
-def parse_snapshot(body: dict[str, Any]) -> PoolSnapshot:
-    raw_meta = body.get("metadata") or {}
-    annotations = {str(k): str(v) for k, v in (raw_meta.get("annotations") or {}).items()}
+def parse_snapshot(body: Mapping[str, object]) -> PoolSnapshot:
+    raw_meta = members(body, "metadata")
+    annotations = {str(k): str(v) for k, v in members(raw_meta, "annotations").items()}
+    uid, generation = raw_meta.get("uid"), raw_meta.get("generation")
     meta = ObjectMeta.model_construct(
         name=str(raw_meta.get("name", "")),
         namespace=str(raw_meta.get("namespace") or "default"),
-        uid=raw_meta.get("uid"),
-        generation=raw_meta.get("generation"),
+        uid=uid if isinstance(uid, str) else None,
+        generation=generation if isinstance(generation, int) else None,
         annotations=annotations,
     )
     operation = parse_operation(annotations)

@@ -6,8 +6,9 @@ a status written by another version of sluice never stops the pool.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -341,7 +342,7 @@ class InferencePoolStatus(StatusModel):
     )
 
 
-def read_status(raw: dict[str, Any] | None) -> tuple[InferencePoolStatus | None, list[str]]:
+def read_status(raw: Mapping[str, object] | None) -> tuple[InferencePoolStatus | None, list[str]]:
     """Parse a stored status, dropping (and reporting) the parts this version cannot read."""
     if not raw:
         return None, []
@@ -350,7 +351,7 @@ def read_status(raw: dict[str, Any] | None) -> tuple[InferencePoolStatus | None,
     except ValidationError:
         pass
     problems: list[str] = []
-    kept: dict[str, Any] = {}
+    kept: dict[str, object] = {}
     for key, value in raw.items():
         if key in ("conditions", "endpoints"):
             model = Condition if key == "conditions" else EndpointStatus

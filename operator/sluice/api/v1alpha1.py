@@ -1,6 +1,7 @@
 """The InferencePool API, `inference.sluice.dev/v1alpha1`: the whole object, and one import point for its parts.
 
-The spec lives in `sluice.api.spec`, the status in `sluice.api.status`, the shared conventions in
+The spec lives in `sluice.api.spec` (its parts in `sluice.api.signals`, `sluice.api.weighting`,
+`sluice.api.rollout` and `sluice.api.routing`), the status in `sluice.api.status`, the shared conventions in
 `sluice.api.base`; this module assembles the stored object and re-exports every name, so callers import from
 one place.
 """
@@ -26,6 +27,8 @@ from sluice.api.base import (
     LABEL_KEY_PREFIX_MAX_LENGTH,
     LABEL_VALUE,
     LABEL_VALUE_MAX_LENGTH,
+    MAX_LABELS,
+    MAX_QUERY_LENGTH,
     PLURAL,
     PROM_LABEL_NAME,
     QUERY_PLACEHOLDERS,
@@ -42,44 +45,31 @@ from sluice.api.base import (
     is_label_value,
     label_keys_rule,
 )
-from sluice.api.rules import Rule, cel_string, check_rules, emit_rules, positive_duration
-from sluice.api.spec import (
+from sluice.api.rollout import (
     COOKIE_NAME,
     HEADER_NAME,
-    MAX_LABELS,
-    MAX_NAMESPACES,
-    MAX_QUERY_LENGTH,
     AbTestSpec,
     AnalysisSpec,
     CanaryRoute,
     CanarySpec,
-    CapacitySpec,
     Gate,
-    HealthBand,
-    InferencePoolSpec,
     KeyAlphabet,
-    LabelSelector,
-    LabelValue,
-    LeastRequestSpec,
-    MetricsAuth,
-    MetricsSpec,
-    OutlierDetectionSpec,
-    ProtectionSpec,
-    QueryOverrides,
-    RecoverySpec,
-    RetryOn,
-    RetrySpec,
-    RoutingSpec,
-    ScoringPolicy,
-    ScoringSpec,
-    SecretKeyRef,
-    SessionAffinitySpec,
     ShadowSpec,
     StickyKey,
     StringMatch,
-    TritonMetrics,
     re2_error,
 )
+from sluice.api.routing import (
+    MAX_NAMESPACES,
+    LeastRequestSpec,
+    RetryOn,
+    RetrySpec,
+    RoutingSpec,
+    SessionAffinitySpec,
+)
+from sluice.api.rules import Rule, cel_string, check_rules, emit_rules, positive_duration
+from sluice.api.signals import MetricsAuth, MetricsSpec, QueryOverrides, SecretKeyRef, TritonMetrics
+from sluice.api.spec import InferencePoolSpec, LabelSelector, LabelValue
 from sluice.api.status import (
     CanaryStatus,
     Condition,
@@ -94,6 +84,15 @@ from sluice.api.status import (
     StatusModel,
     WeightBucket,
     read_status,
+)
+from sluice.api.weighting import (
+    CapacitySpec,
+    HealthBand,
+    OutlierDetectionSpec,
+    ProtectionSpec,
+    RecoverySpec,
+    ScoringPolicy,
+    ScoringSpec,
 )
 
 # The pool name is the value of the sluice.dev/pool label on every object sluice writes (a label value: 63 characters).
