@@ -23,7 +23,9 @@ from sluice.api.operation import Operation
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
 from sluice.core.allocation import Allocation, allocate
-from sluice.core.canary import CanaryOutcome, Mirror, RevisionStats, enabled_gates, step_canary
+from sluice.core.canary import step_canary
+from sluice.core.canarycheck import RevisionStats, enabled_gates
+from sluice.core.canaryround import Mirror
 from sluice.core.events import Event, derive_events
 from sluice.core.evidence import judge_metrics
 from sluice.core.headroom import PodHeadroom
@@ -361,4 +363,4 @@ def _headroom_memory(
     return kept if spec.scoring.policy == "headroom" else None
 
 
-__all__ = ["CanaryOutcome", "EndpointWeight", "Plan", "plan_pass"]
+__all__ = ["EndpointWeight", "Plan", "plan_pass"]
