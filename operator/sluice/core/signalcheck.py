@@ -24,6 +24,7 @@ from datetime import datetime
 from sluice.api.base import ConditionStatus
 from sluice.api.status import SignalCheckState
 from sluice.api.v1alpha1 import InferencePoolSpec, SignalCheck, SignalChecks
+from sluice.core.engines import ENGINE_SETUP, NOT_PROVIDED, READINGS
 from sluice.core.observed import (
     ALL_SIGNALS,
     SIGNAL_FIELD,
@@ -33,7 +34,8 @@ from sluice.core.observed import (
     SignalName,
     SignalSnapshot,
 )
-from sluice.core.presets import ENGINE_SETUP, NOT_PROVIDED, OPTIONAL_SIGNALS, READINGS, Reading, overridden
+from sluice.core.presets import OPTIONAL_SIGNALS, overridden
+from sluice.core.promql import Reading
 
 NAMED = 20
 """A check names at most this many pods."""
