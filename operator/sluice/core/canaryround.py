@@ -136,7 +136,7 @@ def check_round(
 
 
 @dataclass(frozen=True)
-class Stage:
+class Position:
     """Where this pass leaves a rollout in progress."""
 
     phase: CanaryPhase
@@ -152,7 +152,7 @@ class Stage:
     shadow_verdict: str | None = None
 
 
-def next_status(rollout: Rollout, checks: Round, split: Split, stage: Stage) -> CanaryStatus:
+def next_status(rollout: Rollout, checks: Round, split: Split, position: Position) -> CanaryStatus:
     """The next status of a rollout in progress: what it carries over from the previous one, this pass's check
     round, the split published and where the rollout stands (the message is the caller's)."""
     state = rollout.state
@@ -164,16 +164,16 @@ def next_status(rollout: Rollout, checks: Round, split: Split, stage: Stage) -> 
         paused_by=state.paused_by,
         last_operation=state.last_operation,
         served_users=state.served_users or serves(split.weights, rollout.candidate, rollout.cand),
-        phase=stage.phase,
-        stage=stage.stage,
-        step_index=stage.step_index,
+        phase=position.phase,
+        stage=position.stage,
+        step_index=position.step_index,
         weight=split.weight,
-        step_weight=stage.step_weight,
-        capacity_held=stage.capacity_held,
+        step_weight=position.step_weight,
+        capacity_held=position.capacity_held,
         split_forced=split.forced,
-        step_started_at=stage.started,
-        last_check=checks.result if stage.shows_check else None,
-        last_check_reason=checks.reason if stage.shows_check else "",
-        mirror_percent=stage.mirror_percent,
-        shadow_verdict=stage.shadow_verdict,
+        step_started_at=position.started,
+        last_check=checks.result if position.shows_check else None,
+        last_check_reason=checks.reason if position.shows_check else "",
+        mirror_percent=position.mirror_percent,
+        shadow_verdict=position.shadow_verdict,
     )

@@ -18,9 +18,9 @@ from sluice.core.canarycheck import Check, RevisionStats, check, split_share
 from sluice.core.canaryround import (
     CanaryOutcome,
     Mirror,
+    Position,
     Rollout,
     Round,
-    Stage,
     check_round,
     forced_split,
     next_status,
@@ -62,8 +62,8 @@ def shadow_pass(
         return live.model_copy(update={"failed_checks": checks.failed, "last_check_at": checks.checked_at})
     mirrored = phase in ("Shadow", "Paused") and users_on_stable and cand.routable_pods > 0
     mirror = Mirror(candidate, shadow.mirror_percent) if mirrored else None
-    at = Stage(phase, 0, 0, started, stage="Shadow", mirror_percent=mirror.percent if mirror else None)
-    status = next_status(rollout, checks, split, at)
+    position = Position(phase, 0, 0, started, stage="Shadow", mirror_percent=mirror.percent if mirror else None)
+    status = next_status(rollout, checks, split, position)
     message = _shadow_message(shadow, status, now, window)
     return CanaryOutcome(status.model_copy(update={"message": message}), split.weights, mirror)
 

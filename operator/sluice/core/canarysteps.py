@@ -16,8 +16,8 @@ from sluice.api.v1alpha1 import CanaryPhase, CanarySpec, CanaryStatus, CheckResu
 from sluice.core.canarycheck import Capacities, Check, RevisionStats, capacities, check, requests_cap
 from sluice.core.canaryround import (
     CanaryOutcome,
+    Position,
     Rollout,
-    Stage,
     check_round,
     forced_split,
     next_status,
@@ -66,7 +66,7 @@ def progress(
     if held is None and waits is not None:  # an A/B test's 0 % step: published as it is, promotion waits
         held = (planned, waits[1])
     split = publish(rollout.stable, candidate, planned if held is None else held[0], forced_to, cand, forced_why)
-    at = Stage(
+    position = Position(
         phase,
         step_index,
         planned,
@@ -75,7 +75,7 @@ def progress(
         capacity_held=held[1] if held is not None else None,
         shadow_verdict=state.shadow_verdict,
     )
-    status = next_status(rollout, checks, split, at)
+    status = next_status(rollout, checks, split, position)
     return CanaryOutcome(status.model_copy(update={"message": _live_message(spec, status, now, caps)}), split.weights)
 
 
