@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sluice.api.v1alpha1 import AnalysisSpec
-from sluice.core.canary import RevisionStats, check
+from sluice.core.canarycheck import RevisionStats, check
 from sluice.core.observed import PodSignals
 from sluice.core.reconcile import Plan
 from tests.helpers import at, pod, run, sig, spec

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.api.v1alpha1 import AnalysisSpec, CanarySpec
-from sluice.core.canary import Capacities, RevisionStats, check, step_canary
+from sluice.core.canary import step_canary
+from sluice.core.canarycheck import Capacities, RevisionStats, check
 from sluice.core.observed import PodSignals
 from tests.helpers import at, pod, run, sig, spec
 

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from sluice.api.errors import format_validation_error
 from sluice.api.v1alpha1 import InferencePool, InferencePoolSpec, re2_error
 from sluice.core.abtest import ALPHABETS, buckets, key_match
-from sluice.core.canary import RevisionStats, check
+from sluice.core.canarycheck import RevisionStats, check
 from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
 from sluice.core.reconcile import Plan, plan_pass
 from sluice.devstack.stack import SHARED_ISTIO, free_port

@@ -13,24 +13,26 @@ reconciler, by `sluice plan`, and by the benchmark's simulated control loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from sluice.api.memory import remembered
 from sluice.api.operation import Operation
-from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
+from sluice.api.v1alpha1 import CanaryStatus, EndpointStatus, InferencePoolSpec, InferencePoolStatus, MeshStatus
 from sluice.core import status as conditions
 from sluice.core.allocation import Allocation, allocate
-from sluice.core.canary import CanaryOutcome, Mirror, RevisionStats, enabled_gates, step_canary
+from sluice.core.canary import step_canary
+from sluice.core.canarycheck import RevisionStats, enabled_gates
+from sluice.core.canaryround import CanaryOutcome, Mirror
 from sluice.core.events import Event, derive_events
-from sluice.core.evidence import judge_metrics
-from sluice.core.headroom import PodHeadroom
+from sluice.core.evidence import MetricsVerdict, judge_metrics
 from sluice.core.mesh import TLS_MODE_LABEL, MeshPlan, PoolId, assess
 from sluice.core.observed import Observed
 from sluice.core.presets import supported_signals
-from sluice.core.signalcheck import screen
+from sluice.core.rows import render_row
+from sluice.core.signalcheck import Screened, screen
+from sluice.core.status import Want
 from sluice.core.verdicts import PodVerdict, judge_pod, not_routable_because, selects
 
 # The signal each canary gate reads.
@@ -98,41 +100,14 @@ def plan_pass(
     if before is None:
         before = remembered(previous)
     verdicts = [judge_pod(spec, p, before.get(p.name), signals, metrics.usable, now) for p in pods]
-    # Envoy's least-request divides a weight by (active + 1)^bias; consistent hash (sessionAffinity) weighs
-    # proportionally, so the plan's weights then follow its shares (bias 0).
-    if spec.routing.least_request is not None:
-        bias = spec.routing.least_request.active_request_bias
-    else:
-        bias = 0.0 if spec.routing.session_affinity is not None else 1.0
-    allocations = allocate(spec.scoring, spec.protection, verdicts, bias, spec.metrics.window)
-    revisions = revision_stats(spec, verdicts, allocations)
-    canary = step_canary(
-        spec.canary,
-        previous.canary if previous else None,
-        revisions,
-        metrics.usable,
-        now,
-        operation,
-        spec.scoring.target_utilization,
-    )
+    allocations = allocate(spec.scoring, spec.protection, verdicts, _bias(spec), spec.metrics.window)
+    canary = _step_canary(spec, previous, verdicts, allocations, metrics.usable, now, operation)
     rows = [render_row(spec, v, allocations[v.name], now) for v in verdicts]
     eligible = [v for v in verdicts if v.eligible]
     routable = [v for v in eligible if allocations[v.name].routable]
     mesh = assess(spec, pool, observed.mesh, bool(canary.weights))
     publish = bool(routable) and mesh.refusal is None
-    mesh_status = mesh.status()
-    if not publish and previous is not None and previous.mesh is not None:
-        # nothing is written: the EnvoyFilters are where the last publishing pass put them (pruning looks there)
-        mesh_status = mesh_status.model_copy(update={"envoy_filter_namespaces": previous.mesh.envoy_filter_namespaces})
-    wants = [
-        conditions.ready(len(routable), len(eligible), mesh.refusal),
-        conditions.spec_valid(gate_warnings(spec), routing_warnings(spec)),
-        conditions.metrics_available(metrics.usable, metrics.reason, metrics.message),
-        conditions.signals_ready(*screened.ready),
-        mesh.condition(),
-    ]
-    if canary.status is not None:
-        wants += [conditions.progressing(canary.status), conditions.split_forced(canary.status)]
+    wants = _wants(spec, len(routable), len(eligible), metrics, screened, mesh, canary.status)
     before_conditions = previous.conditions if previous else []
     status = InferencePoolStatus.model_validate(
         {
@@ -143,25 +118,14 @@ def plan_pass(
             "canary": canary.status,
             "endpoints": rows,
             "signal_checks": screened.checks,
-            "mesh": mesh_status,
+            "mesh": _mesh_status(mesh, publish, previous),
             "last_reconcile_time": now,
         }
     )
     degraded = conditions.degraded(status.endpoints, spec.capacity.class_label, metrics.usable)
-    status = conditions.with_condition(status, degraded, generation, before_conditions, now)
     return Plan(
-        status=status,
-        endpoints=tuple(
-            EndpointWeight(
-                v.name,
-                v.pod.ip or "",
-                v.revision,
-                allocations[v.name].weight,
-                v.pod.service_account,
-                v.pod.labels.get(TLS_MODE_LABEL),
-            )
-            for v in routable
-        ),
+        status=conditions.with_condition(status, degraded, generation, before_conditions, now),
+        endpoints=tuple(_endpoint(v, allocations[v.name]) for v in routable),
         revisions=tuple(sorted({v.revision for v in verdicts if v.revision is not None})),
         publish=publish,
         previous=previous,
@@ -169,6 +133,74 @@ def plan_pass(
         mirror=canary.mirror,
         steer=canary.steer,
         mesh=mesh,
+    )
+
+
+def _wants(
+    spec: InferencePoolSpec,
+    routable: int,
+    eligible: int,
+    metrics: MetricsVerdict,
+    screened: Screened,
+    mesh: MeshPlan,
+    canary: CanaryStatus | None,
+) -> list[Want]:
+    """The pass's conditions but Degraded (it reads the validated rows)."""
+    wants = [
+        conditions.ready(routable, eligible, mesh.refusal),
+        conditions.spec_valid(gate_warnings(spec), routing_warnings(spec)),
+        conditions.metrics_available(metrics.usable, metrics.reason, metrics.message),
+        conditions.signals_ready(*screened.ready),
+        mesh.condition(),
+    ]
+    if canary is not None:
+        wants += [conditions.progressing(canary), conditions.split_forced(canary)]
+    return wants
+
+
+def _bias(spec: InferencePoolSpec) -> float:
+    """Envoy's least-request divides a weight by (active + 1)^bias; consistent hash (sessionAffinity) weighs
+    proportionally, so the plan's weights then follow its shares (bias 0)."""
+    if spec.routing.least_request is not None:
+        return spec.routing.least_request.active_request_bias
+    return 0.0 if spec.routing.session_affinity is not None else 1.0
+
+
+def _step_canary(
+    spec: InferencePoolSpec,
+    previous: InferencePoolStatus | None,
+    verdicts: list[PodVerdict],
+    allocations: dict[str, Allocation],
+    metrics_usable: bool,
+    now: datetime,
+    operation: Operation | None,
+) -> CanaryOutcome:
+    """The rollout's step on this pass's figures per revision."""
+    revisions = revision_stats(spec, verdicts, allocations)
+    previous_canary = previous.canary if previous else None
+    target = spec.scoring.target_utilization
+    return step_canary(spec.canary, previous_canary, revisions, metrics_usable, now, operation, target)
+
+
+def _mesh_status(mesh: MeshPlan, publish: bool, previous: InferencePoolStatus | None) -> MeshStatus:
+    """The status' `mesh`; when nothing is written, the EnvoyFilters are where the last publishing pass put them
+    (pruning looks there)."""
+    mesh_status = mesh.status()
+    if not publish and previous is not None and previous.mesh is not None:
+        return mesh_status.model_copy(update={"envoy_filter_namespaces": previous.mesh.envoy_filter_namespaces})
+    return mesh_status
+
+
+def _endpoint(verdict: PodVerdict, allocation: Allocation) -> EndpointWeight:
+    """A routable pod as the ServiceEntry lists it."""
+    pod = verdict.pod
+    return EndpointWeight(
+        verdict.name,
+        pod.ip or "",
+        verdict.revision,
+        allocation.weight,
+        pod.service_account,
+        pod.labels.get(TLS_MODE_LABEL),
     )
 
 
@@ -260,105 +292,4 @@ def _weighted(items: list[PodVerdict], field_name: str) -> float | None:
     return sum(value * weight for value, weight in pairs) / total if total > 0 else None
 
 
-def reason_for(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation) -> str:
-    """Why the pod has its weight, in words — rendered once, from the verdict and the allocation."""
-    incident = verdict.memory.describe()
-    if allocation.floor_held:
-        why = f"would be zeroed for {verdict.memory.incident}" if verdict.kind == "quiet" else "no signals yet"
-        return (
-            f"kept at minimum weight by the floor (minRoutablePercent {spec.protection.min_routable_percent}%): {why}"
-        )
-    if verdict.kind == "excluded":
-        return verdict.excluded_because + (
-            f"; {incident}" if verdict.memory.last_incident_at and verdict.quiet_remaining else ""
-        )
-    hold = allocation.hold
-    if allocation.capacity_held and hold is not None:
-        if verdict.kind == "ramping":
-            return f"recovering from {verdict.memory.incident}, {hold.explain()}"
-        return f"would be zeroed ({incident}), {hold.explain()}"
-    if verdict.kind == "quiet":
-        weighed = f"; {hold.explain()}" if hold is not None else ""
-        return f"{incident}; quiet for {verdict.quiet_remaining:.0f}s more{weighed}"
-    if verdict.kind == "frozen":
-        return "no fresh signals: weight frozen at its last value"
-    if verdict.kind == "awaiting":
-        return "no signals yet: not routed until Prometheus has samples for it"
-    if verdict.kind == "ramping":
-        percent, target = verdict.ramp_percent, allocation.scored_weight
-        return f"recovering from {verdict.memory.incident}: {percent:.1f}% of scored weight {target}"
-    text = allocation.headroom.explain() if allocation.headroom is not None else verdict.score.explain()
-    if allocation.scored_weight is not None and allocation.weight != allocation.scored_weight:
-        text += f" (scored {allocation.scored_weight}, change within hysteresis)"
-    if verdict.assessment.consecutive_failures:
-        text += f"; below every band {verdict.assessment.consecutive_failures}x in a row"
-    return text
-
-
-def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation, now: datetime) -> dict[str, Any]:
-    """One status row as plain data; the whole status is validated in a single pydantic call (fast for big pools)."""
-    prev: EndpointStatus | None = verdict.previous
-    since = prev.since if prev is not None and prev.state == allocation.state and prev.since else now
-    if verdict.score.ttft_source == "observed":
-        estimate: float | None = verdict.score.ttft
-    else:
-        estimate = prev.ttft_estimate_seconds if prev else None
-    return {
-        "pod": verdict.name,
-        "ip": verdict.pod.ip,
-        "revision": verdict.revision,
-        "hardware_class": verdict.hardware_class,
-        "capacity": verdict.capacity,
-        "signals": verdict.signals,
-        "signals_sampled_at": verdict.sampled_at,
-        "score": round(_score(spec, verdict, allocation), 6),
-        "weight": allocation.weight,
-        "state": allocation.state,
-        "reason": reason_for(spec, verdict, allocation),
-        "since": since,
-        "ttft_estimate_seconds": estimate,
-        # the measured capacity (None while only a prior) and the idle TTFT it is read against
-        "idle_ttft_seconds": _headroom_memory(
-            spec, allocation, lambda h: h.idle_ttft, prev.idle_ttft_seconds if prev is not None else None
-        ),
-        "learned_capacity": _headroom_memory(
-            spec, allocation, lambda h: h.learned, prev.learned_capacity if prev is not None else None
-        ),
-        "consecutive_failures": verdict.assessment.consecutive_failures,
-        "restarts": verdict.pod.restarts,
-        "last_incident_at": verdict.memory.last_incident_at,
-        "incident": verdict.memory.incident,
-        "incident_message": verdict.memory.message,
-        "verdict": verdict.kind,
-        "floor_held": allocation.floor_held,
-        "capacity_held": allocation.capacity_held,
-        "held_since": (prev.held_since or now)
-        if allocation.capacity_held and prev and prev.capacity_held
-        else (now if allocation.capacity_held else None),
-        "missing_signals": list(verdict.missing),
-        "class_known": verdict.class_known,
-    }
-
-
-def _score(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation) -> float:
-    """The status' score: headroom, the capacity planned with in requests/s (0 while only relative); cube its score."""
-    if allocation.headroom is not None:
-        return 0.0 if allocation.headroom.source == "relative" else allocation.headroom.estimate
-    prev = verdict.previous
-    if spec.scoring.policy == "headroom":
-        return prev.score if prev is not None and prev.learned_capacity is not None else 0.0
-    return verdict.smoothed
-
-
-def _headroom_memory(
-    spec: InferencePoolSpec, allocation: Allocation, fresh: Callable[[PodHeadroom], float | None], kept: float | None
-) -> float | None:
-    """headroom's per-pod memory: this pass's value (to the microsecond, as the score), the previous one while the
-    pod is not weighed (zeroed: kept for its return), none under the cube."""
-    if allocation.headroom is not None:
-        value = fresh(allocation.headroom)
-        return None if value is None else round(value, 6)
-    return kept if spec.scoring.policy == "headroom" else None
-
-
-__all__ = ["CanaryOutcome", "EndpointWeight", "Plan", "plan_pass"]
+__all__ = ["EndpointWeight", "Plan", "plan_pass"]

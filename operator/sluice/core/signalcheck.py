@@ -15,42 +15,28 @@ A value not used is missing, never a number: the pod's row lists it in `missingS
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from sluice.api.base import ConditionStatus
 from sluice.api.status import SignalCheckState
 from sluice.api.v1alpha1 import InferencePoolSpec, SignalCheck, SignalChecks
+from sluice.core.engines import ENGINE_SETUP, NOT_PROVIDED, READINGS
 from sluice.core.observed import (
     ALL_SIGNALS,
-    SIGNAL_FIELD,
     CheckAnswers,
     PodSignals,
     SeriesAnswer,
     SignalName,
     SignalSnapshot,
 )
-from sluice.core.presets import ENGINE_SETUP, NOT_PROVIDED, OPTIONAL_SIGNALS, READINGS, Reading, overridden
+from sluice.core.presets import OPTIONAL_SIGNALS, overridden
+from sluice.core.promql import Reading
+from sluice.core.refusals import duplicate, refusals, series_answers, without
 
 NAMED = 20
 """A check names at most this many pods."""
-EPSILON = 1e-6
-"""Rounding room at a range's ends (a ratio of two rates read a moment apart)."""
-RANGES: dict[SignalName, tuple[float, float]] = {
-    "ttft": (0.0, math.inf),
-    "ttftP95": (0.0, math.inf),
-    "kvCacheUsage": (0.0, 1.0),
-    "queueLength": (0.0, math.inf),
-    "runningRequests": (0.0, math.inf),
-    "requestRate": (0.0, math.inf),
-    "errorRate": (0.0, 1.0),
-    "loraFailureRate": (0.0, 1.0),
-    "sleeping": (0.0, 1.0),
-}
-"""What each signal can be; anything else is a preset or override reading the wrong thing."""
 MIN_SAMPLES = 4.0
 """Samples per rate window below which rates are unsteady: Prometheus' own advice is a range of at least four
 scrape intervals (with fewer than two, `rate` reads nothing)."""
@@ -94,75 +80,6 @@ class Screened:
     """The SignalsReady condition: status, reason, message."""
 
 
-def out_of_range(signal: SignalName, value: float) -> str | None:
-    low, high = RANGES[signal]
-    if low - EPSILON <= value <= high + EPSILON:
-        return None
-    bound = f"{low:g} to {high:g}" if math.isfinite(high) else f"at least {low:g}"
-    return f"read {value:g}, outside {bound}"
-
-
-def duplicate(reading: Reading, answers: dict[str, SeriesAnswer], pod: str) -> str | None:
-    """Why the reading's value for `pod` sums duplicates, naming the series and labels; None if it does not."""
-    for series in reading.series:
-        answer = answers.get(series.key)
-        count = answer.per_identity.get(pod) if answer is not None else None
-        if count is not None and count > 1:
-            ids = ", ".join(series.identity) or "no engine label"
-            return (
-                f"{series.key} has {count:g} raw series per ({ids}): the pod is scraped twice, or a label "
-                "the preset does not expect splits it"
-            )
-    return None
-
-
-def _by_name(checks: CheckAnswers | None) -> dict[str, SeriesAnswer]:
-    return {answer.name: answer for answer in checks.series} if checks is not None else {}
-
-
-def refusals(
-    spec: InferencePoolSpec, snapshot: SignalSnapshot, pods: Iterable[str]
-) -> dict[str, dict[SignalName, str]]:
-    """Pod -> signal -> why this pass's value may not be used (duplicate raw series, or out of range)."""
-    answers = _by_name(snapshot.checks)
-    readings = READINGS.get(spec.engine, {})
-    refused: dict[str, dict[SignalName, str]] = {}
-    for pod in pods:
-        mine: dict[SignalName, str] = {}
-        for signal, reading in readings.items():
-            why = None if overridden(spec, signal) else duplicate(reading, answers, pod)
-            if why is not None:
-                mine[signal] = why
-        values = snapshot.pods.get(pod)
-        for signal in ALL_SIGNALS if values is not None else ():
-            value = getattr(values, SIGNAL_FIELD[signal])
-            why = None if value is None or signal in mine else out_of_range(signal, value)
-            if why is not None:
-                mine[signal] = f"{why} ({_source(spec, signal)})"
-        if mine:
-            refused[pod] = mine
-    return refused
-
-
-def _source(spec: InferencePoolSpec, signal: SignalName) -> str:
-    """Where a signal's value comes from, for a refusal's reason."""
-    reading = READINGS.get(spec.engine, {}).get(signal)
-    if overridden(spec, signal) or reading is None:
-        return "from the query override metrics.queries." + signal
-    return "from " + " or ".join(series.key for series in reading.series)
-
-
-def without(snapshot: SignalSnapshot, refused: dict[str, dict[SignalName, str]]) -> SignalSnapshot:
-    """The snapshot with the refused values missing."""
-    if not refused:
-        return snapshot
-    pods = dict(snapshot.pods)
-    for pod, signals in refused.items():
-        if pod in pods:
-            pods[pod] = pods[pod].model_copy(update={SIGNAL_FIELD[s]: None for s in signals})
-    return snapshot.model_copy(update={"pods": pods})
-
-
 def _named(pods: list[str]) -> str:
     more = f" and {len(pods) - NAMED} more" if len(pods) > NAMED else ""
     return ", ".join(sorted(pods)[:NAMED]) + more
@@ -193,42 +110,13 @@ def check_signal(
     """One signal over the pool's ready pods: the worst state any pod is in, the pods in it and the fix. Ages are
     the samples' at the time the check was asked."""
     names = [series.key for series in reading.series]
-    keys = [*names, *([reading.unavailable_when[0]] if reading.unavailable_when else [])]
-    failures = [answers[k].failed or "" for k in keys if k in answers and answers[k].failed]
-    if failures or any(k not in answers for k in keys):
-        why = failures[0] if failures else "not asked"
-        return SignalCheck(signal=signal, state="Failed", series=names, message=f"the check query failed: {why}")
+    failure = _query_failure(reading, answers)
+    if failure is not None:
+        return SignalCheck(signal=signal, state="Failed", series=names, message=f"the check query failed: {failure}")
     needed = [series for series in reading.series if series.needed]
-    found: dict[SignalCheckState, list[str]] = {state: [] for state in (*SEVERITY, "NotProvided")}
-    fixes: list[str] = []
-    ok, oldest = 0, 0.0
-    for pod in pods:
-        if signal in refused.get(pod, {}):
-            found["Duplicated" if duplicate(reading, answers, pod) else "OutOfRange"].append(pod)
-            continue
-        busy = has_traffic(snapshot.pods.get(pod))
-        present = [s for s in needed if pod in answers[s.key].newest]
-        # an optional signal's absence is no finding (no adapter loaded, an engine without sleep mode)
-        expected = [] if signal in OPTIONAL_SIGNALS else [s for s in needed if not s.lazy or busy]
-        lacking = [s for s in expected if pod not in answers[s.key].newest]
-        if expected and (not present if reading.any_of else lacking):
-            older = reading.unavailable_when
-            if older is not None and pod in answers[older[0]].newest:
-                found["NotProvided"].append(pod)
-            else:
-                found["Missing"].append(pod)
-                fixes += [s.fix for s in lacking if s.fix and s.fix not in fixes]
-            continue
-        ages = [asked_at.timestamp() - answers[s.key].newest[pod] for s in present]
-        if ages:
-            age = min(ages) if reading.any_of else max(ages)
-            oldest = max(oldest, age)
-            if age > spec.metrics.stale_after:
-                found["Stale"].append(pod)
-                continue
-        ok += 1
-    state: SignalCheckState = next((s for s in (*SEVERITY, "NotProvided") if found[s]), "Ok")
-    affected = found.get(state, [])
+    tally = _tally(spec, signal, reading, answers, pods, snapshot, refused, asked_at)
+    state: SignalCheckState = next((s for s in (*SEVERITY, "NotProvided") if tally.found[s]), "Ok")
+    affected = tally.found.get(state, [])
     fix: str | None
     if state in {"Duplicated", "OutOfRange"}:
         message = f"not used for {_named(affected)}: {refused[sorted(affected)[0]][signal]}"
@@ -237,7 +125,7 @@ def check_signal(
         first = sorted(affected)[0]
         lacking_names = [s.key for s in needed if first not in answers[s.key].newest]
         message = f"no {_joined(lacking_names, reading.any_of)} for {_named(affected)}"
-        fix = "; ".join(fixes) or ENGINE_SETUP.get(spec.engine) or None
+        fix = "; ".join(tally.fixes) or ENGINE_SETUP.get(spec.engine) or None
     elif state == "Stale":
         message = f"newest sample older than staleAfter ({spec.metrics.stale_after:g}s) for {_named(affected)}"
         fix = STALE_FIX
@@ -257,13 +145,75 @@ def check_signal(
         signal=signal,
         state=state,
         series=names,
-        pods_ok=ok,
+        pods_ok=tally.ok,
         pods_affected=len(affected),
         pods=sorted(affected)[:NAMED],
-        oldest_sample_seconds=round(oldest) if oldest else None,
+        oldest_sample_seconds=round(tally.oldest) if tally.oldest else None,
         message=message,
         fix=fix,
     )
+
+
+def _query_failure(reading: Reading, answers: dict[str, SeriesAnswer]) -> str | None:
+    """Why the check queries of the reading's series failed (or were not asked); None when all were answered."""
+    names = [series.key for series in reading.series]
+    keys = [*names, *([reading.unavailable_when[0]] if reading.unavailable_when else [])]
+    failures = [answers[k].failed or "" for k in keys if k in answers and answers[k].failed]
+    if failures or any(k not in answers for k in keys):
+        return failures[0] if failures else "not asked"
+    return None
+
+
+@dataclass
+class _Tally:
+    """A signal's ready pods by the state they are in, with what makes the engine export what is missing."""
+
+    found: dict[SignalCheckState, list[str]]
+    fixes: list[str] = field(default_factory=list)
+    ok: int = 0
+    oldest: float = 0.0
+    """Age of the oldest newest sample of a pod, in seconds."""
+
+
+def _tally(
+    spec: InferencePoolSpec,
+    signal: SignalName,
+    reading: Reading,
+    answers: dict[str, SeriesAnswer],
+    pods: list[str],
+    snapshot: SignalSnapshot,
+    refused: dict[str, dict[SignalName, str]],
+    asked_at: datetime,
+) -> _Tally:
+    """Each pod's state for the signal: refused (duplicated or out of range), missing, not provided, stale or ok."""
+    needed = [series for series in reading.series if series.needed]
+    tally = _Tally({state: [] for state in (*SEVERITY, "NotProvided")})
+    for pod in pods:
+        if signal in refused.get(pod, {}):
+            tally.found["Duplicated" if duplicate(reading, answers, pod) else "OutOfRange"].append(pod)
+            continue
+        busy = has_traffic(snapshot.pods.get(pod))
+        present = [s for s in needed if pod in answers[s.key].newest]
+        # an optional signal's absence is no finding (no adapter loaded, an engine without sleep mode)
+        expected = [] if signal in OPTIONAL_SIGNALS else [s for s in needed if not s.lazy or busy]
+        lacking = [s for s in expected if pod not in answers[s.key].newest]
+        if expected and (not present if reading.any_of else lacking):
+            older = reading.unavailable_when
+            if older is not None and pod in answers[older[0]].newest:
+                tally.found["NotProvided"].append(pod)
+            else:
+                tally.found["Missing"].append(pod)
+                tally.fixes += [s.fix for s in lacking if s.fix and s.fix not in tally.fixes]
+            continue
+        ages = [asked_at.timestamp() - answers[s.key].newest[pod] for s in present]
+        if ages:
+            age = min(ages) if reading.any_of else max(ages)
+            tally.oldest = max(tally.oldest, age)
+            if age > spec.metrics.stale_after:
+                tally.found["Stale"].append(pod)
+                continue
+        tally.ok += 1
+    return tally
 
 
 def _override_check(signal: SignalName, pods: list[str], refused: dict[str, dict[SignalName, str]]) -> SignalCheck:
@@ -300,16 +250,8 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
     checks = snapshot.checks
     if checks is None:
         return Screened(cleaned, refused, None, ("Unknown", "NotChecked", "the preflight has not run yet"))
-    answers = _by_name(checks)
-    complete = checks.failed is None and not any(answer.failed for answer in checks.series)
-    present, unscraped = scraped(checks, ready_pods) if complete else (ready_pods, [])
-    # a pod Prometheus has scraped once so far (it just started, or the check came between two of its first
-    # scrapes' series) is judged at the next check
-    samples = sorted(checks.samples_per_window[p] for p in present if p in checks.samples_per_window)
-    median = statistics.median(samples) if samples else None
-    young = median is not None and median >= 2  # else every pod has fewer: the window is too short, not the pods new
-    new = [p for p in present if checks.samples_per_window.get(p, 2.0) < 2] if complete and young else []
-    present = [p for p in present if p not in new]
+    judged = _judged(checks, ready_pods)
+    answers = series_answers(checks)
     entries: list[SignalCheck] = []
     for signal in ALL_SIGNALS:
         reading = readings.get(signal)
@@ -319,23 +261,87 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
             why = NOT_PROVIDED.get(spec.engine, {}).get(signal, f"not provided by {spec.engine}")
             entries.append(SignalCheck(signal=signal, state="NotProvided", message=why))
         else:
-            entries.append(check_signal(spec, signal, reading, answers, present, snapshot, refused, checks.asked_at))
-    # (reason, line), worst first
+            entries.append(
+                check_signal(spec, signal, reading, answers, judged.present, snapshot, refused, checks.asked_at)
+            )
+    status, reason, message = _verdict(spec, checks, judged, entries)
+    block = SignalChecks(
+        checked_at=checks.asked_at,
+        engine=spec.engine,
+        samples_per_window=judged.median,
+        message=message,
+        pods_without_series=len(judged.unscraped),
+        unscraped=sorted(judged.unscraped)[:NAMED],
+        signals=entries,
+    )
+    return Screened(cleaned, refused, block, (status, reason, message))
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """Which ready pods the preflight judges: those with series, less those scraped once so far."""
+
+    present: list[str]
+    unscraped: list[str]
+    """Ready pods with no series at all."""
+    new: list[str]
+    """Pods scraped fewer than twice within the window: judged at the next check."""
+    median: float | None
+    """Samples per rate window, the median over the pods."""
+
+
+def _judged(checks: CheckAnswers, ready_pods: list[str]) -> _Judged:
+    complete = checks.failed is None and not any(answer.failed for answer in checks.series)
+    present, unscraped = scraped(checks, ready_pods) if complete else (ready_pods, [])
+    # a pod Prometheus has scraped once so far (it just started, or the check came between two of its first
+    # scrapes' series) is judged at the next check
+    samples = sorted(checks.samples_per_window[p] for p in present if p in checks.samples_per_window)
+    median = statistics.median(samples) if samples else None
+    young = median is not None and median >= 2  # else every pod has fewer: the window is too short, not the pods new
+    new = [p for p in present if checks.samples_per_window.get(p, 2.0) < 2] if complete and young else []
+    return _Judged([p for p in present if p not in new], unscraped, new, median)
+
+
+def _verdict(
+    spec: InferencePoolSpec, checks: CheckAnswers, judged: _Judged, entries: list[SignalCheck]
+) -> tuple[ConditionStatus, str, str]:
+    """SignalsReady: (status, reason, message), the worst finding first, the notes after the findings."""
+    found, notes = _findings(spec, checks, judged, entries)
+    median = judged.median
+    status: ConditionStatus
+    if not found:
+        status, reason = "True", "WindowShort" if median is not None and median < MIN_SAMPLES else "AllPresent"
+        lines = [
+            f"every series the {spec.engine} preset reads is fresh and one per pod ({len(judged.present)} ready pods)"
+        ]
+    else:
+        reason = found[0][0]
+        status = "Unknown" if reason == "CheckFailed" else "False"
+        lines = [line for _, line in found]
+    lines += notes
+    return status, reason, "; ".join(lines)
+
+
+def _findings(
+    spec: InferencePoolSpec, checks: CheckAnswers, judged: _Judged, entries: list[SignalCheck]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(reason, line) of what is wrong, worst first; and notes that make nothing wrong."""
     found: list[tuple[str, str]] = [
         (REASONS[check.state], f"{check.signal}: {check.message}")
         for state in SEVERITY
         for check in entries
         if check.state == state
     ]
-    if unscraped:
+    if judged.unscraped:
         found.append(
             (
                 "PodsNotScraped",
-                f"no series at all for {_named(unscraped)}: Prometheus does not scrape them (yet), or "
+                f"no series at all for {_named(judged.unscraped)}: Prometheus does not scrape them (yet), or "
                 f"metrics.podLabel ({spec.metrics.pod_label}) / namespaceLabel ({spec.metrics.namespace_label}) "
                 "do not name them",
             )
         )
+    median = judged.median
     window = (
         f"metrics.window ({spec.metrics.window:g}s) holds {median:g} samples per series (median over the pods)"
         if median is not None
@@ -351,26 +357,7 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
         )
     if checks.failed:
         found.append(("CheckFailed", f"samples per window: {checks.failed}"))
-    if new:
-        notes.append(f"{_named(new)}: scraped fewer than twice within metrics.window, judged at the next check")
+    if judged.new:
+        notes.append(f"{_named(judged.new)}: scraped fewer than twice within metrics.window, judged at the next check")
     found.sort(key=lambda pair: CONDITION_REASONS.index(pair[0]))
-    status: ConditionStatus
-    if not found:
-        status, reason = "True", "WindowShort" if median is not None and median < MIN_SAMPLES else "AllPresent"
-        lines = [f"every series the {spec.engine} preset reads is fresh and one per pod ({len(present)} ready pods)"]
-    else:
-        reason = found[0][0]
-        status = "Unknown" if reason == "CheckFailed" else "False"
-        lines = [line for _, line in found]
-    lines += notes
-    message = "; ".join(lines)
-    block = SignalChecks(
-        checked_at=checks.asked_at,
-        engine=spec.engine,
-        samples_per_window=median,
-        message=message,
-        pods_without_series=len(unscraped),
-        unscraped=sorted(unscraped)[:NAMED],
-        signals=entries,
-    )
-    return Screened(cleaned, refused, block, (status, reason, message))
+    return found, notes

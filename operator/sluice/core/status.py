@@ -7,10 +7,9 @@ adds the ones only it can know (`IstioSynced`, a failed pass) through `with_cond
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sluice.api.v1alpha1 import (
     CanaryStatus,
@@ -128,7 +127,7 @@ def degraded(rows: list[EndpointStatus], class_label: str, metrics_usable: bool)
     """The worst thing wrong with the pool's pods first; every finding listed."""
     findings: list[tuple[str, str]] = []
 
-    def names(pick: Any) -> list[str]:
+    def names(pick: Callable[[EndpointStatus], bool]) -> list[str]:
         return [row.pod for row in rows if pick(row)]
 
     groups = [

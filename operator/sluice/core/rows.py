@@ -1,0 +1,147 @@
+"""A pod's row in `status.endpoints`, rendered once per pass from its verdict and its allocation: why it has its
+weight in words, its score, and what the headroom policy remembers of it. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypedDict
+
+from sluice.api.v1alpha1 import EndpointState, EndpointStatus, InferencePoolSpec
+from sluice.core.allocation import Allocation
+from sluice.core.headroom import PodHeadroom
+from sluice.core.observed import PodSignals, SignalName
+from sluice.core.verdicts import PodVerdict, VerdictKind
+
+
+def reason_for(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation) -> str:
+    """Why the pod has its weight, in words — rendered once, from the verdict and the allocation."""
+    incident = verdict.memory.describe()
+    if allocation.floor_held:
+        why = f"would be zeroed for {verdict.memory.incident}" if verdict.kind == "quiet" else "no signals yet"
+        return (
+            f"kept at minimum weight by the floor (minRoutablePercent {spec.protection.min_routable_percent}%): {why}"
+        )
+    if verdict.kind == "excluded":
+        return verdict.excluded_because + (
+            f"; {incident}" if verdict.memory.last_incident_at and verdict.quiet_remaining else ""
+        )
+    hold = allocation.hold
+    if allocation.capacity_held and hold is not None:
+        if verdict.kind == "ramping":
+            return f"recovering from {verdict.memory.incident}, {hold.explain()}"
+        return f"would be zeroed ({incident}), {hold.explain()}"
+    if verdict.kind == "quiet":
+        weighed = f"; {hold.explain()}" if hold is not None else ""
+        return f"{incident}; quiet for {verdict.quiet_remaining:.0f}s more{weighed}"
+    if verdict.kind == "frozen":
+        return "no fresh signals: weight frozen at its last value"
+    if verdict.kind == "awaiting":
+        return "no signals yet: not routed until Prometheus has samples for it"
+    if verdict.kind == "ramping":
+        percent, target = verdict.ramp_percent, allocation.scored_weight
+        return f"recovering from {verdict.memory.incident}: {percent:.1f}% of scored weight {target}"
+    text = allocation.headroom.explain() if allocation.headroom is not None else verdict.score.explain()
+    if allocation.scored_weight is not None and allocation.weight != allocation.scored_weight:
+        text += f" (scored {allocation.scored_weight}, change within hysteresis)"
+    if verdict.assessment.consecutive_failures:
+        text += f"; below every band {verdict.assessment.consecutive_failures}x in a row"
+    return text
+
+
+class StatusRow(TypedDict):
+    """One `status.endpoints` row as plain data, as `EndpointStatus` validates it."""
+
+    pod: str
+    ip: str | None
+    revision: str | None
+    hardware_class: str | None
+    capacity: float
+    signals: PodSignals
+    signals_sampled_at: datetime | None
+    score: float
+    weight: int
+    state: EndpointState
+    reason: str
+    since: datetime
+    ttft_estimate_seconds: float | None
+    idle_ttft_seconds: float | None
+    learned_capacity: float | None
+    consecutive_failures: int
+    restarts: int
+    last_incident_at: datetime | None
+    incident: str | None
+    incident_message: str | None
+    verdict: VerdictKind
+    floor_held: bool
+    capacity_held: bool
+    held_since: datetime | None
+    missing_signals: list[SignalName]
+    class_known: bool
+
+
+def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation, now: datetime) -> StatusRow:
+    """One status row as plain data; the whole status is validated in a single pydantic call (fast for big pools)."""
+    prev: EndpointStatus | None = verdict.previous
+    since = prev.since if prev is not None and prev.state == allocation.state and prev.since else now
+    if verdict.score.ttft_source == "observed":
+        estimate: float | None = verdict.score.ttft
+    else:
+        estimate = prev.ttft_estimate_seconds if prev else None
+    return {
+        "pod": verdict.name,
+        "ip": verdict.pod.ip,
+        "revision": verdict.revision,
+        "hardware_class": verdict.hardware_class,
+        "capacity": verdict.capacity,
+        "signals": verdict.signals,
+        "signals_sampled_at": verdict.sampled_at,
+        "score": round(_score(spec, verdict, allocation), 6),
+        "weight": allocation.weight,
+        "state": allocation.state,
+        "reason": reason_for(spec, verdict, allocation),
+        "since": since,
+        "ttft_estimate_seconds": estimate,
+        # the measured capacity (None while only a prior) and the idle TTFT it is read against
+        "idle_ttft_seconds": _headroom_memory(
+            spec, allocation, lambda h: h.idle_ttft, prev.idle_ttft_seconds if prev is not None else None
+        ),
+        "learned_capacity": _headroom_memory(
+            spec, allocation, lambda h: h.learned, prev.learned_capacity if prev is not None else None
+        ),
+        "consecutive_failures": verdict.assessment.consecutive_failures,
+        "restarts": verdict.pod.restarts,
+        "last_incident_at": verdict.memory.last_incident_at,
+        "incident": verdict.memory.incident,
+        "incident_message": verdict.memory.message,
+        "verdict": verdict.kind,
+        "floor_held": allocation.floor_held,
+        "capacity_held": allocation.capacity_held,
+        "held_since": (prev.held_since or now)
+        if allocation.capacity_held and prev and prev.capacity_held
+        else (now if allocation.capacity_held else None),
+        "missing_signals": list(verdict.missing),
+        "class_known": verdict.class_known,
+    }
+
+
+def _score(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation) -> float:
+    """The status' score: headroom, the capacity planned with in requests/s (0 while only relative); cube its score."""
+    if allocation.headroom is not None:
+        return 0.0 if allocation.headroom.source == "relative" else allocation.headroom.estimate
+    prev = verdict.previous
+    if spec.scoring.policy == "headroom":
+        return prev.score if prev is not None and prev.learned_capacity is not None else 0.0
+    return verdict.smoothed
+
+
+def _headroom_memory(
+    spec: InferencePoolSpec, allocation: Allocation, fresh: Callable[[PodHeadroom], float | None], kept: float | None
+) -> float | None:
+    """headroom's per-pod memory: this pass's value (to the microsecond, as the score), the previous one while the
+    pod is not weighed (zeroed: kept for its return), none under the cube."""
+    if allocation.headroom is not None:
+        value = fresh(allocation.headroom)
+        return None if value is None else round(value, 6)
+    return kept if spec.scoring.policy == "headroom" else None
