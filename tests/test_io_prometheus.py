@@ -271,7 +271,7 @@ def test_a_shared_answer_is_kept_without_an_object_per_series(prometheus: FakePr
     io = PromIO(preflight=False)
     try:
         snapshot = io.read_signals(spec(metrics={"prometheusUrl": prometheus.url}), "llm", ["p7"], PromAuth(), T0)
-        kept = [answer for key, answer in io._answers.items() if "vllm:num_requests_running" in key[-1]]
+        kept = [answer for key, answer in io._shares.answers.items() if "vllm:num_requests_running" in key[-1]]
         assert snapshot.pods["p7"].running_requests == 7.0
         assert kept
         assert max(_tracked_reachable(answer.done.result()) for answer in kept) < 20
@@ -292,10 +292,10 @@ def test_the_refresh_pace_follows_the_pools_that_still_read_a_query(prometheus: 
     try:
         io.read_signals(fast, "llm", ["a"], PromAuth(), T0)
         io.read_signals(slow, "llm", ["a"], PromAuth(), T0)
-        assert {w.ttl for w in io._wanted.values()} == {1.0}
+        assert {w.ttl for w in io._shares.wanted.values()} == {1.0}
         clock.advance(2.2)  # the 1 s pool has not read for two of its intervals: it no longer sets the pace
         io.read_signals(slow, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=2.2))
-        assert {w.ttl for w in io._wanted.values()} == {4.0}
+        assert {w.ttl for w in io._shares.wanted.values()} == {4.0}
     finally:
         io.close()
 
@@ -593,7 +593,7 @@ def test_a_query_over_the_pools_own_pods_follows_its_pods_and_the_rest_are_rende
         rendered.append(list(pod_names))
         return build_queries(spec, namespace, pod_names, **options)
 
-    monkeypatch.setattr("sluice.io.prometheus.build_queries", counted)
+    monkeypatch.setattr("sluice.io.promqueries.build_queries", counted)
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)

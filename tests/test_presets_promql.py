@@ -328,7 +328,7 @@ def test_a_scoped_read_asks_real_prometheus_for_its_pods_by_name(prometheus: str
             engine="vllm", metrics={"prometheusUrl": prometheus, "window": "1m", "extraLabels": {"engine": "vllm"}}
         )
         snapshot = io.read_signals(pool, NAMESPACE, asked, PromAuth(), datetime.now(UTC))
-        answered = {pod for answer in io._answers.values() for pod in answer.done.result()}
+        answered = {pod for answer in io._shares.answers.values() for pod in answer.done.result()}
     finally:
         io.close()
     assert snapshot.failed == {}

@@ -157,12 +157,12 @@ def test_passes_reading_a_failed_shared_answer_do_not_grow_its_traceback(prometh
     prometheus.failing = True
     try:
         io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
-        failures = [a.done.exception() for a in io._answers.values()]
+        failures = [a.done.exception() for a in io._shares.answers.values()]
         before = max(_depth(f) for f in failures)
         for n in range(20):  # within the backoff: every pass reads the same failed answers
             snapshot = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=n / 10))
             assert len(snapshot.failed) == QUERIES
-        after = max(_depth(a.done.exception()) for a in io._answers.values())
+        after = max(_depth(a.done.exception()) for a in io._shares.answers.values())
     finally:
         io.close()
     assert after == before

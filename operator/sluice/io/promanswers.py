@@ -14,21 +14,25 @@ import json
 import math
 import re
 from datetime import UTC, datetime
-from typing import Any
 
+from sluice.api.jsontypes import JsonValue, members
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
 
 
-def parse_value(sample: Any) -> float | None:
-    """A Prometheus instant-vector sample value; NaN and infinities (0/0, empty histograms) are missing, not 0."""
+def parse_value(sample: JsonValue) -> float | None:
+    """A Prometheus instant-vector sample value (`[time, "value"]`); NaN and infinities (0/0, empty histograms)
+    are missing, not 0, as is a sample of another shape."""
+    raw = sample[1] if isinstance(sample, list) and len(sample) > 1 else None
+    if not isinstance(raw, str | int | float):
+        return None
     try:
-        value = float(sample[1])
-    except (TypeError, ValueError, IndexError):
+        value = float(raw)
+    except ValueError:
         return None
     return value if math.isfinite(value) else None
 
 
-def pod_values(series: list[dict[str, Any]] | None, pod_label: str) -> dict[str, float]:
+def pod_values(series: list[JsonValue] | None, pod_label: str) -> dict[str, float]:
     """Pod -> value from a vector answer. Pure.
 
     A series without the pod label, or whose value is NaN or infinite, is left out (missing, never 0); where a
@@ -40,7 +44,7 @@ def pod_values(series: list[dict[str, Any]] | None, pod_label: str) -> dict[str,
     for item in series or []:
         if not isinstance(item, dict):
             raise ValueError("the answer is not an instant vector (a query override must return one)")
-        pod = item.get("metric", {}).get(pod_label)
+        pod = members(item, "metric").get(pod_label)
         value = parse_value(item.get("value"))
         if pod is not None and value is not None:
             out[str(pod)] = value
@@ -71,10 +75,11 @@ def vector_values(body: bytes, pod_label: str) -> dict[str, float]:
     plain = plain_vector_values(text, pod_label)
     if plain is not None:
         return plain
-    try:
-        result = json.loads(text)["data"]["result"]
-    except (KeyError, TypeError) as failure:  # a 200 that is not a query answer (a proxy's page, say)
-        raise ValueError(f"not a Prometheus query answer: {text[:120]!r}") from failure
+    answer: JsonValue = json.loads(text)  # the body is JSON (json.loads is untyped)
+    data = members(answer, "data")
+    if "result" not in data:  # a 200 that is not a query answer (a proxy's page, say)
+        raise ValueError(f"not a Prometheus query answer: {text[:120]!r}")
+    result = data["result"]
     return pod_values(result if isinstance(result, list) else [], pod_label)
 
 
@@ -97,7 +102,7 @@ def plain_vector_values(text: str, pod_label: str) -> dict[str, float] | None:
     return out
 
 
-def sample_times(series: list[dict[str, Any]] | None, pods: set[str], pod_label: str) -> dict[str, datetime]:
+def sample_times(series: list[JsonValue] | None, pods: set[str], pod_label: str) -> dict[str, datetime]:
     """Pod -> time of its newest sample, from the answer of the freshness query (`timestamp()` values)."""
     return _times(pod_values(series, pod_label), pods)
 
@@ -107,13 +112,13 @@ def _times(stamps: dict[str, float], pods: set[str]) -> dict[str, datetime]:
 
 
 def to_snapshot(
-    answers: dict[SignalName, list[dict[str, Any]]],
+    answers: dict[SignalName, list[JsonValue]],
     failed: dict[str, str],
     unsupported: tuple[SignalName, ...],
     pods: set[str],
     pod_label: str,
     collected_at: datetime,
-    freshness: list[dict[str, Any]] | None = None,
+    freshness: list[JsonValue] | None = None,
 ) -> SignalSnapshot:
     """Per-pod signals from the raw query answers, keeping only the pool's pods. Pure.
 

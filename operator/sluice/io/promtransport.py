@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import NamedTuple, Self
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -124,7 +124,15 @@ class Transport:
     """Queries on it now (it is not closed under them)."""
 
 
-TransportKey = tuple[str, str | None, bool, float]
+class TransportKey(NamedTuple):
+    """What a session is shared by (never the bearer token: it goes with each request)."""
+
+    url: str
+    ca_pem: str | None
+    """The CA bundle (None: the system's, or none when `insecure`)."""
+    insecure: bool
+    timeout: float
+    """The query's timeout, seconds."""
 
 
 def open_transport(key: TransportKey, verify: bool | str) -> Transport:
