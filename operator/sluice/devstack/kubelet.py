@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 
+from sluice.api.jsontypes import JsonObject
 from sluice.devstack.processes import StackClosing
 
 RESTART_BACK_OFF = 2.0
@@ -49,7 +50,7 @@ class PodState:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     ready: bool = False
-    last_termination: dict[str, Any] | None = None
+    last_termination: JsonObject | None = None
     restart_at: float | None = None
     deleted: bool = False
     oom_kills_at_start: int = 0
@@ -128,9 +129,13 @@ async def probe(http: aiohttp.ClientSession, ip: str) -> bool:
 # ---------------------------------------------------------------------------------------- what the API is told
 
 
-def pod_manifest(spec: PodSpec) -> dict[str, Any]:
+def pod_manifest(spec: PodSpec) -> JsonObject:
     """The pod as a user's Deployment would create it: the labels sluice selects and reads, one container."""
-    labels = {"app": spec.app, "sluice.dev/hardware-class": spec.hardware, "sluice.dev/revision": spec.revision}
+    labels: JsonObject = {
+        "app": spec.app,
+        "sluice.dev/hardware-class": spec.hardware,
+        "sluice.dev/revision": spec.revision,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -142,7 +147,7 @@ def pod_manifest(spec: PodSpec) -> dict[str, Any]:
     }
 
 
-def service_manifest(app: str) -> dict[str, Any]:
+def service_manifest(app: str) -> JsonObject:
     """The Service clients call, as a user's manifest would have it: named after the app, port 8000 named http
     (Istio reads the protocol from the name)."""
     return {
@@ -153,9 +158,9 @@ def service_manifest(app: str) -> dict[str, Any]:
     }
 
 
-def pod_status(state: PodState) -> dict[str, Any]:
+def pod_status(state: PodState) -> JsonObject:
     """The pod's status as a kubelet writes it: running, Ready or not, restarts and the last termination."""
-    container: dict[str, Any] = {
+    container: JsonObject = {
         "name": "vllm",
         "ready": state.ready,
         "restartCount": state.restarts,
