@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import ROOT, Stack, free_port
 
 PODS = [PodSpec("llama-a100-0", "a100", "v1", "127.0.20.1"), PodSpec("llama-4090-0", "rtx4090", "v1", "127.0.20.2")]
 

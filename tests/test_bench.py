@@ -13,12 +13,13 @@ import pytest
 from sluice.bench import targets
 from sluice.bench.calibration import calibrate
 from sluice.bench.capacity import best_split, fleet_capacity, run_alone, server_curves
-from sluice.bench.dataplane import EnvoyLeastRequest, WeightedRandom
+from sluice.bench.dataplane import WeightedRandom
 from sluice.bench.report import median_interval, run
 from sluice.bench.scenario import load
 from sluice.bench.sim import STRATEGIES, Simulation, summarise
 from sluice.bench.trace import make_trace, write_azure_csv
 from sluice.sim.engine import Engine
+from sluice.sim.leastrequest import EnvoyLeastRequest
 from sluice.sim.profiles import server_profile
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios"

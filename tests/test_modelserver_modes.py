@@ -20,8 +20,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from sluice.devstack.kubelet import read_oom_kills, termination_reason
 from sluice.devstack.modelserver import ModelServer, read_memory_events, record_oom_kill
-from sluice.devstack.stack import ROOT, read_oom_kills, termination_reason
+from sluice.devstack.stack import ROOT
 
 DEADLINE = 20.0  # every wait in these tests is bounded by this
 

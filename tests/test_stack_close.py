@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from sluice.devstack.stack import PodSpec, PodState, Stack
+from sluice.devstack.kubelet import PodSpec, PodState
+from sluice.devstack.stack import Stack
 
 SERVER = """
 import socket, sys, time

@@ -7,7 +7,7 @@ header matches nothing), and retry_on (`5xx` covers any 5xx answer plus resets a
 
 from __future__ import annotations
 
-from sluice.devstack.stack import RetryPolicy, headers_match
+from sluice.devstack.routes import RetryPolicy, headers_match
 
 
 def test_header_conditions_match_as_envoy_does():

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from sluice.devstack.stack import ROOT, PodSpec, Stack, Traffic
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import ROOT, Stack
+from sluice.devstack.traffic import Traffic
 
 
 class Background:

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import ROOT, Stack, free_port
 from tests.e2e.conftest import BASE_PODS, Background, audit_trail, condition, module_stack, pool_manifest, wait_until
 
 helm = pytest.importorskip("helm_python")

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.devstack.stack import ROOT, SHARED_ISTIO, PodSpec, Stack, Traffic, free_port
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import ROOT, SHARED_ISTIO, Stack, free_port
+from sluice.devstack.traffic import Traffic
 from sluice.emulator.apivalidation import SchemaRegistry
 from tests.e2e.conftest import (
     BASE_PODS,

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from sluice.devstack.stack import PodSpec, Stack, Traffic
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import Stack
+from sluice.devstack.traffic import Traffic
 from tests.e2e.conftest import Background, operator_stack, pool_manifest, running_traffic, wait_until
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sluice.devstack.stack import PodSpec, Sample, Stack, Traffic
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import Stack
+from sluice.devstack.traffic import Sample, Traffic
 from tests.e2e.conftest import Background, operator_stack, pool_manifest, rows, running_traffic, wait_until
 
 pytestmark = pytest.mark.slow

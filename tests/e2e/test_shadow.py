@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.devstack.stack import PodSpec, Stack, Traffic
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import Stack
+from sluice.devstack.traffic import Traffic
 from tests.e2e.conftest import Background, operator_stack, pool_manifest, running_traffic, wait_until
 from tests.e2e.test_plugin import kubectl_sluice
 

@@ -53,8 +53,9 @@ from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
 from sluice.bench.trace import Arrival, make_trace
 from sluice.core.observed import ObservedPod
+from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.modelserver import SERVED_BY
-from sluice.devstack.stack import ROOT, PodSpec, Stack, free_port
+from sluice.devstack.stack import ROOT, Stack, free_port
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import WriteResult
 from sluice.io.prometheus import PromIO

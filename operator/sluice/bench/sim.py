@@ -37,7 +37,6 @@ from typing import Any
 from sluice.bench.control import CAPACITY_CLASSES, Published, ScrapedServer, SluiceControl, pool_spec
 from sluice.bench.dataplane import (
     ConsistentHashRouter,
-    EnvoyLeastRequest,
     EnvoyRoundRobin,
     OutlierDetector,
     PowerOfTwoRouter,
@@ -46,6 +45,7 @@ from sluice.bench.dataplane import (
 from sluice.bench.scenario import Scenario, ServerSpec
 from sluice.bench.trace import Arrival
 from sluice.sim.engine import Engine, EngineConfig, Sequence
+from sluice.sim.leastrequest import EnvoyLeastRequest
 from sluice.sim.profiles import server_profile
 
 STRATEGIES = (

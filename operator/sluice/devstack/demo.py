@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.devstack.stack import ROOT, PodSpec, Stack, Traffic
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.stack import ROOT, Stack
+from sluice.devstack.traffic import Traffic
 from sluice.istio.kinds import VIRTUAL_SERVICE
 
 POOL_FILE = ROOT / "examples" / "local" / "pool.yaml"
