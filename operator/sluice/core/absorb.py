@@ -42,7 +42,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sluice.core.headroom import carried_at, water_level
+from sluice.core.waterfill import carried_at, water_level
 
 HOLDABLE = ("ErrorRate", "LoraFailures", "ConsecutiveFailures")
 """Incidents after which the pod still serves: its zeroing is weighed. OOMKilled and Restarted are not."""
@@ -145,7 +145,7 @@ def weigh(
     without their modelled TTFT rising more than `tolerance` (a fraction) over the level a healthy pool would
     serve the same demand at.
 
-    The model is the headroom plan's (`sluice.core.headroom.water_fill`: T_i = s_i / (1 - x_i / mu_i), every
+    The model is the headroom plan's (`sluice.core.waterfill.water_fill`: T_i = s_i / (1 - x_i / mu_i), every
     loaded pod at one level L): the reference level is the pool's with the candidates taking part at their
     learned capacities; the others may carry what they carry at (1 + tolerance) x that level. What the others
     cannot take is spread over the candidates that may be held, in proportion to their learned capacities, each

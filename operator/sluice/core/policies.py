@@ -13,16 +13,9 @@ from dataclasses import dataclass, field
 
 from sluice.api.v1alpha1 import ProtectionSpec, ScoringPolicy, ScoringSpec
 from sluice.core.absorb import FROZEN, HOLDABLE, SLOWER, Candidate, Hold, Other, weigh
-from sluice.core.headroom import (
-    INFORMATIVE,
-    LEARNED_SOURCES,
-    SAMPLES,
-    PodHeadroom,
-    PodLoad,
-    finite,
-    plan,
-    utilisation,
-)
+from sluice.core.capacity import INFORMATIVE, LEARNED_SOURCES, SAMPLES
+from sluice.core.headroom import PodHeadroom, plan
+from sluice.core.podload import PodLoad, finite, utilisation
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import scale
 
