@@ -161,6 +161,8 @@ class _First(NamedTuple):
 
 
 class _Note(NamedTuple):
+    """What `estimate` reports of a pod besides its capacity: its idle TTFT, ρ, and where the capacity comes from."""
+
     idle: float | None
     rho: float | None
     source: CapacitySource

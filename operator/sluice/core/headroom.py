@@ -100,18 +100,6 @@ class PodHeadroom:
         return " ".join(parts)
 
 
-def _model_divisor(
-    p: PodLoad, share: float, times: dict[str, float], fallback_time: float, clients: float, bias: float
-) -> float:
-    """(1 + active)^bias at the planned rate: Little's law on the running batch, per client sidecar; never more in
-    flight than now when the plan lowers the pod's rate (a few slow requests would read as a long time)."""
-    if p.name in times and p.rate:
-        in_flight = times[p.name] * p.rate * share / max(p.rate, share) if share > 0 else 0.0
-    else:
-        in_flight = share * fallback_time
-    return float((1.0 + in_flight / clients) ** bias)
-
-
 def plan(
     pods: Sequence[PodLoad],
     smoothing: float,
@@ -195,9 +183,22 @@ def _divisors(
     return pooled_values(pooling, own_divisor)
 
 
+def _model_divisor(
+    p: PodLoad, share: float, times: dict[str, float], fallback_time: float, clients: float, bias: float
+) -> float:
+    """(1 + active)^bias at the planned rate: Little's law on the running batch, per client sidecar; never more in
+    flight than now when the plan lowers the pod's rate (a few slow requests would read as a long time)."""
+    if p.name in times and p.rate:
+        in_flight = times[p.name] * p.rate * share / max(p.rate, share) if share > 0 else 0.0
+    else:
+        in_flight = share * fallback_time
+    return float((1.0 + in_flight / clients) ** bias)
+
+
 def _concluded(
     p: PodLoad, e: Estimate, share: float, divisor: float, pool: Pooling | None, demand: float
 ) -> PodHeadroom:
+    """What the policy concluded for one pod: its estimate, the capacity planned with, its share and weight."""
     value, idle_ttft, rho, source = e
     return PodHeadroom(
         estimate=value,
