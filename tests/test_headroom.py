@@ -12,17 +12,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sluice.api.v1alpha1 import ScoringSpec
-from sluice.core.headroom import (
-    PROBE_ROOM,
-    QUEUE_EVIDENCE,
-    PodLoad,
-    estimate,
-    learn_idle,
-    plan,
-    utilisation,
-    water_fill,
-)
+from sluice.core.capacity import PROBE_ROOM, estimate
+from sluice.core.headroom import plan
 from sluice.core.observed import PodSignals
+from sluice.core.podload import QUEUE_EVIDENCE, PodLoad, learn_idle, utilisation
+from sluice.core.waterfill import water_fill
 from tests.helpers import pod, run, spec, weights
 
 HEADROOM = {"scoring": {"policy": "headroom"}}

@@ -41,8 +41,9 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from sluice.core.headroom import carried_at, water_level
+from sluice.core.waterfill import carried_at, water_level
 
 HOLDABLE = ("ErrorRate", "LoraFailures", "ConsecutiveFailures")
 """Incidents after which the pod still serves: its zeroing is weighed. OOMKilled and Restarted are not."""
@@ -145,7 +146,7 @@ def weigh(
     without their modelled TTFT rising more than `tolerance` (a fraction) over the level a healthy pool would
     serve the same demand at.
 
-    The model is the headroom plan's (`sluice.core.headroom.water_fill`: T_i = s_i / (1 - x_i / mu_i), every
+    The model is the headroom plan's (`sluice.core.waterfill.water_fill`: T_i = s_i / (1 - x_i / mu_i), every
     loaded pod at one level L): the reference level is the pool's with the candidates taking part at their
     learned capacities; the others may carry what they carry at (1 + tolerance) x that level. What the others
     cannot take is spread over the candidates that may be held, in proportion to their learned capacities, each
@@ -163,6 +164,39 @@ def weigh(
         why = "nothing weighed: no capacity learned among the other pods" if others is None else ""
         why = why or "nothing weighed: no other pod to take its share"
         return {c.name: Hold(0.0, None, ceiling, why) for c in candidates}
+    room = _others_room(candidates, others, capacity, ceiling, tolerance)
+    if room.need <= 1e-9:
+        return {c.name: Hold(0.0, room.load, ceiling, f"{room.at} (within {room.bounds})") for c in candidates}
+    out, groups = _sorted(candidates, room, others_inflation, others_in_system)
+    shares, overflow = _kept_shares(candidates, groups, room)
+    for c in candidates:
+        if c.name in groups.able or c.name in groups.unproven or c.name in groups.overflow_only:
+            out[c.name] = _held(c, groups, room, shares, overflow)
+    return out
+
+
+@dataclass(frozen=True)
+class _Room:
+    """What the others can take of the demand, in the plan's model, and how it reads."""
+
+    demand: float
+    """Requests/s the others and the candidates carried."""
+    capacity: float
+    """The others' capacity (requests/s)."""
+    ceiling: float
+    need: float
+    """Requests/s the others cannot take within `ceiling` and the TTFT tolerance."""
+    load: float
+    """The others' utilisation if they took every candidate's share."""
+    at: str
+    bounds: str
+
+
+def _others_room(
+    candidates: Sequence[Candidate], others: Sequence[Other], capacity: float, ceiling: float, tolerance: float
+) -> _Room:
+    """The others' room: within `ceiling` of their capacity, and at most (1 + tolerance) x the latency level of the
+    healthy pool (the candidates taking part at their learned capacities)."""
     demand = sum(o.rate for o in others) + sum(c.rate for c in candidates)
     known = [o.idle for o in others if o.idle is not None and o.idle > 0]
     fallback = statistics.median(known) if known else 1.0
@@ -176,40 +210,60 @@ def weigh(
     room = ceiling * capacity
     if math.isfinite(healthy) and healthy > 0:
         room = min(room, carried_at((1.0 + tolerance) * healthy, caps, idles, ceiling))
-    need = demand - room
     load = demand / capacity
     at = f"the other pods would be at {load:.0%} of their capacity"
     if math.isfinite(alone) and math.isfinite(healthy) and healthy > 0:
         at += f", their TTFT +{alone / healthy - 1.0:.0%}"
     bounds = f"targetUtilization {ceiling:.0%}, absorbTtftPercent {tolerance:.0%}"
-    if need <= 1e-9:
-        return {c.name: Hold(0.0, load, ceiling, f"{at} (within {bounds})") for c in candidates}
-    able: dict[str, float] = {}
-    unproven: dict[str, float] = {}
-    by_name = {c.name: c for c in candidates}
+    return _Room(demand, capacity, ceiling, demand - room, load, at, bounds)
+
+
+class _Groups(NamedTuple):
+    """The candidates that may keep a share, by how."""
+
+    able: dict[str, float]
+    """Read since its incident and not refused: the most it may keep (requests/s)."""
+    unproven: dict[str, float]
+    """No sample since its incident yet: the most it may keep."""
+    overflow_only: set[str]
+    """Ramping back, not held before: its ramp stands, and it may keep its overflow share."""
+
+
+def _sorted(
+    candidates: Sequence[Candidate], room: _Room, others_inflation: float | None, others_in_system: float | None
+) -> tuple[dict[str, Hold], _Groups]:
+    """The refused candidates' holds (zeroed), and the others grouped by what they may keep."""
     out: dict[str, Hold] = {}
-    overflow_only: set[str] = set()
+    groups = _Groups({}, {}, set())
     for c in candidates:
         refusal = _refusal(c, others_inflation, others_in_system)
-        room = ceiling * (c.capacity or 0.0)
+        own = room.ceiling * (c.capacity or 0.0)
         if refusal:
-            out[c.name] = Hold(0.0, load, ceiling, f"{at}, but {refusal}")
+            out[c.name] = Hold(0.0, room.load, room.ceiling, f"{room.at}, but {refusal}")
         elif not c.evidence_since_incident:
-            unproven[c.name] = room
+            groups.unproven[c.name] = own
         elif c.ramping and not c.held_before:
-            overflow_only.add(c.name)  # its ramp stands; read not slow, it may keep its overflow share
+            groups.overflow_only.add(c.name)  # its ramp stands; read not slow, it may keep its overflow share
         else:
-            able[c.name] = min(room, (1.0 + KEEP_GROWTH) * c.rate) if c.ramping else room
-    # Until a scrape since the incident shows whether it slowed down too, a pod keeps only what would take the
-    # others past halfway from the target to their whole capacity (90 % at the default target): at 87 % they
-    # queue for a scrape and recover; at 105-120 % the queue a scrape builds takes minutes to drain.
-    # The rest is what the others cannot take within that same halfway mark: a pod read since its incident also
-    # keeps an overflow share (`OVERFLOW`) whatever they could take.
+            groups.able[c.name] = min(own, (1.0 + KEEP_GROWTH) * c.rate) if c.ramping else own
+    return out, groups
+
+
+def _kept_shares(candidates: Sequence[Candidate], groups: _Groups, room: _Room) -> tuple[dict[str, float], set[str]]:
+    """Requests/s each candidate keeps, and which of them keep it as overflow.
+
+    Until a scrape since the incident shows whether it slowed down too, a pod keeps only what would take the
+    others past halfway from the target to their whole capacity (90 % at the default target): at 87 % they queue
+    for a scrape and recover; at 105-120 % the queue a scrape builds takes minutes to drain. The rest is what the
+    others cannot take within that same halfway mark: a pod read since its incident also keeps an overflow share
+    (`OVERFLOW`) whatever they could take."""
+    by_name = {c.name: c for c in candidates}
+    demand, capacity, ceiling = room.demand, room.capacity, room.ceiling
     beyond = max(0.0, demand - (1.0 + ceiling) / 2.0 * capacity)
-    shares = _spread(beyond, unproven)
-    shares |= _spread(max(0.0, beyond - sum(shares.values())), able)
+    shares = _spread(beyond, groups.unproven)
+    shares |= _spread(max(0.0, beyond - sum(shares.values())), groups.able)
     overflow: set[str] = set()
-    for name in [*able, *overflow_only]:
+    for name in [*groups.able, *groups.overflow_only]:
         if not by_name[name].still_failing:
             continue
         # a tenth of the others' weight: of what they would carry per req/s of capacity, at its own capacity
@@ -218,24 +272,24 @@ def weigh(
         if valve > shares.get(name, 0.0) and valve <= ceiling * own:
             shares[name] = valve
             overflow.add(name)
-    for c in candidates:
-        if c.name in overflow_only and c.name not in overflow:
-            out[c.name] = Hold(0.0, load, ceiling, f"{at}, but it is ramping back from a zeroing: its ramp stands")
-            continue
-        if c.name not in able and c.name not in unproven and c.name not in overflow_only:
-            continue
-        share = shares[c.name]
-        if share > c.floor:
-            kept = " as overflow" if c.name in overflow else ""
-            why = f"held at {share:.2f}/s (it carried {c.rate:.2f}/s){kept}: {at} ({bounds})"
-            if c.name in unproven:
-                why += "; no sample since its incident yet: only what would take them past halfway to saturation"
-            out[c.name] = Hold(share, load, ceiling, why)
-        elif c.name in unproven:
-            out[c.name] = Hold(0.0, load, ceiling, f"{at}, and no sample since its incident yet: zeroed until one")
-        else:
-            out[c.name] = Hold(0.0, load, ceiling, f"{at}; its ramp already keeps what they cannot take")
-    return out
+    return shares, overflow
+
+
+def _held(c: Candidate, groups: _Groups, room: _Room, shares: dict[str, float], overflow: set[str]) -> Hold:
+    """One candidate's hold: its share when it exceeds what its ramp keeps, else zeroed (or its ramp as it is)."""
+    at, load, ceiling = room.at, room.load, room.ceiling
+    if c.name in groups.overflow_only and c.name not in overflow:
+        return Hold(0.0, load, ceiling, f"{at}, but it is ramping back from a zeroing: its ramp stands")
+    share = shares[c.name]
+    if share > c.floor:
+        kept = " as overflow" if c.name in overflow else ""
+        why = f"held at {share:.2f}/s (it carried {c.rate:.2f}/s){kept}: {at} ({room.bounds})"
+        if c.name in groups.unproven:
+            why += "; no sample since its incident yet: only what would take them past halfway to saturation"
+        return Hold(share, load, ceiling, why)
+    if c.name in groups.unproven:
+        return Hold(0.0, load, ceiling, f"{at}, and no sample since its incident yet: zeroed until one")
+    return Hold(0.0, load, ceiling, f"{at}; its ramp already keeps what they cannot take")
 
 
 def _overflow_only(

@@ -8,18 +8,20 @@ Each rule follows Istio 1.30's own reading of the same objects (the upstream fil
 - ambient: the namespace's `istio.io/dataplane-mode` and the Service's (else the namespace's) `istio.io/use-waypoint`:
   ztunnel applies none of VirtualService, DestinationRule or EnvoyFilter; a waypoint applies the VirtualService and
   the ServiceEntry bound to it, and no EnvoyFilter without `targetRefs`;
-- a client namespace's `Sidecar` whose egress hosts do not include the pool's hosts hides them from its proxies.
+- a client namespace's `Sidecar` whose egress hosts do not include the pool's hosts hides them from its proxies
+  (`sluice.core.sidecars`).
 The outcome goes into `status.mesh` and the `MeshReach` condition, and `sluice.istio.render` renders from it.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sluice.api.v1alpha1 import CLIENT_NAMESPACE, InferencePoolSpec, MeshStatus
-from sluice.core.observed import ObservedMesh, ObservedService, ObservedSidecar, ServicePort
+from sluice.core.observed import ObservedMesh, ObservedService, ServicePort
+from sluice.core.sidecars import sidecar_findings
 from sluice.core.status import Want
 
 EXPORT_TO_ANNOTATION = "networking.istio.io/exportTo"
@@ -222,69 +224,6 @@ def _waypoint(service: ObservedService, namespace_labels: dict[str, str]) -> tup
     return None, None
 
 
-def _matches(pattern: str, sidecar_namespace: str, namespace: str, host: str) -> bool:
-    """A Sidecar egress host `<namespace>/<dnsName>` (pilot/pkg/model/sidecar.go): '*' any namespace, '.' the
-    Sidecar's own, '~' none; a dnsName '*' or '*.<suffix>' wildcard."""
-    where, _, name = pattern.rpartition("/")
-    if where == "~":
-        return False
-    if where not in ("*", "") and (sidecar_namespace if where == "." else where) != namespace:
-        return False
-    if name == "*":
-        return True
-    if name.startswith("*."):
-        return host.endswith(name[1:])
-    return name == host
-
-
-def _hidden(sidecar: ObservedSidecar, namespace: str, hosts: list[str]) -> list[str]:
-    """The hosts no egress listener of the Sidecar lets its proxies see."""
-    if sidecar.egress_hosts is None:
-        return []
-    return [
-        host
-        for host in hosts
-        if not any(
-            _matches(p, sidecar.namespace, namespace, host) for listener in sidecar.egress_hosts for p in listener
-        )
-    ]
-
-
-def _sidecar_findings(
-    spec: InferencePoolSpec, namespace: str, sidecars: list[ObservedSidecar], hosts: list[str]
-) -> list[str]:
-    """Sidecars that hide the pool's hosts from proxies that call it: a namespace's own Sidecar, else the root
-    namespace's selector-less one (the mesh default). In a namespace routing.clientNamespaces lists, hiding any of
-    the hosts is a finding; elsewhere only the Service visible and the ServiceEntry host hidden is (its proxies
-    would follow the VirtualService to a cluster they do not have) — a Sidecar hiding the Service too just means
-    the namespace is no client."""
-    root = spec.routing.root_namespace
-    listed = spec.routing.client_namespaces
-    clients = None if listed is None or "*" in listed else {namespace if n == "." else n for n in listed}
-    findings = []
-    for sidecar in sorted(sidecars, key=lambda s: (s.namespace, s.name)):
-        if sidecar.namespace == root and sidecar.selects_workloads:
-            continue  # a root-namespace Sidecar with a selector governs nothing outside the root namespace
-        if clients is not None and sidecar.namespace not in clients and sidecar.namespace != root:
-            continue
-        hidden = _hidden(sidecar, namespace, hosts)
-        if not hidden:
-            continue
-        if clients is None and (hosts[0] in hidden or len(hosts) == 1):
-            continue  # not a client: it does not see the Service either
-        if sidecar.namespace == root and not sidecar.selects_workloads:
-            scope = "namespaces without their own Sidecar"
-        elif sidecar.selects_workloads:
-            scope = f"some workloads of namespace {sidecar.namespace}"
-        else:
-            scope = f"namespace {sidecar.namespace}"
-        findings.append(
-            f"Sidecar {sidecar.namespace}/{sidecar.name} hides {', '.join(hidden)} from the proxies of {scope}: "
-            f"add '{namespace}/*' (or the hosts) to its egress hosts"
-        )
-    return findings
-
-
 def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | None, split: bool) -> MeshPlan:
     """The mesh plan of one pass: what to render and which proxies it reaches, or why nothing is rendered.
 
@@ -294,26 +233,9 @@ def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | No
     kinds = wanted_envoy_filters(spec, split)
     filter_namespaces = envoy_filter_namespaces(spec, namespace) if kinds else ()
     if pool is None or mesh is None or mesh.failed is not None:
-        exported, _ = export_to(spec, namespace, None)
-        if mesh is not None and mesh.failed is not None:
-            why = f"reading the mesh failed: {mesh.failed}"
-        else:
-            why = "the pool's Service and namespace were not read"
-        return MeshPlan(
-            export_to=exported,
-            envoy_filter_namespaces=filter_namespaces,
-            envoy_filter_kinds=kinds,
-            findings=(f"{why}: the port is taken as HTTP, sidecar mode assumed",),
-            reason="ReadFailed" if mesh is not None and mesh.failed is not None else "NotObserved",
-        )
+        return _not_judged(spec, namespace, mesh, kinds, filter_namespaces)
     service = mesh.service
     exported, dropped = export_to(spec, namespace, service)
-    findings: list[str] = []
-    if dropped:
-        findings.append(
-            f"Service annotation {EXPORT_TO_ANNOTATION} entries {', '.join(repr(d) for d in dropped)} are no "
-            "namespace name, '.', '*' or '~': left out of sluice's exportTo (Istio would refuse them)"
-        )
     if service is None:
         return MeshPlan(
             dataplane="unknown",
@@ -325,92 +247,151 @@ def assess(spec: InferencePoolSpec, pool: PoolId | None, mesh: ObservedMesh | No
             reached="False",
         )
     port = _service_port(spec, service)
-    wanted = spec.service_port or spec.target_port
     if port is None:
-        listed = ", ".join(str(p.port) for p in service.ports) or "none"
-        return MeshPlan(
-            protocol=None,
-            export_to=exported,
-            refusal=f"Service {namespace}/{spec.service} has no port {wanted} (its ports: {listed}): set "
-            "spec.servicePort to the port clients call",
-            reason="PortNotFound",
-            reached="False",
-        )
+        return _port_not_found(spec, namespace, service, exported)
     protocol = protocol_of(port)
     shown = f"{port.name or port.port}/{protocol or 'detected'}"
     if protocol not in _HTTP and protocol != "":
-        return MeshPlan(
-            service_port=shown,
-            protocol=protocol,
-            export_to=exported,
-            refusal=f"Service port {port.name or port.port} ({port.port}) is {protocol} to Istio "
-            f"({'appProtocol' if port.app_protocol else 'port name'}): sluice's splits and per-pod weights are HTTP "
-            "routes, which Istio applies to HTTP ports only; name the port http-* (or grpc-*, http2-*) or set "
-            "appProtocol: http",
-            reason="PortNotHTTP",
-            reached="False",
-        )
-    if protocol == "":
-        findings_note = f"port {port.port} has no protocol in its name or appProtocol: Istio detects HTTP by sniffing"
-    else:
-        findings_note = ""
-    ambient = mesh.namespace_labels.get(DATAPLANE_MODE_LABEL) == "ambient"
-    waypoint, waypoint_ns = _waypoint(service, mesh.namespace_labels) if ambient else (None, None)
+        return _port_not_http(port, protocol, shown, exported)
     hosts = [service_host(pool, spec)] + ([endpoints_host(pool)] if spec.routing.endpoint_weights else [])
-    hidden = _sidecar_findings(spec, namespace, mesh.sidecars, hosts)
-    findings += hidden
-    reached: Literal["True", "False"] = "False" if hidden else "True"
-    reason = "HiddenBySidecar" if hidden else "Reached"
-    if waypoint_ns is not None and waypoint_ns != namespace and exported != ("*",) and waypoint_ns not in exported:
-        exported = (*exported, waypoint_ns)  # the waypoint's proxies must see what it routes with
-    if ambient and waypoint is None:
-        findings.insert(
-            0,
-            f"namespace {namespace} is ambient and Service {spec.service} uses no waypoint: ztunnel applies no "
-            "VirtualService, DestinationRule or EnvoyFilter, so ambient clients are balanced by ztunnel, not by "
-            f"sluice's weights (sidecar and gateway clients still follow them); label the Service "
-            f"{USE_WAYPOINT_LABEL}=<waypoint>",
-        )
-        reason, reached = "NoWaypoint", "False"
-    if ambient and waypoint is not None:
-        if "routes" in kinds:
-            return MeshPlan(
-                dataplane="ambient-waypoint",
-                waypoint=waypoint,
-                waypoint_namespace=waypoint_ns,
-                service_port=shown,
-                protocol=protocol,
-                export_to=exported,
-                refusal=f"Service {spec.service} uses waypoint {waypoint}, which applies no EnvoyFilter without "
-                "targetRefs: routing.weightsVia EnvoyFilter cannot reach it; use weightsVia VirtualService",
-                reason="EnvoyFilterOnWaypoint",
-                reached="False",
-            )
-        if kinds:
-            findings.append(
-                f"the -lb EnvoyFilter is not rendered: waypoint {waypoint} applies no EnvoyFilter without targetRefs"
-            )
-        kinds, filter_namespaces = (), ()
-    dataplane: Literal["sidecar", "ambient", "ambient-waypoint"] = (
-        "sidecar" if not ambient else ("ambient-waypoint" if waypoint else "ambient")
-    )
-    if kinds and spec.routing.client_namespaces is None and exported != (".",):
-        findings.append(
-            f"the EnvoyFilters reach proxies in {namespace} only (routing.clientNamespaces unset): clients in other "
-            "namespaces get neither the least-request tuning nor the EnvoyFilter route weights"
-        )
-    if findings_note:
-        findings.append(findings_note)
-    return MeshPlan(
-        dataplane=dataplane,
-        waypoint=waypoint,
-        waypoint_namespace=waypoint_ns,
+    hidden = sidecar_findings(spec, namespace, mesh.sidecars, hosts)
+    plan = MeshPlan(
+        dataplane="sidecar",
         protocol=protocol,
         service_port=shown,
         export_to=exported,
         envoy_filter_namespaces=filter_namespaces,
         envoy_filter_kinds=kinds,
-        findings=tuple(findings),
-        reason=reason,
-        reached=reached,
+        findings=(*_dropped_export(dropped), *hidden),
+        reason="HiddenBySidecar" if hidden else "Reached",
+        reached="False" if hidden else "True",
     )
+    if mesh.namespace_labels.get(DATAPLANE_MODE_LABEL) == "ambient":
+        plan = _ambient(plan, spec, namespace, *_waypoint(service, mesh.namespace_labels))
+    if plan.refusal is not None:
+        return plan
+    return replace(plan, findings=(*plan.findings, *_closing_notes(spec, namespace, plan, port)))
+
+
+def _not_judged(
+    spec: InferencePoolSpec,
+    namespace: str,
+    mesh: ObservedMesh | None,
+    kinds: tuple[str, ...],
+    filter_namespaces: tuple[str, ...],
+) -> MeshPlan:
+    """No pool identity or no mesh read: the port taken as HTTP, sidecar mode assumed."""
+    exported, _ = export_to(spec, namespace, None)
+    failed = mesh.failed if mesh is not None else None
+    if failed is not None:
+        why = f"reading the mesh failed: {failed}"
+    else:
+        why = "the pool's Service and namespace were not read"
+    return MeshPlan(
+        export_to=exported,
+        envoy_filter_namespaces=filter_namespaces,
+        envoy_filter_kinds=kinds,
+        findings=(f"{why}: the port is taken as HTTP, sidecar mode assumed",),
+        reason="ReadFailed" if failed is not None else "NotObserved",
+    )
+
+
+def _dropped_export(dropped: tuple[str, ...]) -> tuple[str, ...]:
+    """The finding on the Service's exportTo entries sluice left out, if any."""
+    if not dropped:
+        return ()
+    return (
+        f"Service annotation {EXPORT_TO_ANNOTATION} entries {', '.join(repr(d) for d in dropped)} are no "
+        "namespace name, '.', '*' or '~': left out of sluice's exportTo (Istio would refuse them)",
+    )
+
+
+def _port_not_found(
+    spec: InferencePoolSpec, namespace: str, service: ObservedService, exported: tuple[str, ...]
+) -> MeshPlan:
+    wanted = spec.service_port or spec.target_port
+    listed = ", ".join(str(p.port) for p in service.ports) or "none"
+    return MeshPlan(
+        protocol=None,
+        export_to=exported,
+        refusal=f"Service {namespace}/{spec.service} has no port {wanted} (its ports: {listed}): set "
+        "spec.servicePort to the port clients call",
+        reason="PortNotFound",
+        reached="False",
+    )
+
+
+def _port_not_http(port: ServicePort, protocol: IstioProtocol, shown: str, exported: tuple[str, ...]) -> MeshPlan:
+    return MeshPlan(
+        service_port=shown,
+        protocol=protocol,
+        export_to=exported,
+        refusal=f"Service port {port.name or port.port} ({port.port}) is {protocol} to Istio "
+        f"({'appProtocol' if port.app_protocol else 'port name'}): sluice's splits and per-pod weights are HTTP "
+        "routes, which Istio applies to HTTP ports only; name the port http-* (or grpc-*, http2-*) or set "
+        "appProtocol: http",
+        reason="PortNotHTTP",
+        reached="False",
+    )
+
+
+def _ambient(
+    plan: MeshPlan, spec: InferencePoolSpec, namespace: str, waypoint: str | None, waypoint_ns: str | None
+) -> MeshPlan:
+    """An ambient namespace: without a waypoint ztunnel applies none of sluice's objects; with one, the waypoint
+    must see them, and applies no EnvoyFilter without targetRefs (a route patch is refused, the -lb one dropped)."""
+    if waypoint is None:
+        no_waypoint = (
+            f"namespace {namespace} is ambient and Service {spec.service} uses no waypoint: ztunnel applies no "
+            "VirtualService, DestinationRule or EnvoyFilter, so ambient clients are balanced by ztunnel, not by "
+            f"sluice's weights (sidecar and gateway clients still follow them); label the Service "
+            f"{USE_WAYPOINT_LABEL}=<waypoint>"
+        )
+        return replace(
+            plan, dataplane="ambient", findings=(no_waypoint, *plan.findings), reason="NoWaypoint", reached="False"
+        )
+    exported = plan.export_to
+    if waypoint_ns is not None and waypoint_ns != namespace and exported != ("*",) and waypoint_ns not in exported:
+        exported = (*exported, waypoint_ns)  # the waypoint's proxies must see what it routes with
+    if "routes" in plan.envoy_filter_kinds:
+        return MeshPlan(
+            dataplane="ambient-waypoint",
+            waypoint=waypoint,
+            waypoint_namespace=waypoint_ns,
+            service_port=plan.service_port,
+            protocol=plan.protocol,
+            export_to=exported,
+            refusal=f"Service {spec.service} uses waypoint {waypoint}, which applies no EnvoyFilter without "
+            "targetRefs: routing.weightsVia EnvoyFilter cannot reach it; use weightsVia VirtualService",
+            reason="EnvoyFilterOnWaypoint",
+            reached="False",
+        )
+    findings = plan.findings
+    if plan.envoy_filter_kinds:
+        findings = (
+            *findings,
+            f"the -lb EnvoyFilter is not rendered: waypoint {waypoint} applies no EnvoyFilter without targetRefs",
+        )
+    return replace(
+        plan,
+        dataplane="ambient-waypoint",
+        waypoint=waypoint,
+        waypoint_namespace=waypoint_ns,
+        export_to=exported,
+        envoy_filter_namespaces=(),
+        envoy_filter_kinds=(),
+        findings=findings,
+    )
+
+
+def _closing_notes(spec: InferencePoolSpec, namespace: str, plan: MeshPlan, port: ServicePort) -> tuple[str, ...]:
+    """What the plan still has to say: EnvoyFilters that reach only the pool's namespace, a sniffed port."""
+    notes = []
+    if plan.envoy_filter_kinds and spec.routing.client_namespaces is None and plan.export_to != (".",):
+        notes.append(
+            f"the EnvoyFilters reach proxies in {namespace} only (routing.clientNamespaces unset): clients in other "
+            "namespaces get neither the least-request tuning nor the EnvoyFilter route weights"
+        )
+    if plan.protocol == "":
+        notes.append(f"port {port.port} has no protocol in its name or appProtocol: Istio detects HTTP by sniffing")
+    return tuple(notes)

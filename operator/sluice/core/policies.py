@@ -13,16 +13,9 @@ from dataclasses import dataclass, field
 
 from sluice.api.v1alpha1 import ProtectionSpec, ScoringPolicy, ScoringSpec
 from sluice.core.absorb import FROZEN, HOLDABLE, SLOWER, Candidate, Hold, Other, weigh
-from sluice.core.headroom import (
-    INFORMATIVE,
-    LEARNED_SOURCES,
-    SAMPLES,
-    PodHeadroom,
-    PodLoad,
-    finite,
-    plan,
-    utilisation,
-)
+from sluice.core.capacity import INFORMATIVE, LEARNED_SOURCES, SAMPLES
+from sluice.core.headroom import PodHeadroom, plan
+from sluice.core.podload import PodLoad, finite, utilisation
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import scale
 
@@ -200,43 +193,7 @@ def _weigh_zeroing(
         if v.previous is not None and v.previous.capacity_held and (not v.evidence or not any_scored):
             frozen[v.name] = FROZEN  # held before; nothing fresh to weigh on this pass
             continue
-        h = headroom.get(v.name)
-        prev = v.previous
-        if h is not None:
-            capacity = h.estimate if h.source in LEARNED_SOURCES else None
-            idle = h.idle_ttft
-        else:
-            capacity = finite(prev.learned_capacity) if prev is not None else None
-            idle = finite(prev.idle_ttft_seconds) if prev is not None else None
-        if capacity is None:
-            # zeroed before it learned one: its hardware class's, as the others of the class learned it
-            capacity = _class_capacity(v.hardware_class, members, headroom)
-        if capacity is None and unknown and h is not None:
-            capacity = h.estimate  # a prior, in the priors' units: only the overflow share's proportion
-        # what its own reading shows now bounds it: a node that slowed down reads loaded at a rate it used to
-        # carry easily, and is held within the target of what it takes now, not of what it once learned
-        rho = utilisation(finite(v.signals.ttft_p95_seconds), idle, finite(v.signals.queue_length))
-        if capacity is not None and rho is not None and rho >= INFORMATIVE and _rate(v) > 0:
-            shows = _rate(v) / rho
-            if shows * SLOWER < capacity:  # beyond a reading's noise: it lost a third of it or more
-                capacity = shows
-        floor = h.share * (v.ramp_percent or 0.0) / 100.0 if h is not None and v.kind == "ramping" else 0.0
-        candidates.append(
-            Candidate(
-                name=v.name,
-                rate=_rate(v),
-                error_rate=finite(v.signals.error_rate),
-                inflation=_inflation(v.signals.ttft_p95_seconds, idle),
-                in_system=_in_system(v, window),
-                evidence_since_incident=_evidence_since_incident(v),
-                capacity=capacity,
-                idle=idle,
-                floor=floor,
-                ramping=v.kind == "ramping",
-                held_before=prev is not None and prev.capacity_held,
-                still_failing=_still_failing(v),
-            )
-        )
+        candidates.append(_candidate(v, members, headroom, unknown, window))
     if not candidates:
         return frozen
     others = [Other(headroom[v.name].capacity, headroom[v.name].idle_ttft, _rate(v)) for v in scored]
@@ -253,6 +210,57 @@ def _weigh_zeroing(
         max(times) if times else None,
         priors=others if unknown else None,
     )
+
+
+def _candidate(
+    v: PodVerdict, members: list[PodVerdict], headroom: dict[str, PodHeadroom], unknown: bool, window: float
+) -> Candidate:
+    """A pod zeroed or ramping after an incident that leaves it serving, as the weighing sees it."""
+    h = headroom.get(v.name)
+    prev = v.previous
+    capacity, idle = _capacity_and_idle(v, h, members, headroom, unknown)
+    floor = h.share * (v.ramp_percent or 0.0) / 100.0 if h is not None and v.kind == "ramping" else 0.0
+    return Candidate(
+        name=v.name,
+        rate=_rate(v),
+        error_rate=finite(v.signals.error_rate),
+        inflation=_inflation(v.signals.ttft_p95_seconds, idle),
+        in_system=_in_system(v, window),
+        evidence_since_incident=_evidence_since_incident(v),
+        capacity=capacity,
+        idle=idle,
+        floor=floor,
+        ramping=v.kind == "ramping",
+        held_before=prev is not None and prev.capacity_held,
+        still_failing=_still_failing(v),
+    )
+
+
+def _capacity_and_idle(
+    v: PodVerdict, h: PodHeadroom | None, members: list[PodVerdict], headroom: dict[str, PodHeadroom], unknown: bool
+) -> tuple[float | None, float | None]:
+    """A candidate's capacity (learned, remembered, its class's, or its prior where only priors are known), bounded
+    by what its own reading shows now, and its idle TTFT."""
+    prev = v.previous
+    if h is not None:
+        capacity = h.estimate if h.source in LEARNED_SOURCES else None
+        idle = h.idle_ttft
+    else:
+        capacity = finite(prev.learned_capacity) if prev is not None else None
+        idle = finite(prev.idle_ttft_seconds) if prev is not None else None
+    if capacity is None:
+        # zeroed before it learned one: its hardware class's, as the others of the class learned it
+        capacity = _class_capacity(v.hardware_class, members, headroom)
+    if capacity is None and unknown and h is not None:
+        capacity = h.estimate  # a prior, in the priors' units: only the overflow share's proportion
+    # what its own reading shows now bounds it: a node that slowed down reads loaded at a rate it used to
+    # carry easily, and is held within the target of what it takes now, not of what it once learned
+    rho = utilisation(finite(v.signals.ttft_p95_seconds), idle, finite(v.signals.queue_length))
+    if capacity is not None and rho is not None and rho >= INFORMATIVE and _rate(v) > 0:
+        shows = _rate(v) / rho
+        if shows * SLOWER < capacity:  # beyond a reading's noise: it lost a third of it or more
+            capacity = shows
+    return capacity, idle
 
 
 def _unequal_equals(live: list[PodVerdict], targets: dict[str, int]) -> set[str]:

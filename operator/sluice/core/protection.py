@@ -62,37 +62,62 @@ def assess(
     a window-long rate dilutes an incident that began a scrape ago by the window's length.
     """
     streak = previous.consecutive_failures if previous else 0
-    if previous is not None and pod.restarts > previous.restarts:
-        reason = pod.last_termination_reason or "unknown"
-        if reason == "OOMKilled" and protection.zero_on_oom:
-            return Assessment(Incident("OOMKilled", f"container OOMKilled (restart #{pod.restarts})"), 0)
-        if protection.zero_on_restart:
-            return Assessment(Incident("Restarted", f"container restarted, reason {reason} (#{pod.restarts})"), 0)
+    restart = _restart_incident(protection, pod, previous)
+    if restart is not None:
+        return Assessment(restart, 0)
     if not metrics_usable:
         return Assessment(None, streak)
     last = previous.last_incident_at if previous else None
     if last is not None and (now - last).total_seconds() < window:
         return Assessment(None, streak)
+    incident = _metric_incident(protection, window, previous, signals, sampled_at)
+    if incident is not None:
+        return Assessment(incident, 0)
+    return _failure_streak(protection, streak, below_bands, repeated, signals.error_rate)
+
+
+def _restart_incident(protection: ProtectionSpec, pod: ObservedPod, previous: EndpointStatus | None) -> Incident | None:
+    """A restart since the previous pass, from the pod's status: an OOM kill or any restart, as configured."""
+    if previous is not None and pod.restarts > previous.restarts:
+        reason = pod.last_termination_reason or "unknown"
+        if reason == "OOMKilled" and protection.zero_on_oom:
+            return Incident("OOMKilled", f"container OOMKilled (restart #{pod.restarts})")
+        if protection.zero_on_restart:
+            return Incident("Restarted", f"container restarted, reason {reason} (#{pod.restarts})")
+    return None
+
+
+def _metric_incident(
+    protection: ProtectionSpec,
+    window: float,
+    previous: EndpointStatus | None,
+    signals: PodSignals,
+    sampled_at: datetime | None,
+) -> Incident | None:
+    """A metric past its fast-zeroing threshold: LoRA load failures, the error rate over the window, or the error
+    rate since the previous reading (`fresh_error_rate`)."""
     lora = signals.lora_failure_rate
     if lora is not None and lora >= protection.lora_failure_rate:
-        return Assessment(
-            Incident("LoraFailures", f"LoRA load failures {lora:.1%} >= {protection.lora_failure_rate:.1%}"),
-            0,
-        )
+        return Incident("LoraFailures", f"LoRA load failures {lora:.1%} >= {protection.lora_failure_rate:.1%}")
     errors = signals.error_rate
     if errors is not None and errors >= protection.fast_zero_error_rate:
-        return Assessment(Incident("ErrorRate", f"error rate {errors:.1%} >= {protection.fast_zero_error_rate:.1%}"), 0)
+        return Incident("ErrorRate", f"error rate {errors:.1%} >= {protection.fast_zero_error_rate:.1%}")
     fresh = fresh_error_rate(window, previous, signals, sampled_at)
     if fresh is not None and fresh.lower_bound >= protection.fast_zero_error_rate:
-        return Assessment(
-            Incident(
-                "ErrorRate",
-                f"error rate since the last reading {fresh.rate:.1%} of ~{fresh.requests:.0f} requests "
-                f"(at least {fresh.lower_bound:.1%}) >= {protection.fast_zero_error_rate:.1%}; "
-                f"{errors:.1%} over the window",
-            ),
-            0,
+        return Incident(
+            "ErrorRate",
+            f"error rate since the last reading {fresh.rate:.1%} of ~{fresh.requests:.0f} requests "
+            f"(at least {fresh.lower_bound:.1%}) >= {protection.fast_zero_error_rate:.1%}; "
+            f"{errors:.1%} over the window",
         )
+    return None
+
+
+def _failure_streak(
+    protection: ProtectionSpec, streak: int, below_bands: bool, repeated: bool, errors: float | None
+) -> Assessment:
+    """Passes in a row below every health band (a repeated reading is not another pass): an incident from
+    `consecutiveFailures` of them."""
     if not below_bands:
         return Assessment(None, 0)
     if repeated:

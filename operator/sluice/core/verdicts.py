@@ -20,7 +20,7 @@ from typing import Literal
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec
 from sluice.core.evidence import has_samples, missing_signals, pod_is_fresh
 from sluice.core.observed import ObservedPod, PodSignals, SignalName, SignalSnapshot
-from sluice.core.protection import Assessment, assess, recovery_phase
+from sluice.core.protection import Assessment, Phase, assess, recovery_phase
 from sluice.core.scoring import Score, capacity_of, score_pod, smooth
 
 VerdictKind = Literal["excluded", "quiet", "frozen", "awaiting", "ramping", "scored"]
@@ -127,16 +127,7 @@ def judge_pod(
     memory = _memory(previous, assessment, now)
     phase = recovery_phase(spec.protection.recovery, memory.last_incident_at, now)
     excluded = not_routable_because(pod) or (asleep(signals) if evidence else "")
-    published = previous is not None and previous.weight > 0
-    kind: VerdictKind
-    if excluded:
-        kind = "excluded"
-    elif phase.name == "quiet":
-        kind = "quiet"
-    elif not evidence:
-        kind = "frozen" if published else "awaiting"
-    else:
-        kind = "ramping" if phase.name == "ramp" else "scored"
+    kind = _kind(excluded, phase, evidence, published=previous is not None and previous.weight > 0)
     if kind == "frozen" and previous is not None:
         smoothed = previous.score
     else:
@@ -161,6 +152,17 @@ def judge_pod(
         sampled_at=sampled_at,
         evidence=evidence,
     )
+
+
+def _kind(excluded: str, phase: Phase, evidence: bool, published: bool) -> VerdictKind:
+    """The verdict's kind (the module's list), in order: not routable, quiet, without fresh evidence, ramping."""
+    if excluded:
+        return "excluded"
+    if phase.name == "quiet":
+        return "quiet"
+    if not evidence:
+        return "frozen" if published else "awaiting"
+    return "ramping" if phase.name == "ramp" else "scored"
 
 
 def _memory(previous: EndpointStatus | None, assessment: Assessment, now: datetime) -> Memory:
