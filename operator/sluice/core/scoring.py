@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from sluice.api.v1alpha1 import InferencePoolSpec, ProtectionSpec, ScoringSpec
-from sluice.core.observed import PodSignals
+from sluice.core.observed import PodSignals, SignalName
 
 TtftSource = Literal["observed", "last-known", "default"]
 
 
 @dataclass(frozen=True)
 class SignalScorer:
-    """One signal's contribution: `score` in [0, 1] (None when the signal is missing), and its coefficient."""
+    """One signal's contribution: `score` in [0, 1] (None when the signal it `reads` is missing), and its
+    coefficient. `reads` declares the one signal the score depends on (a test holds each scorer to it)."""
 
     name: str
+    reads: SignalName
     score: Callable[[ScoringSpec, PodSignals], float | None]
     coefficient: Callable[[ScoringSpec], float]
 
@@ -47,8 +49,8 @@ def queue_score(scoring: ScoringSpec, signals: PodSignals) -> float | None:
 
 
 SCORERS: tuple[SignalScorer, ...] = (
-    SignalScorer("kvCache", kv_cache_score, lambda s: s.kv_cache_coefficient),
-    SignalScorer("queue", queue_score, lambda s: s.queue_coefficient),
+    SignalScorer("kvCache", "kvCacheUsage", kv_cache_score, lambda s: s.kv_cache_coefficient),
+    SignalScorer("queue", "queueLength", queue_score, lambda s: s.queue_coefficient),
 )
 
 
