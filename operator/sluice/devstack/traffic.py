@@ -1,9 +1,8 @@
 """The local stack's load generator: bounded load through the routes sluice published, as Envoy sends it.
 
 Local-stack tool. `Traffic` routes each request the way the client's Envoy would with the objects sluice published
-(`sluice.devstack.routes`): a header route or the revision split from the VirtualService, then Envoy's
-least-request balancer over the ServiceEntry endpoints of the subset (`sluice.sim.leastrequest`, the balancer the
-benchmark routes by), one per cluster as one client sidecar keeps them; it measures TTFT from the SSE stream. It
+(`sluice.devstack.routes`): a header route or the revision split from the VirtualService, then weighted
+least-request (`w / (active + 1)`) over the ServiceEntry endpoints; it measures TTFT from the SSE stream. It
 follows the route's retry policy (another pod, on failures before the response starts) and its `mirrors`: a
 sampled share of the requests is also sent, fire-and-forget, to a pod of the mirror's subset, and that answer is
 read and discarded. It counts per pod the requests that served users and those that were mirror copies.
@@ -25,15 +24,8 @@ from sluice.devstack.routes import Endpoint, MirrorRoute, RetryPolicy, Split, he
 from sluice.devstack.stack import Stack
 from sluice.istio.kinds import SERVICE_ENTRY, VIRTUAL_SERVICE
 from sluice.istio.objects import PoolRef, object_name
-from sluice.sim.leastrequest import EnvoyLeastRequest
 
 PROMPT_WORDS = 2048
-CHOICE_COUNT = 2
-"""Envoy's LEAST_REQUEST `choice_count` default (Istio sets none)."""
-ACTIVE_REQUEST_BIAS = 1.0
-"""Envoy's LEAST_REQUEST `active_request_bias` default."""
-HOST_SELECTIONS = 5
-"""Istio's `host_selection_retry_max_attempts` with `retryIgnorePreviousHosts`: picks until one not tried."""
 
 
 async def stream_completion(
@@ -97,7 +89,7 @@ def user_key(index: int) -> str:
 
 @dataclass
 class Traffic:
-    """Bounded load through the published routing: revision split, then Envoy's least-request balancer, the route's
+    """Bounded load through the published routing: revision split, then weighted least-request, the route's
     retry policy (another pod, on failures before the response starts) and its request mirrors as Envoy applies
     them (a copy sent once per request, before any retry, whose answer nobody sees)."""
 
@@ -124,13 +116,6 @@ class Traffic:
     users: int = 200
     matched: tuple[tuple[tuple[dict[str, dict[str, str]], ...], Split], ...] = ()
     """The header routes ahead of the weighted one, in order: (their match entries, their split)."""
-    balancers: dict[str, EnvoyLeastRequest] = field(default_factory=dict)
-    """The client sidecar's least-request balancer per cluster: a revision's subset, or "" for the whole pool."""
-    balancer_rng: random.Random = field(init=False)
-    """The balancers' own random numbers (Envoy's load balancer draws apart from the requests' arrivals)."""
-
-    def __post_init__(self) -> None:
-        self.balancer_rng = random.Random(f"{self.seed}-balancers")
 
     def refresh_routes(self) -> None:
         """Read the ServiceEntry (per-pod weights) and VirtualService (revision split) sluice wrote."""
@@ -145,58 +130,40 @@ class Traffic:
         self.mirrors = published.mirrors
         self.routes = (published.split, published.by_revision)
 
-    def pick_mirror(self, revision: str) -> tuple[str, str] | None:
-        """A pod of the mirror's subset, by the same least-request balancer; None when the subset has none."""
+    def pick_mirror(self, rng: random.Random, revision: str) -> tuple[str, str] | None:
+        """A pod of the mirror's subset, by the same weighted least-request; None when the subset has none."""
         endpoints = self.routes[1].get(revision) if revision else None
         if not endpoints:
             return None  # Envoy: no healthy upstream in the mirror cluster, the copy is dropped
-        return self.least_request(revision, endpoints)
+        effective = [w / (self.active[pod] + 1) for pod, _, w in endpoints]
+        pod, ip, _ = rng.choices(endpoints, weights=effective)[0]
+        return pod, ip
 
     def pick(
         self, rng: random.Random, avoid: frozenset[str] = frozenset(), headers: dict[str, str] | None = None
     ) -> tuple[str, str, str] | None:
-        """(pod, address, revision) for a request carrying `headers`: its route's split draws the revision, the
-        revision's balancer the pod; a retry that ignores previous hosts (`avoid`) goes to a revision with a pod
-        not tried yet, None when there is none."""
         split, by_revision = self.routes
         for entries, route_split in self.matched:
             if any(headers_match(headers or {}, entry) for entry in entries):
                 split = route_split
                 break
-        untried = by_revision
-        if avoid:
-            untried = {r: [e for e in group if e[0] not in avoid] for r, group in by_revision.items()}
-            untried = {r: group for r, group in untried.items() if group}
-        if not untried:
+        if avoid:  # a retry that ignores previous hosts
+            by_revision = {r: [e for e in group if e[0] not in avoid] for r, group in by_revision.items()}
+            by_revision = {r: group for r, group in by_revision.items() if group}
+        if not by_revision:
             return None
         if split and "" not in split:
-            revisions = [r for r in split if split[r] > 0 and untried.get(r)]
+            revisions = [r for r in split if split[r] > 0 and by_revision.get(r)]
             if not revisions:
                 return None
             revision = rng.choices(revisions, weights=[split[r] for r in revisions])[0]
             endpoints = by_revision[revision]
         else:
             revision, endpoints = "", [e for group in by_revision.values() for e in group]
-        pod, ip = self.least_request(revision, endpoints, avoid)
+        # Envoy LEAST_REQUEST with unequal weights: effective weight w / (active + 1).
+        effective = [w / (self.active[pod] + 1) for pod, _, w in endpoints]
+        pod, ip, _ = rng.choices(endpoints, weights=effective)[0]
         return pod, ip, revision or self.stack.pods[pod].spec.revision if pod in self.stack.pods else revision
-
-    def least_request(
-        self, cluster: str, endpoints: list[Endpoint], avoid: frozenset[str] = frozenset()
-    ) -> tuple[str, str]:
-        """(pod, address) from the cluster's balancer, its weights as the ServiceEntry has them now; a pick of a
-        pod in `avoid` is picked again, as Envoy's previous-hosts predicate does, up to Istio's host selections."""
-        balancer = self.balancers.get(cluster)
-        if balancer is None:
-            balancer = EnvoyLeastRequest(self.active, self.balancer_rng, CHOICE_COUNT, ACTIVE_REQUEST_BIAS)
-            self.balancers[cluster] = balancer
-        balancer.update({pod: float(weight) for pod, _, weight in endpoints})
-        pod = balancer.pick()
-        for _ in range(HOST_SELECTIONS - 1):
-            if pod not in avoid:
-                break
-            pod = balancer.pick()
-        address = next(ip for name, ip, _ in endpoints if name == pod)
-        return pod, address
 
     async def run(self, seconds: float) -> None:
         rng = random.Random(self.seed)
@@ -218,7 +185,7 @@ class Traffic:
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     for mirror in self.mirrors:
-                        target = self.pick_mirror(mirror.revision) if rng.random() * 100 < mirror.percent else None
+                        target = self.pick_mirror(rng, mirror.revision) if rng.random() * 100 < mirror.percent else None
                         if target is not None:
                             copy = asyncio.create_task(self._mirror(http, prompt, *target))
                             tasks.add(copy)
