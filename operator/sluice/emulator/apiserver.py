@@ -28,6 +28,7 @@ import queue
 import signal
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -40,7 +41,17 @@ import yaml
 from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
-from sluice.emulator import apiopenapi, apiprotobuf, apirbac, apitls
+from sluice.emulator import apifaultserve, apiopenapi, apiprotobuf, apirbac, apitls
+from sluice.emulator.apifaultplan import CloseWatch, ExpireWatch, FaultRule, PlanError, ServerError, Throttle, load_plan
+from sluice.emulator.apifaults import (
+    Answer,
+    Decision,
+    FaultInjector,
+    FaultRequest,
+    error_answer,
+    expired_message,
+    throttle_answer,
+)
 from sluice.emulator.apiselect import as_table, field_selector_matches, label_selector_matches
 from sluice.emulator.apistore import ApiError, ResourceType, Store
 
@@ -165,6 +176,10 @@ class ApiServer(kmock.KubernetesScaffold):
     rbac: apirbac.Rbac = attrs.field(init=False)
     # kube-apiserver sends a watch bookmark about once a minute to clients that allow them.
     bookmark_interval: float = 60.0
+    faults: FaultInjector = attrs.field(factory=FaultInjector)
+    """The fault plan (`--faults`, `PUT /_faults`); with no rules, nothing is decided and nothing changes."""
+    fault_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """How a latency fault waits (tests record the delays instead)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -308,6 +323,8 @@ class ApiServer(kmock.KubernetesScaffold):
         if isinstance(acting, str):
             return aiohttp.web.json_response(ApiError(403, "Forbidden", acting).status(), status=403)
         user = acting
+        if request.url.path.rstrip("/") == apifaultserve.FAULTS_PATH:
+            return apifaultserve.admin(self.faults, user, str(request._raw_request.method), request.body)
         resource = request.resource
         is_resource = not (
             request.url.path.startswith("/openapi/")
@@ -337,6 +354,10 @@ class ApiServer(kmock.KubernetesScaffold):
             rtype = self.store.find_type(resource.group or "", resource.plural)
             if resource.version not in rtype.versions:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
+            asked, decision = await self._decide_fault(request, rtype, user)
+            if asked is not None and decision.rule is not None and isinstance(decision.rule.effect, Throttle):
+                # API Priority and Fairness rejects before authorization (the filter wraps WithAuthorization).
+                return self._serve_fault(asked, request, decision.rule, throttle_answer(decision.rule.effect))
             allowed = False
             try:
                 self._authorize(request, rtype, user)
@@ -345,12 +366,52 @@ class ApiServer(kmock.KubernetesScaffold):
                 self._audit(request, rtype, user, allowed)
             if self._creates_by_apply(request, rtype):
                 self._authorize_create_on_apply(request, rtype, user)
-            response = await self._serve(request, rtype, raw, user)
+            if asked is not None and decision.rule is not None and isinstance(decision.rule.effect, ServerError):
+                return self._serve_fault(asked, request, decision.rule, error_answer(decision.rule.effect))
+            watch_fault = (decision.rule, asked) if asked is not None and decision.rule is not None else None
+            response = await self._serve(request, rtype, raw, user, watch_fault)
         except ApiError as failure:
             self._audit_outcome(request, rtype, user, failure.code, message=failure.message)
             return aiohttp.web.json_response(failure.status(), status=failure.code)
         self._audit_outcome(request, rtype, user, response.status, _created_name(response))
         return response
+
+    async def _decide_fault(
+        self, request: Any, rtype: ResourceType, user: apirbac.User
+    ) -> tuple[FaultRequest | None, Decision]:
+        """The fault plan's decision for a resource request; a latency fault's delay is waited here."""
+        if not self.faults.active:
+            return None, Decision()
+        namespace = (request.namespace or "") if rtype.namespaced else ""
+        asked = FaultRequest(
+            self._verb(request),
+            rtype.group,
+            rtype.plural,
+            namespace,
+            request.name or "",
+            user.name,
+            request.headers.get("User-Agent", ""),
+            request.params.get("resourceVersion", ""),
+        )
+        decision = self.faults.decide(asked)
+        for rule, seconds in decision.delays:
+            self.faults.record(rule, "latency", asked, f"delay {seconds:.6f}s")
+        if decision.delay > 0:
+            await self.fault_sleep(decision.delay)
+        return asked, decision
+
+    def _serve_fault(self, asked: FaultRequest, request: Any, rule: FaultRule, answer: Answer) -> aiohttp.web.Response:
+        self.faults.record(rule.name, rule.effect.type, asked, apifaultserve.answer_detail(answer))
+        self._audit_fault(asked, request.subresource or "", answer.code, rule)
+        return apifaultserve.respond(answer)
+
+    def _audit_fault(self, asked: FaultRequest, subresource: str, code: int, rule: FaultRule) -> None:
+        entry = apifaultserve.audit_entry(asked, subresource, code, rule.name, rule.effect.type)
+        self.audit.append(entry)
+        if self.audit_path is not None:
+            if self.audit_file is None:
+                self.audit_file = AuditFile(self.audit_path)
+            self.audit_file.write(entry)
 
     def _audit_outcome(
         self, request: Any, rtype: ResourceType, user: apirbac.User, code: int, created: str = "", message: str = ""
@@ -466,7 +527,12 @@ class ApiServer(kmock.KubernetesScaffold):
             self.audit_file.write(entry)
 
     async def _serve(
-        self, request: Any, rtype: ResourceType, raw: Any, user: apirbac.User
+        self,
+        request: Any,
+        rtype: ResourceType,
+        raw: Any,
+        user: apirbac.User,
+        fault: tuple[FaultRule, FaultRequest] | None = None,
     ) -> aiohttp.web.StreamResponse:
         verb = self._verb(request)
         version = request.resource.version
@@ -475,7 +541,7 @@ class ApiServer(kmock.KubernetesScaffold):
         wants_table = "as=Table" in request.headers.get("Accept", "")
         store = self.store
         if verb == "watch":
-            return await self._watch(request, rtype, namespace, raw)
+            return await self._watch(request, rtype, namespace, raw, fault)
         if rtype.key == ("", "serviceaccounts") and request.subresource == "token" and verb == "create":
             return self._token_request(request)
         if rtype.key in apirbac.SELF_REVIEWS and verb == "create":
@@ -681,7 +747,12 @@ class ApiServer(kmock.KubernetesScaffold):
         changed.set()
 
     async def _watch(
-        self, request: Any, rtype: ResourceType, namespace: str | None, raw: Any
+        self,
+        request: Any,
+        rtype: ResourceType,
+        namespace: str | None,
+        raw: Any,
+        fault: tuple[FaultRule, FaultRequest] | None = None,
     ) -> aiohttp.web.StreamResponse:
         params = request.params
         labels, fields = params.get("labelSelector"), params.get("fieldSelector")
@@ -701,9 +772,17 @@ class ApiServer(kmock.KubernetesScaffold):
                 return False
             return label_selector_matches(labels, meta.get("labels", {})) and field_selector_matches(fields, obj)
 
+        closing = fault[0].effect if fault is not None and isinstance(fault[0].effect, CloseWatch) else None
+        events_sent = 0
+
         async def send(kind: str, obj: dict[str, Any]) -> None:
+            nonlocal events_sent
             line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
             await response.write(line.encode())
+            if closing is not None and closing.after_events is not None and kind != "BOOKMARK":
+                events_sent += 1
+                if events_sent >= closing.after_events:
+                    raise _ClosedByFault
 
         bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
 
@@ -716,7 +795,15 @@ class ApiServer(kmock.KubernetesScaffold):
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        closes_early = closing is not None and closing.after_seconds is not None
+        if closing is not None and closing.after_seconds is not None:
+            closes_early = loop.time() + closing.after_seconds < deadline
+            deadline = min(deadline, loop.time() + closing.after_seconds)
         try:
+            if fault is not None and isinstance(fault[0].effect, ExpireWatch):
+                return await self._expire_watch(response, int(since), *fault)
+            if closing is not None and closing.after_events == 0:
+                raise _ClosedByFault
             if since in ("", "0") or params.get("sendInitialEvents") in ("true", "1"):
                 last = self.store.revision
                 for sent, obj in enumerate(self.store.select(rtype, namespace, labels, fields)):
@@ -755,11 +842,37 @@ class ApiServer(kmock.KubernetesScaffold):
                 wait = min(5.0, deadline - loop.time(), next_bookmark - loop.time() if bookmarks else 5.0)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), timeout=max(0.0, wait))
+            if fault is not None and closes_early:
+                self._watch_closed(*fault, f"closed after {closing.after_seconds if closing else 0}s")
+        except _ClosedByFault:
+            if fault is not None:
+                self._watch_closed(*fault, f"closed after {events_sent} events")
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
         return response
+
+    async def _expire_watch(
+        self, response: aiohttp.web.StreamResponse, since: int, rule: FaultRule, asked: FaultRequest
+    ) -> aiohttp.web.StreamResponse:
+        """The watch cache's answer to a watch from a version it no longer holds: the watch is accepted (200) and
+        its only event is an ERROR carrying the 410 Expired Status (k8s.io/apiserver v0.32.0
+        pkg/storage/cacher/cacher.go Watch: `return newErrWatcher(err), nil`, "to match the uncached watch
+        implementation ... other errors must fail with a watch event of type ERROR"), then the stream ends."""
+        expired = ApiError(410, "Expired", expired_message(since, self.store.revision))
+        await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
+        self.faults.record(rule.name, rule.effect.type, asked, f"ERROR 410 Expired: {expired.message}")
+        self._audit_fault(asked, "", 200, rule)
+        return response
+
+    def _watch_closed(self, rule: FaultRule, asked: FaultRequest, detail: str) -> None:
+        self.faults.record(rule.name, rule.effect.type, asked, detail)
+        self._audit_fault(asked, "", 200, rule)
+
+
+class _ClosedByFault(Exception):
+    """A closeWatch fault ends the stream (as kube-apiserver ends a watch it stops: the response just ends)."""
 
 
 def write_kubeconfig(path: Path, url: str, ca_pem: bytes, namespace: str = "default", token: str = ADMIN_TOKEN) -> None:
@@ -788,6 +901,8 @@ async def serve(args: argparse.Namespace) -> None:
         store=Store(history=args.watch_history),
         bookmark_interval=args.bookmark_interval,
     )
+    if args.faults:
+        server.faults.install(load_plan(Path(args.faults).read_text(), args.faults))
     for crd in args.crd:
         server.load_crds(Path(crd))
     for namespace in args.namespace:
@@ -825,7 +940,13 @@ def main(argv: list[str] | None = None) -> None:
         "--watch-history", type=int, default=20000, help="events kept for watches from a resourceVersion (older: 410)"
     )
     parser.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks")
+    parser.add_argument("--faults", help="a fault plan (YAML or JSON) to serve from the start; see PUT /_faults")
     args = parser.parse_args(argv)
+    if args.faults:
+        try:
+            load_plan(Path(args.faults).read_text(), args.faults)
+        except (OSError, PlanError) as failure:
+            parser.error(str(failure))
     try:
         asyncio.run(serve(args))
     except KeyboardInterrupt:
