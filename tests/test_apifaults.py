@@ -9,11 +9,12 @@ import statistics
 
 import pytest
 
-from sluice.emulator.apifaultplan import FaultPlan, Latency, PlanError, ServerError, Throttle, load_plan
+from sluice.emulator.apifaultplan import CloseWatch, FaultPlan, Latency, PlanError, ServerError, Throttle, load_plan
 from sluice.emulator.apifaults import (
     Counters,
     FaultInjector,
     FaultRequest,
+    WatchCut,
     decide,
     delay_seconds,
     error_answer,
@@ -202,6 +203,20 @@ def test_a_503_is_the_shutting_down_status_with_retry_after_unless_told_otherwis
 def test_an_expired_watch_names_the_version_asked_and_the_oldest_kept() -> None:
     assert expired_message(1200, 1500) == "too old resource version: 1200 (1500)"
     assert expired_message(1500, 1500) == "too old resource version: 1500 (1501)"
+
+
+def test_a_watch_cut_counts_events_but_not_bookmarks_and_takes_the_earlier_deadline() -> None:
+    cut = WatchCut(CloseWatch(type="closeWatch", after_events=2, after_seconds=5.0))
+    assert [cut.sent(kind) for kind in ("ADDED", "BOOKMARK", "MODIFIED")] == [False, False, True]
+    assert cut.deadline(now=10.0, deadline=1810.0) == (15.0, True)
+    assert cut.deadline(now=10.0, deadline=12.0) == (12.0, False)  # the watch's own timeout comes first
+    assert WatchCut(CloseWatch(type="closeWatch", after_events=0)).at_once()
+    untouched = WatchCut(None)
+    assert (untouched.sent("ADDED"), untouched.deadline(0.0, 30.0), untouched.at_once()) == (
+        False,
+        (30.0, False),
+        False,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ records

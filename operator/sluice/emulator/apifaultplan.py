@@ -172,7 +172,9 @@ def load_plan(text: str, source: str = "fault plan") -> FaultPlan:
     try:
         return FaultPlan.model_validate(document)
     except ValidationError as failure:
-        problems = [f"{_where(tuple(error['loc']))}: {error['msg']}" for error in failure.errors()]
+        problems = [
+            f"{_where(tuple(error['loc']))}: {error['msg'].removeprefix('Value error, ')}" for error in failure.errors()
+        ]
         raise PlanError(f"{source}: " + "; ".join(problems)) from None
 
 

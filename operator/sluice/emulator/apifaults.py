@@ -160,6 +160,31 @@ def decide(
     return Decision(delays), counters
 
 
+@dataclass
+class WatchCut:
+    """A closeWatch fault's progress on one stream: events counted (bookmarks are not), the deadline it sets."""
+
+    effect: CloseWatch | None
+    events: int = 0
+
+    def at_once(self) -> bool:
+        return self.effect is not None and self.effect.after_events == 0
+
+    def sent(self, kind: str) -> bool:
+        """Count an event sent; whether the stream must end now."""
+        if self.effect is None or self.effect.after_events is None or kind == "BOOKMARK":
+            return False
+        self.events += 1
+        return self.events >= self.effect.after_events
+
+    def deadline(self, now: float, deadline: float) -> tuple[float, bool]:
+        """The watch's deadline with the fault's, and whether the fault's comes first."""
+        if self.effect is None or self.effect.after_seconds is None:
+            return deadline, False
+        cut = now + self.effect.after_seconds
+        return min(cut, deadline), cut < deadline
+
+
 # ------------------------------------------------------------------------------------------------ answers
 
 

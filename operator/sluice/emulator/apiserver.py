@@ -48,6 +48,7 @@ from sluice.emulator.apifaults import (
     Decision,
     FaultInjector,
     FaultRequest,
+    WatchCut,
     error_answer,
     expired_message,
     throttle_answer,
@@ -772,17 +773,13 @@ class ApiServer(kmock.KubernetesScaffold):
                 return False
             return label_selector_matches(labels, meta.get("labels", {})) and field_selector_matches(fields, obj)
 
-        closing = fault[0].effect if fault is not None and isinstance(fault[0].effect, CloseWatch) else None
-        events_sent = 0
+        cut = WatchCut(fault[0].effect if fault is not None and isinstance(fault[0].effect, CloseWatch) else None)
 
         async def send(kind: str, obj: dict[str, Any]) -> None:
-            nonlocal events_sent
             line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
             await response.write(line.encode())
-            if closing is not None and closing.after_events is not None and kind != "BOOKMARK":
-                events_sent += 1
-                if events_sent >= closing.after_events:
-                    raise _ClosedByFault
+            if cut.sent(kind):
+                raise _ClosedByFault
 
         bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
 
@@ -794,15 +791,11 @@ class ApiServer(kmock.KubernetesScaffold):
             await send("BOOKMARK", {"kind": rtype.kind, "metadata": meta})
 
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        closes_early = closing is not None and closing.after_seconds is not None
-        if closing is not None and closing.after_seconds is not None:
-            closes_early = loop.time() + closing.after_seconds < deadline
-            deadline = min(deadline, loop.time() + closing.after_seconds)
+        deadline, cut_early = cut.deadline(loop.time(), loop.time() + timeout)
         try:
             if fault is not None and isinstance(fault[0].effect, ExpireWatch):
                 return await self._expire_watch(response, int(since), *fault)
-            if closing is not None and closing.after_events == 0:
+            if cut.at_once():
                 raise _ClosedByFault
             if since in ("", "0") or params.get("sendInitialEvents") in ("true", "1"):
                 last = self.store.revision
@@ -842,11 +835,11 @@ class ApiServer(kmock.KubernetesScaffold):
                 wait = min(5.0, deadline - loop.time(), next_bookmark - loop.time() if bookmarks else 5.0)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), timeout=max(0.0, wait))
-            if fault is not None and closes_early:
-                self._watch_closed(*fault, f"closed after {closing.after_seconds if closing else 0}s")
+            if fault is not None and cut_early:
+                self._watch_closed(*fault, f"closed after {cut.effect.after_seconds if cut.effect else 0}s")
         except _ClosedByFault:
             if fault is not None:
-                self._watch_closed(*fault, f"closed after {events_sent} events")
+                self._watch_closed(*fault, f"closed after {cut.events} events")
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         with contextlib.suppress(ConnectionResetError):
