@@ -4,8 +4,9 @@ The emulator runs alone, its plan given at start (`--faults`) and replaced betwe
 (`kubectl replace --raw`). Each answer is shaped as kube-apiserver 1.32 sends it (sources cited in
 `sluice.emulator.apifaults`): APF's plain-text 429 with Retry-After and the PF headers, the shutting-down 503
 Status, a watch that ends, and the watch cache's ERROR event with the 410 Expired Status. kubectl's client-go retries a
-429 or a 5xx that carries Retry-After (up to 10 times) and makes a TooManyRequests Status of a plain-text 429; the
-Python client retries nothing.
+429 or a 5xx that carries Retry-After (up to 10 times) and makes a TooManyRequests Status of a plain-text 429; under
+the Python client, urllib3's default Retry retries a GET, PUT or DELETE answered 413/429/503 with Retry-After up to 3
+times, never a POST or PATCH.
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ def test_the_python_client_sees_apfs_429_with_retry_after_and_the_priority_and_f
         core(api).list_namespaced_config_map("default")  # the plan given with --faults at start
     failure = throttled.value
     assert (failure.status, failure.reason) == (429, "Too Many Requests")
-    assert failure.body == b"Too many requests, please try again later.\n"
+    assert failure.body == "Too many requests, please try again later.\n"
     assert failure.headers["Retry-After"] == "2"
     assert failure.headers["Content-Type"] == "text/plain; charset=utf-8"
     assert failure.headers["X-Kubernetes-PF-FlowSchema-UID"]
     assert failure.headers["X-Kubernetes-PF-PriorityLevel-UID"]
     assert "seed" in api.kubectl("get", "configmaps").stdout  # kubectl's own User-Agent is not matched
-    assert served(api) == {"apf": 1}
+    # urllib3's default Retry under the client (total 3) retried the GET three times, after Retry-After each.
+    assert served(api) == {"apf": 4}
 
 
 def test_kubectl_waits_out_a_429_burst_as_client_go_does_and_then_gets_its_answer(api: Stack) -> None:
