@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import kmock
@@ -16,7 +17,7 @@ import pytest_asyncio
 
 from sluice.emulator import apirbac
 from sluice.emulator.apifaultplan import load_plan
-from sluice.emulator.apiserver import ApiServer, _HttpServer
+from sluice.emulator.apiserver import ApiServer, _HttpServer, main
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 ADMIN = {"Authorization": "Bearer local-stack"}
@@ -201,3 +202,17 @@ async def test_answers_are_unchanged_byte_for_byte_while_no_rule_fires(api: Api)
     without = await bodies()
     api.plan("{name: never, match: {namespaces: [elsewhere]}, effect: {type: throttle}}")
     assert await bodies() == without
+
+
+def test_a_bad_plan_file_stops_the_emulator_before_it_serves_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = tmp_path / "faults.yaml"
+    plan.write_text("rules: [{name: r, effect: {type: throttle, retryAfterSeconds: 0}}]")
+    with pytest.raises(SystemExit) as stopped:
+        main(["--kubeconfig", str(tmp_path / "kubeconfig"), "--faults", str(plan)])
+    assert stopped.value.code == 2
+    assert f"{plan}: rules[0].effect.retryAfterSeconds: Input should be greater than or equal to 1" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "kubeconfig").exists()

@@ -102,6 +102,20 @@ def test_kubectl_waits_out_a_429_burst_as_client_go_does_and_then_gets_its_answe
     assert served(api) == {"apf": 2}
 
 
+def test_kubectl_gives_up_after_ten_retries_with_the_too_many_requests_status_client_go_makes(api: Stack) -> None:
+    install(
+        api,
+        {"name": "apf", "match": {"verbs": ["list"], "userAgents": ["kubectl/"]}, "effect": {"type": "throttle"}},
+    )
+    result = api.kubectl("get", "configmaps", check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Error from server (TooManyRequests): the server has received too many requests and has asked us to try "
+        "again later (get configmaps)"
+    )
+    assert served(api) == {"apf": 11}  # the request and client-go's 10 retries, a second apart
+
+
 def test_a_503_burst_fails_the_python_clients_writes_then_lets_them_through(api: Stack) -> None:
     install(
         api,
