@@ -1,4 +1,5 @@
-"""The HTTP side of the API emulator's faults: the `/_faults` admin endpoint and faults' answers as responses.
+"""The HTTP side of the API emulator's faults: the `/_faults` admin endpoint, faults' answers as responses, and
+`FaultServing`, the part of `apiserver.ApiServer` that asks the plan and serves, records and audits its faults.
 
 Called by `apiserver`. `/_faults` is the emulator's own endpoint, not a Kubernetes API: `GET` reports the plan and
 what it served (`FaultInjector.status`), `PUT` replaces the plan (a YAML or JSON body; `kubectl replace --raw
@@ -9,12 +10,15 @@ it; anyone else gets kube-apiserver's 403 for a non-resource path.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp.web
 
-from sluice.emulator.apifaultplan import PlanError, load_plan
-from sluice.emulator.apifaults import Answer, FaultInjector, FaultRequest
+from sluice.emulator.apifaultplan import FaultRule, PlanError, load_plan
+from sluice.emulator.apifaults import Answer, Decision, FaultInjector, FaultRequest, expired_message
 from sluice.emulator.apirbac import User, forbidden_path_message
+from sluice.emulator.apistore import ApiError, ResourceType, Store
 
 FAULTS_PATH = "/_faults"
 
@@ -76,3 +80,73 @@ def answer_detail(answer: Answer) -> str:
     if headers.get("Content-Type") == "application/json":
         detail += f" {json.loads(answer.body).get('reason', '')}"
     return detail
+
+
+class ClosedByFault(Exception):
+    """A closeWatch fault ends the stream (as kube-apiserver ends a watch it stops: the response just ends)."""
+
+
+class FaultServing:
+    """The fault plan's side of `ApiServer` (a mixin: the server declares the fields and the two hooks)."""
+
+    faults: FaultInjector
+    fault_sleep: Callable[[float], Awaitable[None]]
+    store: Store
+    audit: list[dict[str, str]]
+
+    def _verb(self, request: Any) -> str:
+        raise NotImplementedError
+
+    def _write_audit(self, entry: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    async def _decide_fault(
+        self, request: Any, rtype: ResourceType, user: User
+    ) -> tuple[FaultRequest | None, Decision]:
+        """The fault plan's decision for a resource request; a latency fault's delay is waited here."""
+        if not self.faults.active:
+            return None, Decision()
+        namespace = (request.namespace or "") if rtype.namespaced else ""
+        asked = FaultRequest(
+            self._verb(request),
+            rtype.group,
+            rtype.plural,
+            namespace,
+            request.name or "",
+            user.name,
+            request.headers.get("User-Agent", ""),
+            request.params.get("resourceVersion", ""),
+        )
+        decision = self.faults.decide(asked)
+        for rule, seconds in decision.delays:
+            self.faults.record(rule, "latency", asked, f"delay {seconds:.6f}s")
+        if decision.delay > 0:
+            await self.fault_sleep(decision.delay)
+        return asked, decision
+
+    def _serve_fault(self, asked: FaultRequest, request: Any, rule: FaultRule, answer: Answer) -> aiohttp.web.Response:
+        self.faults.record(rule.name, rule.effect.type, asked, answer_detail(answer))
+        self._audit_fault(asked, request.subresource or "", answer.code, rule)
+        return respond(answer)
+
+    def _audit_fault(self, asked: FaultRequest, subresource: str, code: int, rule: FaultRule) -> None:
+        entry = audit_entry(asked, subresource, code, rule.name, rule.effect.type)
+        self.audit.append(entry)
+        self._write_audit(entry)
+
+    async def _expire_watch(
+        self, response: aiohttp.web.StreamResponse, since: int, rule: FaultRule, asked: FaultRequest
+    ) -> aiohttp.web.StreamResponse:
+        """The watch cache's answer to a watch from a version it no longer holds: the watch is accepted (200) and
+        its only event is an ERROR carrying the 410 Expired Status (k8s.io/apiserver v0.32.0
+        pkg/storage/cacher/cacher.go Watch: `return newErrWatcher(err), nil`, "to match the uncached watch
+        implementation ... other errors must fail with a watch event of type ERROR"), then the stream ends."""
+        expired = ApiError(410, "Expired", expired_message(since, self.store.revision))
+        await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
+        self.faults.record(rule.name, rule.effect.type, asked, f"ERROR 410 Expired: {expired.message}")
+        self._audit_fault(asked, "", 200, rule)
+        return response
+
+    def _watch_closed(self, rule: FaultRule, asked: FaultRequest, detail: str) -> None:
+        self.faults.record(rule.name, rule.effect.type, asked, detail)
+        self._audit_fault(asked, "", 200, rule)

@@ -44,13 +44,10 @@ from multidict import CIMultiDict
 from sluice.emulator import apifaultserve, apiopenapi, apiprotobuf, apirbac, apitls
 from sluice.emulator.apifaultplan import CloseWatch, ExpireWatch, FaultRule, PlanError, ServerError, Throttle, load_plan
 from sluice.emulator.apifaults import (
-    Answer,
-    Decision,
     FaultInjector,
     FaultRequest,
     WatchCut,
     error_answer,
-    expired_message,
     throttle_answer,
 )
 from sluice.emulator.apiselect import as_table, field_selector_matches, label_selector_matches
@@ -165,7 +162,7 @@ BUILTIN_GROUP_PRIORITY = {
 
 
 @attrs.define(kw_only=True)
-class ApiServer(kmock.KubernetesScaffold):
+class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
     store: Store = attrs.field(factory=Store)
     audit: list[dict[str, str]] = attrs.field(factory=list)
     audit_path: Path | None = None
@@ -377,43 +374,6 @@ class ApiServer(kmock.KubernetesScaffold):
         self._audit_outcome(request, rtype, user, response.status, _created_name(response))
         return response
 
-    async def _decide_fault(
-        self, request: Any, rtype: ResourceType, user: apirbac.User
-    ) -> tuple[FaultRequest | None, Decision]:
-        """The fault plan's decision for a resource request; a latency fault's delay is waited here."""
-        if not self.faults.active:
-            return None, Decision()
-        namespace = (request.namespace or "") if rtype.namespaced else ""
-        asked = FaultRequest(
-            self._verb(request),
-            rtype.group,
-            rtype.plural,
-            namespace,
-            request.name or "",
-            user.name,
-            request.headers.get("User-Agent", ""),
-            request.params.get("resourceVersion", ""),
-        )
-        decision = self.faults.decide(asked)
-        for rule, seconds in decision.delays:
-            self.faults.record(rule, "latency", asked, f"delay {seconds:.6f}s")
-        if decision.delay > 0:
-            await self.fault_sleep(decision.delay)
-        return asked, decision
-
-    def _serve_fault(self, asked: FaultRequest, request: Any, rule: FaultRule, answer: Answer) -> aiohttp.web.Response:
-        self.faults.record(rule.name, rule.effect.type, asked, apifaultserve.answer_detail(answer))
-        self._audit_fault(asked, request.subresource or "", answer.code, rule)
-        return apifaultserve.respond(answer)
-
-    def _audit_fault(self, asked: FaultRequest, subresource: str, code: int, rule: FaultRule) -> None:
-        entry = apifaultserve.audit_entry(asked, subresource, code, rule.name, rule.effect.type)
-        self.audit.append(entry)
-        if self.audit_path is not None:
-            if self.audit_file is None:
-                self.audit_file = AuditFile(self.audit_path)
-            self.audit_file.write(entry)
-
     def _audit_outcome(
         self, request: Any, rtype: ResourceType, user: apirbac.User, code: int, created: str = "", message: str = ""
     ) -> None:
@@ -439,6 +399,12 @@ class ApiServer(kmock.KubernetesScaffold):
             entry["message"] = message
         if code == 403:
             return  # refused before it was served: the RequestReceived entry already says so
+        self._write_audit(entry)
+
+    def _write_audit(self, entry: dict[str, str]) -> None:
+        """Append an entry to the audit log file, when there is one (opened at the first entry)."""
+        if self.audit_path is None:
+            return
         if self.audit_file is None:
             self.audit_file = AuditFile(self.audit_path)
         self.audit_file.write(entry)
@@ -522,10 +488,7 @@ class ApiServer(kmock.KubernetesScaffold):
         self.audit.append(entry)
         if len(self.audit) > 100_000:
             del self.audit[:50_000]
-        if self.audit_path is not None:
-            if self.audit_file is None:
-                self.audit_file = AuditFile(self.audit_path)
-            self.audit_file.write(entry)
+        self._write_audit(entry)
 
     async def _serve(
         self,
@@ -779,7 +742,7 @@ class ApiServer(kmock.KubernetesScaffold):
             line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
             await response.write(line.encode())
             if cut.sent(kind):
-                raise _ClosedByFault
+                raise apifaultserve.ClosedByFault
 
         bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
 
@@ -796,7 +759,7 @@ class ApiServer(kmock.KubernetesScaffold):
             if fault is not None and isinstance(fault[0].effect, ExpireWatch):
                 return await self._expire_watch(response, int(since), *fault)
             if cut.at_once():
-                raise _ClosedByFault
+                raise apifaultserve.ClosedByFault
             if since in ("", "0") or params.get("sendInitialEvents") in ("true", "1"):
                 last = self.store.revision
                 for sent, obj in enumerate(self.store.select(rtype, namespace, labels, fields)):
@@ -837,7 +800,7 @@ class ApiServer(kmock.KubernetesScaffold):
                     await asyncio.wait_for(changed.wait(), timeout=max(0.0, wait))
             if fault is not None and cut_early:
                 self._watch_closed(*fault, f"closed after {cut.effect.after_seconds if cut.effect else 0}s")
-        except _ClosedByFault:
+        except apifaultserve.ClosedByFault:
             if fault is not None:
                 self._watch_closed(*fault, f"closed after {cut.events} events")
         except (ConnectionResetError, asyncio.CancelledError):
@@ -845,27 +808,6 @@ class ApiServer(kmock.KubernetesScaffold):
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
         return response
-
-    async def _expire_watch(
-        self, response: aiohttp.web.StreamResponse, since: int, rule: FaultRule, asked: FaultRequest
-    ) -> aiohttp.web.StreamResponse:
-        """The watch cache's answer to a watch from a version it no longer holds: the watch is accepted (200) and
-        its only event is an ERROR carrying the 410 Expired Status (k8s.io/apiserver v0.32.0
-        pkg/storage/cacher/cacher.go Watch: `return newErrWatcher(err), nil`, "to match the uncached watch
-        implementation ... other errors must fail with a watch event of type ERROR"), then the stream ends."""
-        expired = ApiError(410, "Expired", expired_message(since, self.store.revision))
-        await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
-        self.faults.record(rule.name, rule.effect.type, asked, f"ERROR 410 Expired: {expired.message}")
-        self._audit_fault(asked, "", 200, rule)
-        return response
-
-    def _watch_closed(self, rule: FaultRule, asked: FaultRequest, detail: str) -> None:
-        self.faults.record(rule.name, rule.effect.type, asked, detail)
-        self._audit_fault(asked, "", 200, rule)
-
-
-class _ClosedByFault(Exception):
-    """A closeWatch fault ends the stream (as kube-apiserver ends a watch it stops: the response just ends)."""
 
 
 def write_kubeconfig(path: Path, url: str, ca_pem: bytes, namespace: str = "default", token: str = ADMIN_TOKEN) -> None:
