@@ -35,13 +35,13 @@ class Api:
 
 
 @pytest_asyncio.fixture
-async def api() -> AsyncIterator[Api]:
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
     slept: list[float] = []
 
     async def record_sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    server = ApiServer(fault_sleep=record_sleep)
+    server = ApiServer(fault_sleep=record_sleep, audit_path=tmp_path / "audit.jsonl")
     server.store.create(server.store.find_type("", "namespaces"), "v1", None, {"metadata": {"name": "default"}})
     server.store.create(server.store.find_type("", "configmaps"), "v1", "default", {"metadata": {"name": "one"}})
     bot = {"Authorization": "Bearer " + server.authenticator.mint(apirbac.service_account_user("default", "bot"))}
@@ -190,6 +190,10 @@ async def test_a_served_fault_is_in_the_audit_trail_with_its_rule(api: Api) -> N
             "effect": "throttle",
         }
     ]
+    assert api.server.audit_file is not None
+    api.server.audit_file.close()  # drains the writer thread
+    written = [json.loads(line) for line in api.server.audit_file.path.read_text().splitlines()]
+    assert [entry for entry in written if "fault" in entry] == faulted
 
 
 @pytest.mark.asyncio
