@@ -28,6 +28,7 @@ import queue
 import signal
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -40,7 +41,15 @@ import yaml
 from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
-from sluice.emulator import apiopenapi, apiprotobuf, apirbac, apitls
+from sluice.emulator import apifaultserve, apiopenapi, apiprotobuf, apirbac, apitls
+from sluice.emulator.apifaultplan import CloseWatch, ExpireWatch, FaultRule, PlanError, ServerError, Throttle, load_plan
+from sluice.emulator.apifaults import (
+    FaultInjector,
+    FaultRequest,
+    WatchCut,
+    error_answer,
+    throttle_answer,
+)
 from sluice.emulator.apiselect import as_table, field_selector_matches, label_selector_matches
 from sluice.emulator.apistore import ApiError, ResourceType, Store
 
@@ -153,7 +162,7 @@ BUILTIN_GROUP_PRIORITY = {
 
 
 @attrs.define(kw_only=True)
-class ApiServer(kmock.KubernetesScaffold):
+class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
     store: Store = attrs.field(factory=Store)
     audit: list[dict[str, str]] = attrs.field(factory=list)
     audit_path: Path | None = None
@@ -165,6 +174,10 @@ class ApiServer(kmock.KubernetesScaffold):
     rbac: apirbac.Rbac = attrs.field(init=False)
     # kube-apiserver sends a watch bookmark about once a minute to clients that allow them.
     bookmark_interval: float = 60.0
+    faults: FaultInjector = attrs.field(factory=FaultInjector)
+    """The fault plan (`--faults`, `PUT /_faults`); with no rules, nothing is decided and nothing changes."""
+    fault_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """How a latency fault waits (tests record the delays instead)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -308,6 +321,8 @@ class ApiServer(kmock.KubernetesScaffold):
         if isinstance(acting, str):
             return aiohttp.web.json_response(ApiError(403, "Forbidden", acting).status(), status=403)
         user = acting
+        if request.url.path.rstrip("/") == apifaultserve.FAULTS_PATH:
+            return apifaultserve.admin(self.faults, user, str(request._raw_request.method), request.body)
         resource = request.resource
         is_resource = not (
             request.url.path.startswith("/openapi/")
@@ -337,6 +352,10 @@ class ApiServer(kmock.KubernetesScaffold):
             rtype = self.store.find_type(resource.group or "", resource.plural)
             if resource.version not in rtype.versions:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
+            asked, decision = await self._decide_fault(request, rtype, user)
+            if asked is not None and decision.rule is not None and isinstance(decision.rule.effect, Throttle):
+                # API Priority and Fairness rejects before authorization (the filter wraps WithAuthorization).
+                return self._serve_fault(asked, request, decision.rule, throttle_answer(decision.rule.effect))
             allowed = False
             try:
                 self._authorize(request, rtype, user)
@@ -345,7 +364,10 @@ class ApiServer(kmock.KubernetesScaffold):
                 self._audit(request, rtype, user, allowed)
             if self._creates_by_apply(request, rtype):
                 self._authorize_create_on_apply(request, rtype, user)
-            response = await self._serve(request, rtype, raw, user)
+            if asked is not None and decision.rule is not None and isinstance(decision.rule.effect, ServerError):
+                return self._serve_fault(asked, request, decision.rule, error_answer(decision.rule.effect))
+            watch_fault = (decision.rule, asked) if asked is not None and decision.rule is not None else None
+            response = await self._serve(request, rtype, raw, user, watch_fault)
         except ApiError as failure:
             self._audit_outcome(request, rtype, user, failure.code, message=failure.message)
             return aiohttp.web.json_response(failure.status(), status=failure.code)
@@ -377,6 +399,12 @@ class ApiServer(kmock.KubernetesScaffold):
             entry["message"] = message
         if code == 403:
             return  # refused before it was served: the RequestReceived entry already says so
+        self._write_audit(entry)
+
+    def _write_audit(self, entry: dict[str, str]) -> None:
+        """Append an entry to the audit log file, when there is one (opened at the first entry)."""
+        if self.audit_path is None:
+            return
         if self.audit_file is None:
             self.audit_file = AuditFile(self.audit_path)
         self.audit_file.write(entry)
@@ -460,13 +488,15 @@ class ApiServer(kmock.KubernetesScaffold):
         self.audit.append(entry)
         if len(self.audit) > 100_000:
             del self.audit[:50_000]
-        if self.audit_path is not None:
-            if self.audit_file is None:
-                self.audit_file = AuditFile(self.audit_path)
-            self.audit_file.write(entry)
+        self._write_audit(entry)
 
     async def _serve(
-        self, request: Any, rtype: ResourceType, raw: Any, user: apirbac.User
+        self,
+        request: Any,
+        rtype: ResourceType,
+        raw: Any,
+        user: apirbac.User,
+        fault: tuple[FaultRule, FaultRequest] | None = None,
     ) -> aiohttp.web.StreamResponse:
         verb = self._verb(request)
         version = request.resource.version
@@ -475,7 +505,7 @@ class ApiServer(kmock.KubernetesScaffold):
         wants_table = "as=Table" in request.headers.get("Accept", "")
         store = self.store
         if verb == "watch":
-            return await self._watch(request, rtype, namespace, raw)
+            return await self._watch(request, rtype, namespace, raw, fault)
         if rtype.key == ("", "serviceaccounts") and request.subresource == "token" and verb == "create":
             return self._token_request(request)
         if rtype.key in apirbac.SELF_REVIEWS and verb == "create":
@@ -681,7 +711,12 @@ class ApiServer(kmock.KubernetesScaffold):
         changed.set()
 
     async def _watch(
-        self, request: Any, rtype: ResourceType, namespace: str | None, raw: Any
+        self,
+        request: Any,
+        rtype: ResourceType,
+        namespace: str | None,
+        raw: Any,
+        fault: tuple[FaultRule, FaultRequest] | None = None,
     ) -> aiohttp.web.StreamResponse:
         params = request.params
         labels, fields = params.get("labelSelector"), params.get("fieldSelector")
@@ -701,9 +736,13 @@ class ApiServer(kmock.KubernetesScaffold):
                 return False
             return label_selector_matches(labels, meta.get("labels", {})) and field_selector_matches(fields, obj)
 
+        cut = WatchCut(fault[0].effect if fault is not None and isinstance(fault[0].effect, CloseWatch) else None)
+
         async def send(kind: str, obj: dict[str, Any]) -> None:
             line = json.dumps({"type": kind, "object": self._versioned(obj, rtype, version)}) + "\n"
             await response.write(line.encode())
+            if cut.sent(kind):
+                raise apifaultserve.ClosedByFault
 
         bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
 
@@ -715,8 +754,12 @@ class ApiServer(kmock.KubernetesScaffold):
             await send("BOOKMARK", {"kind": rtype.kind, "metadata": meta})
 
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline, cut_early = cut.deadline(loop.time(), loop.time() + timeout)
         try:
+            if fault is not None and isinstance(fault[0].effect, ExpireWatch):
+                return await self._expire_watch(response, int(since), *fault)
+            if cut.at_once():
+                raise apifaultserve.ClosedByFault
             if since in ("", "0") or params.get("sendInitialEvents") in ("true", "1"):
                 last = self.store.revision
                 for sent, obj in enumerate(self.store.select(rtype, namespace, labels, fields)):
@@ -755,6 +798,11 @@ class ApiServer(kmock.KubernetesScaffold):
                 wait = min(5.0, deadline - loop.time(), next_bookmark - loop.time() if bookmarks else 5.0)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), timeout=max(0.0, wait))
+            if fault is not None and cut_early:
+                self._watch_closed(*fault, f"closed after {cut.effect.after_seconds if cut.effect else 0}s")
+        except apifaultserve.ClosedByFault:
+            if fault is not None:
+                self._watch_closed(*fault, f"closed after {cut.events} events")
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         with contextlib.suppress(ConnectionResetError):
@@ -788,6 +836,8 @@ async def serve(args: argparse.Namespace) -> None:
         store=Store(history=args.watch_history),
         bookmark_interval=args.bookmark_interval,
     )
+    if args.faults:
+        server.faults.install(load_plan(Path(args.faults).read_text(), args.faults))
     for crd in args.crd:
         server.load_crds(Path(crd))
     for namespace in args.namespace:
@@ -825,7 +875,13 @@ def main(argv: list[str] | None = None) -> None:
         "--watch-history", type=int, default=20000, help="events kept for watches from a resourceVersion (older: 410)"
     )
     parser.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks")
+    parser.add_argument("--faults", help="a fault plan (YAML or JSON) to serve from the start; see PUT /_faults")
     args = parser.parse_args(argv)
+    if args.faults:
+        try:
+            load_plan(Path(args.faults).read_text(), args.faults)
+        except (OSError, PlanError) as failure:
+            parser.error(str(failure))
     try:
         asyncio.run(serve(args))
     except KeyboardInterrupt:
