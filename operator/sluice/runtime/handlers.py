@@ -128,9 +128,10 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> No
     settings.peering.lifetime = config.peering_lifetime
     settings.peering.stealth = True
     runtime.workers = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="sluice-pass")
-    runtime.cluster = KubeCluster(
-        load_api_client(config.kubeconfig, connections=config.workers + 4), resync_seconds=ISTIO_RESYNC_SECONDS
-    )
+    # retries=0: urllib3 sends nothing again by itself (it would sleep out a Retry-After past a pass's or a Lease's
+    # deadline); the adapter's `Retrying` decides
+    api_client = load_api_client(config.kubeconfig, connections=config.workers + 4, retries=0)
+    runtime.cluster = KubeCluster(api_client, resync_seconds=ISTIO_RESYNC_SECONDS)
     runtime.cluster.pod_cache = runtime.pods
     runtime.cluster.namespaces = frozenset(config.namespaces) or None
     # A replica that owns a shard of the pools asks Prometheus for its pools' pods only, not the whole namespace.
