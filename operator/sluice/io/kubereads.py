@@ -138,15 +138,26 @@ def _unanswered(failure: urllib3.exceptions.HTTPError) -> ApiException:
     return error
 
 
-def send(fn: Callable[[float | None], T], retrying: Retrying = DEFAULT, window: Window | None = None) -> T:
+def send(
+    fn: Callable[[float | None], T],
+    retrying: Retrying = DEFAULT,
+    window: Window | None = None,
+    after: ApiException | None = None,
+) -> T:
     """`fn(timeout)` sent, and sent again after a failure while `next_try` says so; what is not retried is raised
     as an `ApiException` (status 0: no answer). With `window` (a fenced write) each send enters it: refused once
     the shard is not held in the pass's term, the send's timeout is what is left of the validity, and no wait
-    ends past it."""
+    ends past it. `after`: the failure an earlier send met (decided on first: its Retry-After is waited out)."""
     clock = retrying.clock
     deadline = clock() + retrying.budget
-    retries = 0
+    retries, error, limit = 0, after, deadline
+    if after is not None and window is not None:
+        with window() as seconds:
+            limit = min(deadline, clock() + seconds)
     while True:
+        if error is not None:
+            _wait_or_raise(error, retries, limit - clock(), retrying)
+            retries += 1
         limit = deadline
         try:
             with _within(window) as seconds:
@@ -157,17 +168,20 @@ def send(fn: Callable[[float | None], T], retrying: Retrying = DEFAULT, window: 
             error = failure
         except urllib3.exceptions.HTTPError as failure:  # a timeout, a refused or reset connection
             error = _unanswered(failure)
-        lost = Failure(int(error.status or 0), retry_after(error.headers))
-        decision = next_try(lost, retries, limit - clock(), retrying.draw(), retrying.policy)
-        reason = reason_of(lost)
-        if isinstance(decision, GiveUp):
-            if reason is not None:
-                retrying.counts.given_up(reason)
-                log.info("not sent again (%s): %s %s", decision.why, error.status, error.reason)
-            raise error
-        retrying.counts.retried(decision.reason, decision.seconds)
-        retrying.sleep(decision.seconds)
-        retries += 1
+
+
+def _wait_or_raise(error: ApiException, retries: int, left: float, retrying: Retrying) -> None:
+    """Wait before sending again as `next_try` says, or raise `error`."""
+    lost = Failure(int(error.status or 0), retry_after(error.headers))
+    decision = next_try(lost, retries, left, retrying.draw(), retrying.policy)
+    reason = reason_of(lost)
+    if isinstance(decision, GiveUp):
+        if reason is not None:
+            retrying.counts.given_up(reason)
+            log.info("not sent again (%s): %s %s", decision.why, error.status, error.reason)
+        raise error
+    retrying.counts.retried(decision.reason, decision.seconds)
+    retrying.sleep(decision.seconds)
 
 
 def call(fn: Callable[[], T], retrying: Retrying = DEFAULT) -> T:
