@@ -97,6 +97,11 @@ class RetryCounts:
         with self._lock:
             self.gave_up[reason] = self.gave_up.get(reason, 0) + 1
 
+    def totals(self) -> tuple[dict[Reason, int], dict[Reason, float], dict[Reason, int]]:
+        """Copies of (retries, waited, gave_up), taken together."""
+        with self._lock:
+            return dict(self.retries), dict(self.waited), dict(self.gave_up)
+
 
 @dataclass
 class Retrying:

@@ -45,6 +45,7 @@ from sluice.istio.kinds import ISTIO_KINDS
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.diffbase import SpecDiffBase
 from sluice.runtime.heap import HeapKeeper
+from sluice.runtime.kubemetrics import KubeRetries
 from sluice.runtime.metrics import GcPauses, OperatorMetrics
 from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
@@ -148,6 +149,10 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> No
     runtime.metrics = OperatorMetrics(runtime.registry, pod_series=config.pod_metrics)
     runtime.gc.install()
     runtime.registry.register(runtime.gc)
+    retried = {"passes": runtime.cluster.retrying.counts}
+    if runtime.shards is not None:
+        retried["leases"] = runtime.shards.retrying.counts
+    runtime.registry.register(KubeRetries(retried))
     runtime.heap.start()
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
