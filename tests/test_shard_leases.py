@@ -432,3 +432,103 @@ def test_a_shard_taken_by_a_write_answered_after_stop_is_given_back() -> None:
     assert len(holders(api)) == 1
     assert all(holder is None for holder in holders(api).values())
     assert a.held() == []
+
+
+# ---- renewals sent again within the validity
+
+
+def retrying_on(clock: Any) -> Any:
+    """The lease thread's `Retrying` on the test's clock: a wait steps it, the draw is seeded."""
+    import random  # noqa: PLC0415
+
+    from sluice.io.kubereads import Retrying  # noqa: PLC0415
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    return Retrying(clock=clock, sleep=sleep, draw=random.Random(3).random)
+
+
+def renewing(api: FakeLeaseApi, clock: Any, failures: dict[int, list[BaseException]]) -> list[tuple[int, float, Any]]:
+    """Renewals of shard i fail with `failures[i]`, one per send; every renewal send is recorded as (shard, clock,
+    request timeout)."""
+    sent: list[tuple[int, float, Any]] = []
+    original = api.replace_namespaced_lease
+
+    def replace(name: str, namespace: str, body: dict[str, Any], **kwargs: Any) -> Any:
+        index = next((i for i in range(4) if name == SHARD.format(i)), None)
+        if index is None:  # the member Lease
+            return original(name, namespace, body, **kwargs)
+        sent.append((index, clock.now, kwargs.get("_request_timeout")))
+        if failures.get(index):
+            raise failures[index].pop(0)
+        return original(name, namespace, body, **kwargs)
+
+    api.replace_namespaced_lease = replace  # type: ignore[method-assign]
+    return sent
+
+
+def throttled(seconds: str = "1") -> ApiException:
+    error = ApiException(status=429, reason="Too Many Requests")
+    error.headers = {"Retry-After": seconds}
+    return error
+
+
+def test_a_renewal_answered_429_is_sent_again_after_its_retry_after_and_the_shard_kept() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.retrying = retrying_on(clock)
+    a.step()
+    terms = {i: a.term(i) for i in range(4)}
+    sent = renewing(api, clock, {1: [throttled("1")]})
+    clock.now += 3.5
+    a.step()
+    # every shard's first send, then shard 1 again once its Retry-After (1 s) is over, with the short timeout
+    assert sorted((i, at) for i, at, _ in sent[:4]) == [(0, 103.5), (1, 103.5), (2, 103.5), (3, 103.5)]
+    assert [(i, at) for i, at, _ in sent[4:]] == [(1, 104.5)]
+    assert all(timeout == a.renew_timeout for _, _, timeout in sent)
+    assert {i: a.term(i) for i in range(4)} == terms
+    assert a.tenures.valid_until[1] == 104.5 + a.duration - a.margin  # from the send that succeeded
+    assert a.retrying.counts.retries == {"throttled": 1}
+
+
+def test_a_renewal_that_keeps_failing_is_never_sent_after_the_validity() -> None:
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.retrying = retrying_on(clock)
+    a.step()
+    until = a.tenures.valid_until[0]
+    sent = renewing(api, clock, {0: [ApiException(status=503, reason="Unavailable") for _ in range(50)]})
+    clock.now += 3.5
+    a.step()
+    resends = [(at, timeout) for i, at, timeout in sent if i == 0]
+    assert len(resends) > 3  # sent again with a back-off while the validity lasted
+    assert all(at < until and at + timeout <= until + 1e-9 for at, timeout in resends)
+    assert clock.now < until  # given up before the validity ended
+    assert a.term(0) is not None  # held till then
+
+
+def test_a_conflict_on_a_renewal_sent_again_after_no_answer_is_left_to_the_list() -> None:
+    """The first send landed but its answer was lost: sent again with the same resourceVersion, it meets a 409.
+    That is not someone else's write: the list of the round shows the Lease still held by this replica."""
+    from urllib3.exceptions import ReadTimeoutError  # noqa: PLC0415
+
+    api, clock = FakeLeaseApi(), Clock()
+    a = faked(api=api, identity="a", clock=clock)
+    a.retrying = retrying_on(clock)
+    a.step()
+    terms = {i: a.term(i) for i in range(4)}
+    original = api.replace_namespaced_lease
+    lost_answer = {"once": True}
+
+    def landed_unanswered(name: str, namespace: str, body: dict[str, Any], **kwargs: Any) -> Any:
+        answer = original(name, namespace, body, **kwargs)
+        if name == SHARD.format(2) and lost_answer.pop("once", False):
+            raise ReadTimeoutError(None, "/leases", "Read timed out.")
+        return answer
+
+    api.replace_namespaced_lease = landed_unanswered  # type: ignore[method-assign]
+    clock.now += 3.5
+    a.step()
+    assert {i: a.term(i) for i in range(4)} == terms, "kept in its term"
+    assert not [what for _, _, what in a.transitions if what.startswith("lost")]

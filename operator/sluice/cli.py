@@ -178,6 +178,7 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         lease_namespace=args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
         identity=args.identity,
         status_refresh=args.status_refresh,
+        first_passes=args.first_passes,
     )
 
 
@@ -294,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds before a status whose observations alone moved (signals, scores, reasons) is written again; "
         "weights, states, the split and conditions are written at once (default: 30; 0: every pass)",
+    )
+    run.add_argument(
+        "--first-passes",
+        type=_positive,
+        help="pools' first passes (at start, on a shard taken over) run at most this many at a time, the others "
+        "waiting their turn (default: half the workers)",
     )
     run.add_argument("--json-logs", action="store_true", help="log as JSON lines")
     run.set_defaults(handler=cmd_operator)

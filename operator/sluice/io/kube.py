@@ -3,38 +3,39 @@
 Writes are server-side apply with field manager `sluice`, and only when the content differs from the live
 object. Ownership (`sluice.istio.ownership`) decides what may be written: sluice's own objects, adopted ones
 (`spec.routing.adoptExisting`: no ownerReference, the original kept in an annotation and put back with a replace
-when released), never anybody else's. Releasing an object sluice created deletes it. Every client error becomes a
-`ClusterError`. Called by the reconciler in a worker thread (the client is blocking). The reads it makes, and the
-client's edge, are `sluice.io.kubereads`'; the objects it reads become the core's types in `sluice.io.kubeobserved`.
+when released), never anybody else's. Releasing an object sluice created deletes it. A request that failed is sent
+again as `sluice.io.kubereads.send` decides (429 after its Retry-After, 5xx and no answer after a back-off, within
+the call's budget or the Lease's validity); what still fails becomes a `ClusterError`. Called by the reconciler
+in a worker thread (the client is blocking). The reads it makes, and the client's edge (with `load_api_client`),
+are `sluice.io.kubereads`'; the objects it reads become the core's types in `sluice.io.kubeobserved`.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar, cast
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from sluice.api.jsontypes import JsonObject, text
 from sluice.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, InferencePoolSpec, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.core.observed import ObservedMesh, ObservedPod
 from sluice.io.kubeobserved import observed_pod, strings
-from sluice.io.kubereads import call as _call
-from sluice.io.kubereads import discard as _discard
 from sluice.io.kubereads import (
+    Retrying,
+    call,
+    call_within,
     get_istio_object,
     list_sidecars,
     listed,
@@ -43,6 +44,8 @@ from sluice.io.kubereads import (
     read_secret_data,
     read_service,
 )
+from sluice.io.kubereads import discard as _discard
+from sluice.io.kubereads import load_api_client as load_api_client  # noqa: PLC0414 - where callers import it
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.istio.kinds import ISTIO_KINDS
 from sluice.istio.ownership import as_adopted, decide, drifted, kept_original, original_of, ownership, release
@@ -54,17 +57,9 @@ APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")
 WriteFence = Callable[[], AbstractContextManager[float]]
 """A pass's write fence as `sluice.runtime.fence.FencedCluster` hands it to `KubeCluster.fenced`: entered right
-before each write request, it refuses (`ClusterError`) or gives the seconds the request may take (its
-`_request_timeout`); it is left when the request has returned."""
-
-
-@contextlib.contextmanager
-def _fenced(fence: WriteFence | None) -> Iterator[float | None]:
-    if fence is None:
-        yield None
-        return
-    with fence() as seconds:
-        yield seconds
+before each write request (each send, a retried one too), it refuses (`ClusterError`) or gives the seconds the
+request may take (its `_request_timeout`, and no retry waits past them); it is left when the request has
+returned."""
 
 
 MESH_SECONDS = 600.0
@@ -110,24 +105,6 @@ class PodSource(Protocol):
     def select(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]: ...
 
 
-def load_api_client(
-    kubeconfig: str | None = None, connections: int | None = None, retries: int | None = None
-) -> k8s.ApiClient:
-    """In-cluster configuration when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config);
-    `connections`: keep at least that many open (the client's default is 5 per CPU); `retries`: how often a
-    request that got no answer is sent again by the HTTP client (its default is 3, each with the full timeout)."""
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    if connections is not None:
-        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
-    if retries is not None:
-        configuration.retries = retries
-    return k8s.ApiClient(configuration)
-
-
 USER_AGENT = f"sluice-operator/{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}"
 
 
@@ -137,7 +114,15 @@ class KubeCluster:
     fence: WriteFence | None = None
     """Checked right before each write request (`fenced`); None: unfenced."""
 
-    def __init__(self, api_client: k8s.ApiClient, resync_seconds: float = 60.0, user_agent: str = USER_AGENT) -> None:
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        resync_seconds: float = 60.0,
+        user_agent: str = USER_AGENT,
+        retrying: Retrying | None = None,
+    ) -> None:
+        self.retrying = retrying or Retrying()
+        """When a failed request is sent again; its counts are the operator's `sluice_kube_retries_total`."""
         api_client.user_agent = user_agent  # lets audit logs (and the RBAC test) tell the operator's calls apart
         self.api_client = api_client
         # An object this process applied (or found equal) is not read again while the pass still wants the same
@@ -204,15 +189,18 @@ class KubeCluster:
                     lock.release()
             return cache.select(namespace, match_labels)
         selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
-        answer = _call(
-            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        answer = call(
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False),
+            self.retrying,
         )
         return [observed_pod(item) for item in listed(answer)]
 
     def _seed(self, cache: PodSource, namespace: str) -> None:
         cache.begin_seed(namespace)
         try:
-            answer = _call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False))
+            # the costliest request sluice makes: a 5xx is sent again at the next pass, a 429 after its Retry-After
+            once = replace(self.retrying, policy=replace(self.retrying.policy, backs_off=False))
+            answer = call(lambda: self.core.list_namespaced_pod(namespace, _preload_content=False), once)
             items = listed(answer)
         except Exception:
             cache.abandon_seed(namespace)
@@ -225,12 +213,16 @@ class KubeCluster:
         installed lists nothing."""
         try:
             service = self._read(
-                ("service", namespace, spec.service), lambda: read_service(self.core, namespace, spec.service)
+                ("service", namespace, spec.service),
+                lambda: read_service(self.core, namespace, spec.service, self.retrying),
             )
-            labels = self._read(("namespace", namespace), lambda: read_namespace_labels(self.core, namespace))
+            labels = self._read(
+                ("namespace", namespace), lambda: read_namespace_labels(self.core, namespace, self.retrying)
+            )
             clients = tuple(sorted(spec.routing.client_namespaces or ()))
             sidecars = self._read(
-                ("sidecars", namespace, *clients), lambda: list_sidecars(self.custom, namespace, spec, self.namespaces)
+                ("sidecars", namespace, *clients),
+                lambda: list_sidecars(self.custom, namespace, spec, self.namespaces, self.retrying),
             )
         except ClusterError as failure:
             return ObservedMesh(failed=f"{failure.status} {failure.reason}")
@@ -257,14 +249,16 @@ class KubeCluster:
     def secret_key(self, namespace: str, name: str, key: str) -> str:
         """One key of a Secret, read at most every `SECRET_SECONDS` (a failed read is not kept)."""
         data = self._read(
-            ("secret", namespace, name), lambda: read_secret_data(self.core, namespace, name), SECRET_SECONDS
+            ("secret", namespace, name),
+            lambda: read_secret_data(self.core, namespace, name, self.retrying),
+            SECRET_SECONDS,
         )
         if key not in data:
             raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data[key]).decode()
 
     def owned(self, namespace: str, pool: str, elsewhere: frozenset[str] = frozenset()) -> list[ObjectKey]:
-        return owned_keys(self.custom, namespace, pool, elsewhere, self.namespaces)
+        return owned_keys(self.custom, namespace, pool, elsewhere, self.namespaces, self.retrying)
 
     # ---- writes
 
@@ -279,7 +273,7 @@ class KubeCluster:
             self._patch(kind, namespace, name, seen.body(desired))  # read recently: ours (or adopted), so no GET
             self._verified[key] = Verified(copy.deepcopy(desired), adopt, seen.original, seen.read_at)
             return WriteResult(kind, name, "updated")
-        live = get_istio_object(self.custom, kind, namespace, name)
+        live = get_istio_object(self.custom, kind, namespace, name, self.retrying)
         read_at = time.monotonic()
         decision = decide(live, desired.body, pool_uid, adopt)
         if decision.action == "refuse":
@@ -317,28 +311,29 @@ class KubeCluster:
     ) -> None:
         """`patch` (an object's or its status subresource's) as a forced server-side apply by `sluice`, within
         the write fence, its answer read and dropped undecoded (`_discard`)."""
-        with _fenced(self.fence) as seconds:
-            answer = _call(
-                lambda: patch(
-                    group,
-                    version,
-                    namespace,
-                    plural,
-                    name,
-                    body,
-                    field_manager=FIELD_MANAGER,
-                    force=True,
-                    _content_type=APPLY,
-                    _request_timeout=seconds,
-                    _preload_content=False,
-                )
-            )
-            _discard(answer)
+        answer = call_within(
+            self.fence,
+            lambda seconds: patch(
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+                _request_timeout=seconds,
+                _preload_content=False,
+            ),
+            self.retrying,
+        )
+        _discard(answer)
 
     def release(self, namespace: str, key: ObjectKey) -> WriteResult:
         namespace = key.namespace or namespace
         self._verified.pop((namespace, key.kind, key.name), None)
-        live = get_istio_object(self.custom, key.kind, namespace, key.name)
+        live = get_istio_object(self.custom, key.kind, namespace, key.name, self.retrying)
         if live is None:
             return WriteResult(key.kind, key.name, "unchanged")
         decision = release(live)
@@ -346,23 +341,25 @@ class KubeCluster:
             self._replace(decision.body)
             return WriteResult(key.kind, key.name, "restored")
         k = ISTIO_KINDS[key.kind]
-        with _fenced(self.fence) as seconds:
-            _call(
-                lambda: self.custom.delete_namespaced_custom_object(
-                    k.group, k.version, namespace, k.plural, key.name, _request_timeout=seconds
-                )
-            )
+        call_within(
+            self.fence,
+            lambda seconds: self.custom.delete_namespaced_custom_object(
+                k.group, k.version, namespace, k.plural, key.name, _request_timeout=seconds
+            ),
+            self.retrying,
+        )
         return WriteResult(key.kind, key.name, "pruned")
 
     def _replace(self, body: JsonObject) -> None:
         k = ISTIO_KINDS[text(body, "kind")]
         meta = strings(body, "metadata")  # its name and namespace among them
-        with _fenced(self.fence) as seconds:
-            _call(
-                lambda: self.custom.replace_namespaced_custom_object(
-                    k.group, k.version, meta["namespace"], k.plural, meta["name"], body, _request_timeout=seconds
-                )
-            )
+        call_within(
+            self.fence,
+            lambda seconds: self.custom.replace_namespaced_custom_object(
+                k.group, k.version, meta["namespace"], k.plural, meta["name"], body, _request_timeout=seconds
+            ),
+            self.retrying,
+        )
 
     def write_status(self, namespace: str, name: str, status: InferencePoolStatus) -> None:
         body: JsonObject = {
@@ -392,5 +389,8 @@ class KubeCluster:
             reporting_component="sluice",
             reporting_instance="sluice",
         )
-        with _fenced(self.fence) as seconds:
-            _call(lambda: self.core.create_namespaced_event(namespace, body, _request_timeout=seconds))
+        call_within(
+            self.fence,
+            lambda seconds: self.core.create_namespaced_event(namespace, body, _request_timeout=seconds),
+            self.retrying,
+        )

@@ -33,6 +33,14 @@ class OperatorConfig:
     0: every pass whose status changed."""
     identity: str | None = None
     """holderIdentity in the Leases (default: pod name and pid, with a random suffix)."""
+    first_passes: int | None = None
+    """Pools' first passes (at start, or when a shard is taken over) running at most at a time, the others waiting
+    their turn (`sluice.core.admission`); None: half the workers (at least 1), the other half left to the pools
+    already passing."""
+
+    @property
+    def first_pass_limit(self) -> int:
+        return self.first_passes if self.first_passes is not None else max(1, self.workers // 2)
 
     @property
     def first_pass_delay(self) -> float:

@@ -2,9 +2,10 @@
 
 - startup/cleanup build and close the adapters from the `OperatorConfig` in kopf's memo (built by `sluice.cli`);
 - one daemon per InferencePool runs a pass every `spec.interval` (one interval from the start of the previous
-  one), on a pool of `--workers` threads (the clients are blocking; nothing blocks the event loop); the body is
-  parsed into a `PoolSnapshot` by `sluice.runtime.snapshots` (the spec once per generation, a stored status
-  only when somebody else wrote it);
+  one), on a pool of `--workers` threads (the clients are blocking; nothing blocks the event loop), its first
+  pass (at start, or once its shard is taken over) in its turn, `--first-passes` at a time (`FirstPassGate`); the
+  body is parsed into a `PoolSnapshot` by `sluice.runtime.snapshots` (the spec once per generation, a stored
+  status only when somebody else wrote it);
 - every pod event feeds the pod cache the passes read (`sluice.runtime.podcache`); every event of an Istio kind
   sluice writes tells the cluster adapter whether an object it verified was changed by someone else
   (`istio_event`), so steady passes make no GET;
@@ -45,24 +46,25 @@ from sluice.istio.kinds import ISTIO_KINDS
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.diffbase import SpecDiffBase
 from sluice.runtime.heap import HeapKeeper
+from sluice.runtime.kubemetrics import KubeRetries
 from sluice.runtime.metrics import GcPauses, OperatorMetrics
 from sluice.runtime.podcache import PodCache
 from sluice.runtime.reconciler import Reconciler
 from sluice.runtime.report import PassReport
 from sluice.runtime.sharding import ShardLeases
 from sluice.runtime.snapshots import SnapshotReader
-from sluice.runtime.wakeups import pod_matters, wait_for_next_pass, wake_shard, wake_when_stopped
+from sluice.runtime.wakeups import FirstPassGate, pod_matters, wait_for_next_pass, wake_shard, wake_when_stopped
 
 log = logging.getLogger("sluice")
 MIN_GAP = 1.0  # seconds between two passes of one pool, however often it is woken
 UNHELD_RECHECK = 30.0
-"""How long the daemon of a pool whose shard this replica does not hold waits before it looks again, unless
-woken: a shard taken wakes its pools (`wakeups.wake_shard`), so this is only a safety net. (At 1 s, the 1,500 daemons
-of the shards another replica holds at 3,000 pools woke 1,500 times a second for nothing.)"""
+"""How long the daemon of a pool whose shard this replica does not hold waits before it looks again, unless woken: a
+shard taken wakes its pools (`wakeups.wake_shard`), so this is only a safety net. (At 1 s, the 1,500 daemons of the
+shards another replica holds at 3,000 pools woke 1,500 times a second for nothing.)"""
 ISTIO_RESYNC_SECONDS = 600.0
-"""How long an Istio object this process applied or found as wanted is trusted without a GET: the watch of the
-Istio kinds (`istio_event`) drops the trust as soon as someone else changes or deletes it; this bounds what a
-missed event could cost. (Without the watch it was a minute: 48 GETs/s at 1000 pools.)"""
+"""How long an Istio object this process applied or found as wanted is trusted without a GET: the watch of the Istio
+kinds (`istio_event`) drops the trust as soon as someone else changes or deletes it; this bounds what a missed event
+could cost. (Without the watch it was a minute: 48 GETs/s at 1000 pools.)"""
 DEFAULT_INTERVAL = 5.0
 
 
@@ -88,10 +90,13 @@ class Runtime:
     heap: HeapKeeper = field(default_factory=HeapKeeper)
     run_pass: PassRunner | None = None
     """How a daemon runs a pass off the event loop; default: on `workers` (`run_on_workers`)."""
+    first_passes: FirstPassGate = field(init=False)  # the pools' first passes, `config.first_pass_limit` at a time
+
+    def __post_init__(self) -> None:
+        self.first_passes = FirstPassGate(self.config.first_pass_limit)
 
 
-Pass = Callable[[], tuple[float, PassReport]]
-"""One pass as a daemon hands it over: returns (the loop time it began, its report)."""
+Pass = Callable[[], tuple[float, PassReport]]  # one pass as a daemon hands it over: (the loop time it began, report)
 PassRunner = Callable[[Pass], Awaitable[tuple[float, PassReport]]]
 
 
@@ -128,9 +133,9 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> No
     settings.peering.lifetime = config.peering_lifetime
     settings.peering.stealth = True
     runtime.workers = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="sluice-pass")
-    runtime.cluster = KubeCluster(
-        load_api_client(config.kubeconfig, connections=config.workers + 4), resync_seconds=ISTIO_RESYNC_SECONDS
-    )
+    # retries=0: urllib3 sends nothing again by itself (past any deadline); the adapter's `Retrying` decides
+    api_client = load_api_client(config.kubeconfig, connections=config.workers + 4, retries=0)
+    runtime.cluster = KubeCluster(api_client, resync_seconds=ISTIO_RESYNC_SECONDS)
     runtime.cluster.pod_cache = runtime.pods
     runtime.cluster.namespaces = frozenset(config.namespaces) or None
     # A replica that owns a shard of the pools asks Prometheus for its pools' pods only, not the whole namespace.
@@ -147,6 +152,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> No
     runtime.metrics = OperatorMetrics(runtime.registry, pod_series=config.pod_metrics)
     runtime.gc.install()
     runtime.registry.register(runtime.gc)
+    leases = {} if runtime.shards is None else {"leases": runtime.shards.retrying.counts}
+    runtime.registry.register(KubeRetries({"passes": runtime.cluster.retrying.counts, **leases}))
     runtime.heap.start()
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_address, registry=runtime.registry)
@@ -199,10 +206,9 @@ class _PoolDaemon:
         self.waker = _waker(runtime, namespace, name)
         # The loop's clock (monotonic; virtual under a test's fast-forwarding loop), read by the pass's thread too.
         self.clock = asyncio.get_running_loop().time
-        self.shards, self.turn = runtime.shards, PoolTurn()
-        self.uid = ""
-        self.due = 0.0
-        """When the next pass is due (the loop's time)."""
+        self.shards, self.turn, self.first = runtime.shards, PoolTurn(), True  # first: its first pass is to come
+        self.uid, self.due = "", 0.0
+        """`due`: when the next pass is due (the loop's time)."""
 
     def _term(self) -> int | None:
         return None if self.shards is None else self.shards.pool_term(self.namespace or "default", self.name)
@@ -226,11 +232,13 @@ class _PoolDaemon:
                     continue
                 if step.resume:
                     self._resume()
-                self.waker.clear()
-                snapshot = self._read(body)
-                submitted = self.clock()
-                interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
-                await self._pass(snapshot, term, submitted, interval)
+                async with self.runtime.first_passes.turn(self.pool, self.first or step.resume):  # a first: its turn
+                    self.waker.clear()
+                    snapshot = self._read(body)
+                    submitted = self.clock()
+                    interval = snapshot.spec.interval if snapshot.spec is not None else DEFAULT_INTERVAL
+                    await self._pass(snapshot, term, submitted, interval)
+                self.first = False
                 self.due = submitted + interval  # the next pass is due one interval after this one began
                 await stopped.wait(MIN_GAP)  # however late (a wake-up before `due` is early); a stop ends it
                 await wait_for_next_pass(self.waker, self.due, shards, self.namespace or "default", self.name, term)

@@ -1,28 +1,28 @@
 """Shard ownership through `coordination.k8s.io/v1` Leases: the rounds that take, renew and give them up.
 
-With `--shards N` (N > 1) every replica runs one `ShardLeases` thread: each tick (1 s) it renews the shard
-Leases it holds (every `renew_every` < duration / 3) with the resourceVersion it last wrote, so a renewal needs no
-list and a list that fails against a busy API server costs no shard already held; then it lists the shard set's
-Leases once, renews its own member Lease, and acquires or releases shards as `sluice.core.shards.decide` says.
-Every update carries a resourceVersion, so two replicas racing for one Lease get one success and one 409. Each
-call waits for its answer `call_timeout` at most (a renewal: no longer than what is left of the validity) and is
-sent once: the API client is built with `retries=0`, and the next tick tries again while the Lease is valid.
-A pool's daemon passes only while its shard is held (`pool_term`); a pass is handed its fence (`fence`), and
-`sluice.runtime.fence.FencedCluster` refuses every write unless the shard is still held in the term the pass
-began in (a term begins at each acquisition) and the Lease is still valid (`renewal sent + duration - margin`),
-checked right before each request, which is sent with a timeout within what is left of that validity; so a
-replica that lost its Lease mid-pass writes nothing after it, even once it has taken it back. A surplus shard is
-given up in two steps: the fence closes at once, the Lease is cleared `margin` seconds later, once the shard's
-fenced calls in flight have ended (or its validity has: their request timeouts end with it). On shutdown the
-fence closes, the loop stops, the fenced calls in flight end (bounded by their timeouts), then every held Lease is
-cleared, so a successor takes over at once; a replica that dies (SIGKILL) is replaced after its Leases expire
-(duration + one tick).
+With `--shards N` (N > 1) every replica runs one `ShardLeases` thread: each tick (1 s) it renews the shard Leases it
+holds (every `renew_every` < duration / 3) with the resourceVersion it last wrote, so a renewal needs no list and a
+list that fails against a busy API server costs no shard already held; then it lists the shard set's Leases once,
+renews its own member Lease, and acquires or releases shards as `sluice.core.shards.decide` says. Every update
+carries a resourceVersion, so two replicas racing for one Lease get one success and one 409. A renewal waits
+`renew_timeout` (2 s) at most for its answer and is sent again after a 429, a 5xx or no answer while the validity
+lasts, never past it (`sluice.runtime.leaserenewal`); the other calls wait `call_timeout` and are sent once, the
+next tick trying again (the API client is built with `retries=0`). A pool's daemon passes only while its shard is
+held (`pool_term`); a pass's writes are fenced (`fence`, `sluice.runtime.fence`): refused unless the shard is held
+in the term the pass began in and the Lease is still valid (`renewal sent + duration - margin`), checked right
+before each request, sent with a timeout within that validity; a replica that lost its Lease mid-pass writes nothing
+after it, even once it took it back. A surplus shard is given up in two steps: the fence closes at once, the Lease
+is cleared `margin` seconds later, once the shard's fenced calls in flight have ended (or its validity has: their
+request timeouts end with it). On shutdown the fence closes, the loop stops, the fenced calls in flight end (bounded
+by their timeouts), then every held Lease is cleared, so a successor takes over at once; a replica that dies
+(SIGKILL) is replaced after its Leases expire (duration + one tick).
 Verbs used on leases: list, create, update, delete (expired member Leases of replicas that are gone).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import cast
 
@@ -37,6 +38,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from sluice.api.jsontypes import JsonObject, text
+from sluice.core.apiretry import Failure, reason_of
 from sluice.core.shards import (
     SHARD_LABEL,
     Fence,
@@ -54,7 +56,9 @@ from sluice.core.shards import (
     version_of,
 )
 from sluice.io.kube import USER_AGENT
+from sluice.io.kubereads import RetryCounts, Retrying
 from sluice.runtime.fence import PassFence, Tenures
+from sluice.runtime.leaserenewal import RENEW_TIMEOUT, Lapsed, renew
 
 log = logging.getLogger("sluice.sharding")
 TIMEOUT = 4.0  # seconds per Lease call: a call that hangs must not hold the renewals past the Lease's validity
@@ -85,6 +89,8 @@ class ShardLeases:
         call_timeout: float = TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        retrying: Retrying | None = None,
+        renew_timeout: float = RENEW_TIMEOUT,
     ) -> None:
         if not renew_every < duration / 3:
             raise ValueError("renew_every must be under a third of the lease duration")
@@ -93,7 +99,9 @@ class ShardLeases:
         self.namespace, self.shards, self.prefix = namespace, shards, prefix
         self.identity = identity or f"{os.environ.get('HOSTNAME', 'local')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.duration, self.renew_every, self.margin, self.tick = duration, renew_every, margin, tick
-        self.call_timeout = call_timeout
+        self.call_timeout, self.renew_timeout = call_timeout, renew_timeout
+        self.retrying = retrying or Retrying(clock=clock)
+        """When a renewal is sent again (its clock is the terms' clock)."""
         self.clock, self.wall = clock, wall
         """`clock` times the terms; `wall` stamps renewTime, which must change for a renewal to change the record
         (an update that changes nothing is a no-op: the resourceVersion stays, and others see the Lease age)."""
@@ -274,35 +282,47 @@ class ShardLeases:
 
     def _renew_shards(self) -> None:
         """Renew the held shards that are due, each with the resourceVersion this replica last wrote (or last
-        listed under its own name): a 409 means another replica wrote the Lease since, and the shard is lost."""
-        now = self.clock()
-        for index in self.tenures.kept():
-            name = shard_lease_name(self.prefix, index, self.shards)
-            if self._renewed.get(name, -1e9) + self.renew_every > now:
-                continue
-            left = self.tenures.left(index)
-            if left <= 0:  # ran out during this round (renewals before it hanging): not renewed in its term
-                self._lose(index, "lapsed without a renewal")
-                continue
-            sent = self.clock()
-            body = self._body(name, "shard", self.identity, self._versions.get(name), False)
-            try:
-                self._write(name, body, False, timeout=min(self.call_timeout, left))
-            except ApiException as failure:
-                if failure.status in (404, 409):
-                    self._lose(index, "conflict on renewal" if failure.status == 409 else "deleted")
-                else:
-                    log.warning("renewing %s: %s %s", name, failure.status, failure.reason)
-                    if self.tenures.left(index) <= 0:
-                        self._lose(index, "renewal failed until the lease lapsed")
-                continue
-            except _Stopping:
-                raise
-            except Exception as failure:  # no answer (a timeout, a refused connection): the other shards still renew
-                log.warning("renewing %s: %s", name, failure)
-                continue
+        listed under its own name): a 409 means another replica wrote the Lease since, and the shard is lost. Each
+        is sent once first; those that got a 429, a 5xx or no answer are then sent again within their validity
+        (one shard's retries do not hold the others' first sends)."""
+        once = replace(self.retrying, policy=replace(self.retrying.policy, max_retries=0), counts=RetryCounts())
+        now, renewed = self.clock(), self._renewed
+        names = {i: shard_lease_name(self.prefix, i, self.shards) for i in self.tenures.kept()}
+        due = [i for i, name in names.items() if renewed.get(name, -1e9) + self.renew_every <= now]
+        for index, failure in [(i, self._renew_shard(i, once)) for i in due]:  # every first send before any retry
+            if failure is not None and reason_of(Failure(int(failure.status or 0))) is not None:
+                self._renew_shard(index, self.retrying, failure)
+
+    def _renew_shard(self, index: int, retrying: Retrying, after: ApiException | None = None) -> ApiException | None:
+        """One shard's renewal (`after`: what its first send met); the failure it ended with, if any."""
+        name = shard_lease_name(self.prefix, index, self.shards)
+        if self.tenures.left(index) <= 0:  # ran out during this round (renewals before it hanging)
+            self._lose(index, "lapsed without a renewal")
+            return None
+        body = self._body(name, "shard", self.identity, self._versions.get(name), False)
+        write = functools.partial(self._write, name, body, False)
+        try:
+            sent = renew(write, self.tenures, index, retrying, self.renew_timeout, after)
+        except Lapsed:
+            self._lose(index, "lapsed without a renewal")
+            return None
+        except ApiException as failure:
+            if failure.status in (404, 409):
+                self._lose(index, "conflict on renewal" if failure.status == 409 else "deleted")
+                return None
+            log.warning("renewing %s: %s %s", name, failure.status, failure.reason)
+            if self.tenures.left(index) <= 0:
+                self._lose(index, "renewal failed until the lease lapsed")
+            return failure
+        except _Stopping:
+            raise
+        except Exception as failure:  # no answer (a timeout, a refused connection): the other shards still renew
+            log.warning("renewing %s: %s", name, failure)
+            return None
+        if sent is not None:
             self._renewed[name] = sent
             self.tenures.renewed(index, sent + self.duration - self.margin)
+        return None
 
     def _check_shards(self, items: dict[str, JsonObject]) -> None:
         """After the list: a held shard whose Lease another replica holds (or nobody does) is lost, and so is one

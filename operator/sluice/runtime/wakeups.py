@@ -1,5 +1,5 @@
-"""When a pool's daemon wakes: its wait for the next pass, the shard's pools woken from the lease thread, and the
-pod events worth a pass at once.
+"""When a pool's daemon wakes: its wait for the next pass, the shard's pools woken from the lease thread, the pod
+events worth a pass at once, and its first pass's turn (`FirstPassGate`).
 
 A daemon waits on its pool's `asyncio.Event` (its waker, set on the event loop's thread by the handlers), until the
 next pass is due, kopf stops it, or, with shards, its shard's validity ends.
@@ -8,11 +8,13 @@ next pass is due, kopf stops it, or, with shards, its shard's validity ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 import kopf
 
 from sluice.api.jsontypes import members
+from sluice.core.admission import Admission
 from sluice.runtime.sharding import ShardLeases
 
 Wakers = dict[tuple[str | None, str], asyncio.Event]
@@ -43,6 +45,37 @@ async def wait_for_next_pass(
 async def wake_when_stopped(stopped: kopf.DaemonStopped, waker: asyncio.Event) -> None:
     await stopped.wait()
     waker.set()
+
+
+class FirstPassGate:
+    """Pools' first passes admitted as `sluice.core.admission.Admission` says; used on the event loop's thread
+    only (the daemons'), so it needs no lock: a pool waits on a future its turn resolves."""
+
+    def __init__(self, limit: int) -> None:
+        self.state = Admission(limit)
+        self._turns: dict[str, asyncio.Future[None]] = {}
+
+    def turn(self, pool: str, first: bool) -> contextlib.AbstractAsyncContextManager[None]:
+        """Around a pool's pass: its first waits its turn (`admitted`), the others go at once."""
+        return self.admitted(pool) if first else contextlib.nullcontext()
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, pool: str) -> AsyncIterator[None]:
+        """Around a pool's first pass: waits for its turn; its place goes to the next in line when it ends (or
+        the wait is cancelled)."""
+        self.state, now = self.state.ask(pool)
+        try:
+            if not now:
+                self._turns[pool] = turn = asyncio.get_running_loop().create_future()
+                await turn
+            yield
+        finally:
+            self._turns.pop(pool, None)
+            self.state, admitted = self.state.done(pool)
+            for other in admitted:
+                waiting = self._turns.get(other)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(None)
 
 
 def wake_shard(wakers: Wakers, shards: ShardLeases, loop: asyncio.AbstractEventLoop, index: int) -> None:
