@@ -175,6 +175,11 @@ async def test_a_hang_gives_no_answer_until_the_client_gives_up(upstream: str) -
             with pytest.raises(asyncio.TimeoutError):
                 await ask(http, proxy.url)
         assert proxy.counters.hung == 1
+        for _ in range(100):  # the proxy notices the client left (at most 5 s, though hang_limit is 30 s)
+            if proxy.counters.abandoned:
+                break
+            await asyncio.sleep(0.05)
+        assert proxy.counters.abandoned == 1
     finally:
         await proxy.stop()
 

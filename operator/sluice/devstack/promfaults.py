@@ -155,6 +155,8 @@ class Counters:
     forwarded: int = 0
     errors: int = 0
     hung: int = 0
+    abandoned: int = 0
+    """Hung queries whose client gave up (their connection closed)."""
     partial: int = 0
     refused_since: list[float] = field(default_factory=list)
     """Monotonic times an outage began."""
@@ -238,11 +240,7 @@ class FaultProxy:
         runner, self._proxy = self._proxy, None
         if runner is None:
             return
-        server = runner.server
-        if server is not None:  # reset open keep-alive connections too: a process that died answers nothing
-            for handler in list(server.connections):
-                handler.force_close()
-        await runner.cleanup()
+        await runner.cleanup()  # open keep-alive connections are closed too: a process that died answers nothing
 
     async def _admin_faults(self, request: web.Request) -> web.Response:
         if request.method == "DELETE":
@@ -291,6 +289,7 @@ class FaultProxy:
         while time.monotonic() < end and self.faults.hang and not self.stopped.is_set():
             transport = request.transport
             if transport is None or transport.is_closing():
+                self.counters.abandoned += 1
                 return
             await asyncio.sleep(0.05)
 
