@@ -3,6 +3,10 @@ history that has one (built here, one deliberate fault at a time)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 from sluice.api.jsontypes import JsonObject, JsonValue
 from sluice.devstack.invariants import (
     CanaryRecord,
@@ -12,13 +16,14 @@ from sluice.devstack.invariants import (
     Write,
     canary_records,
     canary_regressions,
+    endpoint_addresses,
     foreign_writes,
     pods_gone,
     recreation_loops,
     weight_after_deletion,
     writes_outside_terms,
 )
-from sluice.istio.ownership import MANAGED_BY, ORIGINAL_ANNOTATION
+from sluice.istio.ownership import MANAGED_BY, ORIGINAL_ANNOTATION, ownership
 
 
 def service_entry(at: float, *ips: str, event: str = "MODIFIED") -> Version:
@@ -77,15 +82,15 @@ def virtual_service(
     return Version(at, "MODIFIED", "virtualservices", "llama", {"metadata": meta, "spec": {}})
 
 
-USER_ENTRY: JsonValue = {"manager": "kubectl-client-side-apply", "operation": "Update", "time": "2026-12-05T01:00:00Z"}
-SLUICE_ENTRY: JsonValue = {"manager": "sluice", "operation": "Apply", "time": "2026-12-05T01:00:09Z"}
+USER_ENTRY: JsonObject = {"manager": "kubectl-client-side-apply", "operation": "Update", "time": "2026-12-05T01:00:00Z"}
+SLUICE_ENTRY: JsonObject = {"manager": "sluice", "operation": "Apply", "time": "2026-12-05T01:00:09Z"}
 
 
 def test_sluice_writing_its_own_object_is_clean() -> None:
-    ours = dict(MANAGED_BY)
+    ours: JsonObject = {**MANAGED_BY}
     history = [
         virtual_service(1.0, ours, [SLUICE_ENTRY]),
-        virtual_service(9.0, ours, [{**SLUICE_ENTRY, "time": "2026-12-05T01:00:19Z"}]),  # type: ignore[dict-item]
+        virtual_service(9.0, ours, [{**SLUICE_ENTRY, "time": "2026-12-05T01:00:19Z"}]),
     ]
     assert foreign_writes(history) == []
 
@@ -97,8 +102,8 @@ def test_sluice_writing_a_users_object_is_a_violation() -> None:
 
 
 def test_a_user_changing_their_own_object_and_an_adoption_are_clean() -> None:
-    edited = {**USER_ENTRY, "time": "2026-12-05T01:00:05Z"}  # type: ignore[dict-item]
-    adopted = virtual_service(9.0, dict(MANAGED_BY), [edited, SLUICE_ENTRY], {ORIGINAL_ANNOTATION: "{}"})
+    edited = {**USER_ENTRY, "time": "2026-12-05T01:00:05Z"}
+    adopted = virtual_service(9.0, {**MANAGED_BY}, [edited, SLUICE_ENTRY], {ORIGINAL_ANNOTATION: "{}"})
     history = [virtual_service(1.0, {}, [USER_ENTRY]), virtual_service(5.0, {}, [edited]), adopted]
     assert foreign_writes(history) == []
 
@@ -205,3 +210,68 @@ def test_a_write_after_the_term_expired_is_a_violation() -> None:
 def test_a_write_while_another_replica_holds_the_shard_is_a_violation() -> None:
     (found,) = writes_outside_terms([Write(41.0, "replica-a", "shard-0", "pool/a")], leases())
     assert found.detail == "written by replica-a while shard-0 was held by replica-b"
+
+
+def test_sluice_writing_a_pools_status_is_not_a_foreign_write() -> None:
+    meta: JsonObject = {"name": "llama", "namespace": "llm", "managedFields": [USER_ENTRY]}
+    before = Version(1.0, "ADDED", "inferencepools", "llama", {"metadata": meta})
+    after_meta: JsonObject = {**meta, "managedFields": [USER_ENTRY, SLUICE_ENTRY]}
+    after = Version(3.0, "MODIFIED", "inferencepools", "llama", {"metadata": after_meta})
+    assert foreign_writes([before, after]) == []
+
+
+# ------------------------------------------------------------------------------------ a recorded run
+
+
+RECORDED = Path(__file__).parent / "fixtures" / "faultrun-evidence.jsonl"
+"""Evidence recorded by `tests/e2e/test_prom_faults.py` (bodies trimmed to what the checkers read): a foreign
+DestinationRule sluice refused and then replaced once the user deleted it, and a pod deleted during a Prometheus
+outage, dropped from the ServiceEntry 1.0 s later."""
+
+
+def recorded() -> list[Version]:
+    return [Version(**json.loads(line)) for line in RECORDED.read_text().splitlines()]
+
+
+def test_the_recorded_run_breaks_no_invariant() -> None:
+    evidence = recorded()
+    gone = pods_gone(evidence)
+    assert [g.pod for g in gone] == ["llama-a100-1"]
+    assert weight_after_deletion(evidence, gone, one_pass=3.0) == []
+    assert foreign_writes(evidence) == []
+    assert recreation_loops(evidence, limit=2, window=60.0) == []
+
+
+def test_the_recorded_run_without_the_write_that_dropped_the_deleted_pod_breaks_a() -> None:
+    evidence = recorded()
+    (gone,) = pods_gone(evidence)
+    dropping = next(
+        v
+        for v in evidence
+        if v.resource == "serviceentries" and v.at > gone.at and gone.ip not in endpoint_addresses(v.body)
+    )
+    (found,) = weight_after_deletion([v for v in evidence if v is not dropping], [gone], one_pass=3.0)
+    assert found.invariant == "weight-after-deletion"
+
+
+def test_the_recorded_run_with_sluice_writing_the_foreign_rule_breaks_b() -> None:
+    evidence = recorded()
+    foreign = next(v for v in evidence if v.resource == "destinationrules" and ownership(v.body, None) == "foreign")
+    meta = foreign.body["metadata"]
+    assert isinstance(meta, dict)
+    entries = meta["managedFields"]
+    assert isinstance(entries, list)
+    meta = {**meta, "managedFields": [*entries, SLUICE_ENTRY]}
+    written = Version(foreign.at + 0.5, "MODIFIED", foreign.resource, foreign.name, {**foreign.body, "metadata": meta})
+    (found,) = foreign_writes([*evidence, written])
+    assert found.subject == "destinationrules/llm/sluice-llama"
+
+
+def test_the_recorded_run_with_the_rule_recreated_again_and_again_breaks_c() -> None:
+    evidence = recorded()
+    cycle = [v for v in evidence if v.resource == "destinationrules" and v.event in ("DELETED", "ADDED")][1:]
+    assert [v.event for v in cycle] == ["DELETED", "ADDED"]
+    last = max(v.at for v in evidence)
+    again = [replace(v, at=last + 1 + i + (0.1 if v.event == "ADDED" else 0)) for i in range(3) for v in cycle]
+    (found,) = recreation_loops([*evidence, *again], limit=2, window=60.0)
+    assert found.invariant == "recreation-loop"

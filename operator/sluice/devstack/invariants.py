@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sluice.api.jsontypes import JsonObject, members, text
+from sluice.istio.kinds import ISTIO_KINDS
 from sluice.istio.ownership import ownership
 
 
@@ -158,14 +159,22 @@ def _entries_of(body: Mapping[str, object], manager: str) -> list[str]:
     return sorted(json.dumps(e, sort_keys=True) for e in listed if text(e, "manager") == manager)
 
 
-def foreign_writes(versions: Iterable[Version], manager: str = "sluice") -> list[Violation]:
-    """(b) A version that `manager` wrote (its managedFields entries changed) of an object that was foreign just
-    before, unless the write adopted it (sluice's `adoptExisting`: the original kept in an annotation).
+ISTIO_PLURALS = frozenset(kind.plural for kind in ISTIO_KINDS.values())
+
+
+def foreign_writes(
+    versions: Iterable[Version], manager: str = "sluice", resources: frozenset[str] = ISTIO_PLURALS
+) -> list[Violation]:
+    """(b) A version that `manager` wrote (its managedFields entries changed) of an Istio object (of `resources`)
+    that was foreign just before, unless the write adopted it (sluice's `adoptExisting`: the original kept in an
+    annotation). The pools are not judged: sluice writes their status, and they are the user's.
 
     A write is told by the manager's entries changing; managedFields times have one-second resolution, so an
     apply of the very same fields within the second that changed nothing else is not seen (it wrote nothing)."""
     violations = []
     for (resource, namespace, name), history in _by_object(versions).items():
+        if resource not in resources:
+            continue
         for before, after in itertools.pairwise(history):
             if before.event == "DELETED" or after.event == "DELETED":
                 continue

@@ -23,8 +23,9 @@ from kubernetes import watch
 
 from sluice.api.jsontypes import JsonObject, text
 from sluice.devstack.invariants import Version
+from sluice.istio.kinds import ISTIO_KINDS
 
-ISTIO_RESOURCES = ("serviceentries", "destinationrules", "virtualservices", "envoyfilters")
+ISTIO_RESOURCES = tuple(kind.plural for kind in ISTIO_KINDS.values())
 
 
 def _list_call(api: k8s.ApiClient, resource: str, namespace: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
@@ -36,7 +37,8 @@ def _list_call(api: k8s.ApiClient, resource: str, namespace: str) -> tuple[Calla
     custom = k8s.CustomObjectsApi(api)
     if resource == "inferencepools":
         return custom.list_namespaced_custom_object, ("inference.sluice.dev", "v1alpha1", namespace, resource)
-    return custom.list_namespaced_custom_object, ("networking.istio.io", "v1", namespace, resource)
+    kind = next(k for k in ISTIO_KINDS.values() if k.plural == resource)
+    return custom.list_namespaced_custom_object, (kind.group, kind.version, namespace, resource)
 
 
 class Recorder:
@@ -102,6 +104,7 @@ class Recorder:
                         break
             except k8s.ApiException:
                 version = ""  # expired (410): watch again from a list, whose ADDED events repeat what is there
+                time.sleep(0.1)
             except (OSError, ValueError):
                 time.sleep(0.1)
             finally:
