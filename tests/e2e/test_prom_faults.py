@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -24,7 +27,7 @@ from sluice.devstack.invariants import (
     weight_after_deletion,
 )
 from sluice.devstack.kubelet import PodSpec
-from sluice.devstack.promfaults import Faults, ProxyThread
+from sluice.devstack.promfaults import Faults, ProxyThread, error_answer
 from sluice.devstack.recorder import Recorder
 from sluice.devstack.stack import Stack, free_port
 from sluice.io.kube import load_api_client
@@ -139,3 +142,24 @@ def run_faults(stack: Stack, proxy: ProxyThread) -> None:
     cleared = time.monotonic()
     wait_until(lambda: rows(stack.pool("llama"))["llama-cpu-0"].get("verdict") == "scored", 30, "scored again")
     print(f"partial answer cleared -> the pod scored again in {time.monotonic() - cleared:.1f}s")
+
+
+TWO_SERIES = 'label_replace(vector(1), "a", "x", "", "") or label_replace(vector(1), "a", "y", "", "")'
+
+
+@pytest.mark.parametrize(
+    ("query", "error_type"), [("sum(", "bad_data"), (f"({TWO_SERIES}) + on() ({TWO_SERIES})", "execution")]
+)
+def test_the_proxys_error_answers_are_shaped_as_the_real_prometheus_answers(
+    stack: Stack, query: str, error_type: str
+) -> None:
+    url = f"{stack.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(url, timeout=5)
+    real = raised.value
+    real_body = json.loads(real.read())
+    status, body = error_answer(error_type)
+    ours = json.loads(body)
+    assert (status, list(ours), ours["errorType"]) == (real.code, list(real_body), real_body["errorType"])
+    assert real.headers["Content-Type"] == "application/json"
+    print(f"\nPrometheus {real.code}: {real_body}")

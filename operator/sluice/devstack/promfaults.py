@@ -47,13 +47,13 @@ ERROR_STATUS: Mapping[str, int] = {
     "unavailable": 500,
 }
 ERROR_MESSAGE: Mapping[str, str] = {
-    # The `error` texts Prometheus writes for each type (promql/engine.go ErrQueryTimeout / ErrQueryCanceled, a
-    # many-to-many match for an execution error, parser errors for bad_data).
+    # The `error` texts Prometheus writes for each type (promql/engine.go ErrQueryTimeout / ErrQueryCanceled; the
+    # execution and bad_data texts as the stack's Prometheus 2.42 wrote them, tests/e2e/test_prom_faults.py).
     "timeout": "query timed out in expression evaluation",
     "canceled": "query was canceled in expression evaluation",
-    "execution": 'found duplicate series for the match group {pod="x"} on the right hand-side of the operation; '
-    "many-to-many matching not allowed: matching labels must be unique on one side",
-    "bad_data": 'invalid parameter "query": 1:1: parse error: unexpected end of input',
+    "execution": 'found duplicate series for the match group {pod="x"} on the right hand-side of the operation: '
+    '[{pod="x"}, {pod="x"}];many-to-many matching not allowed: matching labels must be unique on one side',
+    "bad_data": 'invalid parameter "query": 1:5: parse error: unclosed left parenthesis',
     "internal": "expanding series: storage error",
     "not_found": "not found",
     "unavailable": "TSDB not ready",
