@@ -8,16 +8,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from sluice.api.jsontypes import JsonObject, JsonValue
+from sluice.core.shards import lease_body
 from sluice.devstack.invariants import (
     CanaryRecord,
     LeaseSeen,
     PodGone,
     Version,
     Write,
+    audit_writes,
     canary_records,
     canary_regressions,
     endpoint_addresses,
     foreign_writes,
+    lease_records,
     pods_gone,
     recreation_loops,
     weight_after_deletion,
@@ -275,3 +278,61 @@ def test_the_recorded_run_with_the_rule_recreated_again_and_again_breaks_c() -> 
     again = [replace(v, at=last + 1 + i + (0.1 if v.event == "ADDED" else 0)) for i in range(3) for v in cycle]
     (found,) = recreation_loops([*evidence, *again], limit=2, window=60.0)
     assert found.invariant == "recreation-loop"
+
+
+# ------------------------------------------------------------------------------------ (e) from Leases and the audit
+
+
+def lease_version(at: float, holder: str | None) -> Version:
+    body = lease_body("llm", "sluice", "sluice-shard-0-of-2", "shard", holder, "1", 10, "2026-12-05T01:00:00Z", False)
+    return Version(at, "MODIFIED", "leases", "sluice-shard-0-of-2", body)
+
+
+def answered(agent: str, name: str, code: str = "200", verb: str = "patch") -> dict[str, object]:
+    """An audit entry as the emulator writes one once a write is answered (`ApiServer._audit_outcome`)."""
+    return {
+        "stage": "ResponseComplete",
+        "user": "system:serviceaccount:llm:sluice",
+        "verb": verb,
+        "group": "inference.sluice.dev",
+        "resource": "inferencepools",
+        "subresource": "status",
+        "namespace": "llm",
+        "name": name,
+        "userAgent": agent,
+        "code": code,
+    }
+
+
+def test_a_write_after_the_writers_lease_expired_is_found_from_leases_and_the_audit() -> None:
+    leases = lease_records([lease_version(0.0, "host-41-ab12cd"), lease_version(5.0, "host-41-ab12cd")])
+    assert leases[-1] == LeaseSeen(5.0, "sluice-shard-0-of-2", "host-41-ab12cd", 10.0)
+    audit = [
+        (8.0, answered("sluice-operator/host-41 OpenAPI", "llama")),
+        (12.0, answered("sluice-operator/host-41", "llama", code="409")),  # refused: nothing was written
+        (16.5, answered("sluice-operator/host-41", "llama")),
+        (17.0, answered("kubectl/v1.33", "llama")),  # not the operator
+    ]
+    writes = audit_writes(audit, ["host-41-ab12cd"], lambda resource, name: "sluice-shard-0-of-2")
+    assert [(w.at, w.writer) for w in writes] == [(8.0, "host-41-ab12cd"), (16.5, "host-41-ab12cd")]
+    (found,) = writes_outside_terms(writes, leases)
+    assert (found.at, found.detail) == (
+        16.5,
+        "written by host-41-ab12cd 1.50s after its term on sluice-shard-0-of-2 ended",
+    )
+
+
+def test_a_released_lease_ends_the_term_at_once() -> None:
+    leases = lease_records([lease_version(0.0, "host-41-ab12cd"), lease_version(3.0, None)])
+    writes = audit_writes(
+        [(4.0, answered("sluice-operator/host-41", "llama"))], ["host-41-ab12cd"], lambda r, n: "sluice-shard-0-of-2"
+    )
+    (found,) = writes_outside_terms(writes, leases)
+    assert found.detail == "written by host-41-ab12cd while sluice-shard-0-of-2 was held by nobody"
+
+
+def test_member_leases_are_not_shard_terms() -> None:
+    body = lease_body(
+        "llm", "sluice", "sluice-member-x", "member", "host-41-ab12cd", "1", 10, "2026-12-05T01:00:00Z", False
+    )
+    assert lease_records([Version(1.0, "MODIFIED", "leases", "sluice-member-x", body)]) == []

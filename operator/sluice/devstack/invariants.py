@@ -10,7 +10,8 @@ it was seen) and from its audit log; the checkers read nothing else and take no 
 - `recreation_loops` (c): no object deleted and created again more than `limit` times within `window` seconds;
 - `canary_regressions` (d): a pool's canary stepIndex never goes backwards without a rollback, an abort, a retry
   or a new candidate, never skips a step without a promotion, and is not lost mid-rollout;
-- `writes_outside_terms` (e): no write by a replica to a shard's pool outside its term on the shard's Lease.
+- `writes_outside_terms` (e): no write by a replica to a shard's pool outside its term on the shard's Lease (its
+  evidence read by `lease_records` from the Lease versions and by `audit_writes` from the audit entries).
 Times are seconds on the recorder's clock (monotonic, one clock for all the evidence of a run).
 """
 
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sluice.api.jsontypes import JsonObject, members, text
+from sluice.core.shards import duration_of, role_of
 from sluice.istio.kinds import ISTIO_KINDS
 from sluice.istio.ownership import ownership
 
@@ -293,6 +295,46 @@ def canary_regressions(records: Iterable[CanaryRecord]) -> list[Violation]:
 # ------------------------------------------------------------------------------------ (e) shard terms
 
 
+def lease_records(versions: Iterable[Version]) -> list[LeaseSeen]:
+    """Every version of a shard Lease (`sluice.core.shards`' role label "shard"): each one a renewal, a take-over
+    or a release."""
+    records = []
+    for version in sorted(versions, key=lambda v: v.at):
+        if version.resource != "leases" or version.event == "DELETED" or role_of(version.body) != "shard":
+            continue
+        holder = text(version.body, "spec", "holderIdentity") or None
+        records.append(LeaseSeen(version.at, version.name, holder, duration_of(version.body, 15.0)))
+    return records
+
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
+
+
+def audit_writes(
+    audit: Iterable[tuple[float, Mapping[str, object]]],
+    holders: Iterable[str],
+    lease_of: Callable[[str, str], str | None],
+) -> list[Write]:
+    """The operator's answered writes (ResponseComplete entries of `sluice-operator/<host>-<pid>` user agents),
+    each with the holder identity of its process (`<host>-<pid>-<tag>`) and the Lease `lease_of(resource, name)`
+    names for what it wrote (None: not a shard's object, e.g. the Leases themselves or Events)."""
+    known = sorted(set(holders))
+    writes = []
+    for at, entry in audit:
+        agent = text(entry, "userAgent").split(" ")[0]
+        if text(entry, "stage") != "ResponseComplete" or text(entry, "verb") not in WRITE_VERBS:
+            continue
+        if not agent.startswith("sluice-operator/") or not text(entry, "code").startswith("2"):
+            continue
+        process = agent.split("/", 1)[1]
+        writer = next((h for h in known if h.startswith(process + "-")), process)
+        resource, name = text(entry, "resource"), text(entry, "name")
+        lease = lease_of(resource, name)
+        if lease is not None:
+            writes.append(Write(at, writer, lease, f"{resource}/{name}"))
+    return writes
+
+
 def writes_outside_terms(writes: Iterable[Write], leases: Iterable[LeaseSeen], slack: float = 0.0) -> list[Violation]:
     """(e) A write by a replica when the last version of its shard's Lease seen before it names another holder
     (or none), or was renewed longer than its duration (plus `slack`, the recorder's stamping delay) ago.
@@ -325,10 +367,12 @@ __all__ = [
     "Version",
     "Violation",
     "Write",
+    "audit_writes",
     "canary_records",
     "canary_regressions",
     "endpoint_addresses",
     "foreign_writes",
+    "lease_records",
     "pods_gone",
     "recreation_loops",
     "weight_after_deletion",
