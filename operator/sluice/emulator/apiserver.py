@@ -350,6 +350,9 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
             return aiohttp.web.json_response(too_large.status(), status=413)
         try:
             rtype = self.store.find_type(resource.group or "", resource.plural)
+        except ApiError as unknown:
+            return self._unknown_type(request, user, unknown)
+        try:
             if resource.version not in rtype.versions:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
             asked, decision = await self._decide_fault(request, rtype, user)
@@ -433,6 +436,25 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
                 f'{group_resource} "{request.name}" is forbidden: {reason}',
                 {"name": request.name, "group": rtype.group, "kind": rtype.plural},
             )
+
+    def _unknown_type(self, request: Any, user: apirbac.User, unknown: ApiError) -> aiohttp.web.Response:
+        """A resource the server does not serve (a client's stale discovery, say): authorization comes first, as
+        kube-apiserver's handler chain runs WithAuthorization before the API handlers (k8s.io/apiserver v0.32
+        pkg/server/config.go, DefaultBuildHandlerChain), so a user without the right gets 403 and one with it 404."""
+        attributes = apirbac.Request(
+            self._verb(request),
+            request.resource.group or "",
+            request.resource.plural or "",
+            request.subresource or "",
+            request.namespace or "",
+            request.name or "",
+        )
+        allowed, reason = self.rbac.authorize(user, attributes)
+        if not allowed:
+            details = {"name": attributes.name, "group": attributes.group, "kind": attributes.resource}
+            denied = ApiError(403, "Forbidden", apirbac.forbidden_message(user, attributes, reason), details)
+            return aiohttp.web.json_response(denied.status(), status=403)
+        return aiohttp.web.json_response(unknown.status(), status=unknown.code)
 
     def _authorize(self, request: Any, rtype: ResourceType, user: apirbac.User) -> None:
         # A Namespace's own requests are judged in that namespace, so a RoleBinding there can grant them.
