@@ -9,7 +9,6 @@ kubectl behaviours are expected rather than errors: `kubectl diff` exits 1 when 
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -80,6 +79,6 @@ def test_the_docs_mark_the_local_stack_blocks_they_contain() -> None:
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_marked_command_runs_as_written(checkout: tuple[Path, Stack], doc: Path) -> None:
     root, stack = checkout
-    env = {**os.environ, "KUBECONFIG": str(stack.kubeconfig)}  # the guide's reader has a kubeconfig in place
+    env = stack.kube_env()  # the guide's reader has a kubeconfig in place
     env.pop("PYTHONWARNINGS", None)
     run_literally(marked_commands(doc), root, env)

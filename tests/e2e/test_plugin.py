@@ -45,7 +45,7 @@ def traffic(stack: Stack, background: Background) -> Iterator[Traffic]:
 
 def kubectl_sluice(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     """The real kubectl finds `kubectl-sluice` on PATH (the package's console script) and runs it."""
-    env = {**os.environ, "KUBECONFIG": str(stack.kubeconfig)}
+    env = stack.kube_env()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(
         ["kubectl", "sluice", *args], capture_output=True, text=True, env=env, timeout=90, check=False

@@ -119,6 +119,16 @@ class Stack:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def kube_env(self, kubeconfig: Path | None = None) -> dict[str, str]:
+        """The environment for kubectl, Helm and the operator against this stack: its kubeconfig, and a discovery
+        cache of its own (`KUBECACHEDIR`). kubectl caches discovery per host and port under ~/.kube/cache; a port
+        an earlier stack used would otherwise be read with that stack's resources."""
+        return {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig or self.kubeconfig),
+            "KUBECACHEDIR": str(self.workdir / "kube-cache"),
+        }
+
     def spawn(
         self, args: list[str], log: str, kubeconfig: Path | None = None, service: bool = False
     ) -> subprocess.Popen[bytes]:
@@ -127,7 +137,7 @@ class Stack:
         if self._closing:
             raise StackClosing(f"the stack is closing: {args[0]} not started")
         handle = (self.workdir / log).open("ab")
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
+        env = self.kube_env(kubeconfig)
         process = subprocess.Popen(
             args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env
         )
@@ -193,7 +203,7 @@ class Stack:
         binary = shutil.which("kubectl")
         if binary is None:
             raise FileNotFoundError("kubectl not found on PATH")
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = self.kube_env()
         result = subprocess.run(
             [binary, *args], input=stdin, capture_output=True, text=True, env=env, timeout=60, check=False
         )
