@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sluice.bench.scale import NAMESPACE, pod_manifest
 from sluice.devstack.stack import Stack
-from sluice.io.kube import KubeCluster, load_api_client
+from sluice.io.kube import KubeCluster
+from sluice.io.kubereads import load_api_client
 from sluice.runtime.podcache import PodCache
 
 PODS_PER_POOL = 16

@@ -14,8 +14,8 @@ import pytest
 from kubernetes import client as k8s
 
 from sluice.api.v1alpha1 import InferencePoolStatus
-from sluice.io.kube import KubeCluster, load_api_client
-from sluice.io.kubereads import get_istio_object
+from sluice.io.kube import KubeCluster
+from sluice.io.kubereads import get_istio_object, load_api_client
 from sluice.io.ports import ClusterError
 from tests.test_kube_cluster import SteppedTime
 

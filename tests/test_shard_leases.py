@@ -14,7 +14,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from sluice.core.shards import Fence
-from sluice.io.kube import load_api_client
+from sluice.io.kubereads import load_api_client
 from sluice.runtime.sharding import ShardLeases, _Stopping
 from tests.test_sharding_runtime import Clock, FakeLeaseApi, faked
 

@@ -20,7 +20,8 @@ import yaml
 from sluice.api.snapshot import parse_snapshot
 from sluice.core.observed import ObservedPod
 from sluice.devstack.stack import Stack
-from sluice.io.kube import KubeCluster, load_api_client
+from sluice.io.kube import KubeCluster
+from sluice.io.kubereads import load_api_client
 from sluice.runtime import handlers
 from sluice.runtime.config import OperatorConfig
 from sluice.runtime.reconciler import Reconciler

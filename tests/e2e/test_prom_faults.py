@@ -30,7 +30,7 @@ from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.promfaults import Faults, ProxyThread, error_answer
 from sluice.devstack.recorder import Recorder
 from sluice.devstack.stack import Stack, free_port
-from sluice.io.kube import load_api_client
+from sluice.io.kubereads import load_api_client
 from sluice.istio.ownership import ownership
 from tests.e2e.conftest import (
     BASE_PODS,

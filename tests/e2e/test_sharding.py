@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 
 from sluice.core.shards import LeaseView, shard_lease_name, shard_of
 from sluice.devstack.stack import Stack
-from sluice.io.kube import load_api_client
+from sluice.io.kubereads import load_api_client
 from sluice.runtime.sharding import ShardLeases
 from tests.e2e.conftest import (
     BASE_PODS,

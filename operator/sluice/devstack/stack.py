@@ -48,7 +48,7 @@ from sluice.devstack.kubelet import (
     service_manifest,
 )
 from sluice.devstack.processes import StackClosing, answers_ok, stop_processes, wait_for
-from sluice.io.kube import load_api_client
+from sluice.io.kubereads import load_api_client
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_ISTIO = ROOT.parent / "shared" / "istio" / "istio-1.30.3-networking-crds.yaml"

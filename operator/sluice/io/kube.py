@@ -45,7 +45,6 @@ from sluice.io.kubereads import (
     read_service,
 )
 from sluice.io.kubereads import discard as _discard
-from sluice.io.kubereads import load_api_client as load_api_client  # noqa: PLC0414 - where callers import it
 from sluice.io.ports import ClusterError, ObjectKey, WriteResult
 from sluice.istio.kinds import ISTIO_KINDS
 from sluice.istio.ownership import as_adopted, decide, drifted, kept_original, original_of, ownership, release

@@ -38,8 +38,8 @@ from sluice.api.operation import OPERATION_ANNOTATION
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
 from sluice.core.shards import PoolTurn, after_pass, next_turn
-from sluice.io.kube import KubeCluster, load_api_client
-from sluice.io.kubereads import SIDECARS
+from sluice.io.kube import KubeCluster
+from sluice.io.kubereads import SIDECARS, load_api_client
 from sluice.io.ports import Cluster, ObjectKey, WriteResult
 from sluice.io.prometheus import PromIO
 from sluice.istio.kinds import ISTIO_KINDS
