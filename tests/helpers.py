@@ -173,13 +173,15 @@ def stepped(**kwargs: Any) -> tuple[Any, SteppedClock]:
 
 class FakePrometheus:
     """Prometheus' query API on 127.0.0.1 (HTTPS with `tls`, a serving context), answering each query with what
-    `answer(query)` returns: (HTTP status, a JSON body, or bytes as they are). It records every request (`seen`),
-    can be slowed down (`delay`), and keeps connections alive as Prometheus does, counting those open now
-    (`connections`); an idle connection is closed after 30 s, the server when the `with` block ends."""
+    `answer(query)` returns: (HTTP status, a JSON body, or bytes as they are). It records every request as it
+    arrives (`arrived`, the query) and as it is answered (`seen`), can be slowed down (`delay`), and keeps
+    connections alive as Prometheus does, counting those open now (`connections`); an idle connection is closed
+    after 30 s, the server when the `with` block ends."""
 
     def __init__(self, answer: Callable[[str], tuple[int, Any]], tls: ssl.SSLContext | None = None) -> None:
         self.answer = answer
         self.seen: list[Asked] = []
+        self.arrived: list[str] = []
         self.delay = 0.0
         self.connections = 0
         self._lock = threading.Lock()
@@ -207,8 +209,9 @@ class FakePrometheus:
                 self._serve(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode())
 
             def _serve(self, encoded: str) -> None:
-                time.sleep(fake.delay)
                 query = urllib.parse.parse_qs(encoded).get("query", [""])[0]
+                fake.arrived.append(query)
+                time.sleep(fake.delay)
                 auth = self.headers.get("Authorization", "")
                 fake.seen.append(Asked(query, auth, time.monotonic(), self.command))
                 status, body = fake.answer(query)
