@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import ssl
 import threading
 import time
@@ -176,10 +178,14 @@ class FakePrometheus:
     `answer(query)` returns: (HTTP status, a JSON body, or bytes as they are). It records every request as it
     arrives (`arrived`, the query) and as it is answered (`seen`), can be slowed down (`delay`), and keeps
     connections alive as Prometheus does, counting those open now (`connections`); an idle connection is closed
-    after 30 s, the server when the `with` block ends."""
+    after 30 s, the server when the `with` block ends; `refuse` closes the port and resets open connections (a
+    Prometheus restarting), a new one on the same `port` opens it again."""
 
-    def __init__(self, answer: Callable[[str], tuple[int, Any]], tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, answer: Callable[[str], tuple[int, Any]], tls: ssl.SSLContext | None = None, port: int = 0
+    ) -> None:
         self.answer = answer
+        self._open: set[socket.socket] = set()
         self.seen: list[Asked] = []
         self.arrived: list[str] = []
         self.delay = 0.0
@@ -196,10 +202,12 @@ class FakePrometheus:
                 super().setup()
                 with fake._lock:
                     fake.connections += 1
+                    fake._open.add(self.connection)
 
             def finish(self) -> None:
                 with fake._lock:
                     fake.connections -= 1
+                    fake._open.discard(self.connection)
                 super().finish()
 
             def do_GET(self) -> None:
@@ -229,7 +237,7 @@ class FakePrometheus:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         if tls is not None:
             self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         scheme = "https" if tls is not None else "http"
@@ -242,6 +250,15 @@ class FakePrometheus:
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def refuse(self) -> None:
+        """Close the port and reset every open connection: connections to it are refused from now on."""
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            for connection in self._open:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
 
     def wait_for(self, count: int, seconds: float = 5.0) -> None:
         """Until `count` requests have come, or `seconds` have passed."""

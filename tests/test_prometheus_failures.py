@@ -8,6 +8,7 @@ keeps the time it was asked, so the core's staleness rules judge it as what it i
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -24,10 +25,10 @@ from tests.helpers import T0, FakePrometheus, spec, stepped, vector
 class _Prometheus(FakePrometheus):
     """Answers every query with pod `a`'s value, or (while `failing`) an error, as Prometheus does."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.failing = False
         self.sample_time = T0.timestamp() - 1
-        super().__init__(self._respond)
+        super().__init__(self._respond, port=port)
 
     def _respond(self, query: str) -> tuple[int, Any]:
         if self.failing:
@@ -117,6 +118,34 @@ def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_ba
     finally:
         io.close()
     assert max(waited) < 1.0  # a pass that has a failure to report does not wait for the retry
+
+
+def test_a_refused_connection_does_not_double_the_backoff_passes_resume_within_an_interval_of_the_outage() -> None:
+    """A Prometheus that refuses connections (restarting: its port closed) is asked nothing: trying again costs it
+    nothing. The backoff doubled there too, so after an outage of 8 intervals the query waited 8 more, and the
+    pool stayed blind for up to as long as the outage had lasted once Prometheus was back."""
+    io, clock = stepped(preflight=False)
+    server = _Prometheus()
+    port = int(urllib.parse.urlsplit(server.url).port or 0)
+    pool = spec(metrics={"prometheusUrl": server.url, "staleAfter": "1s"}, interval="1s")
+    try:
+        assert not io.read_signals(pool, "llm", ["a"], PromAuth(), T0).failed
+        server.refuse()
+        for second in range(1, 9):  # eight intervals of outage, a pass each interval
+            clock.advance(1.0)
+            failing = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=second))
+            clock.settle()
+        assert failing.failed
+        server = _Prometheus(port=port)  # back on its port
+        clock.advance(1.1)  # the query comes due within an interval of its last refused try
+        clock.settle()
+        clock.advance(0.1)
+        back = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=9.2))
+    finally:
+        io.close()
+        server.__exit__(None, None, None)
+    assert not back.failed
+    assert back.pods["a"].queue_length == 3.0
 
 
 def test_a_success_after_failures_ends_the_backoff(prometheus: _Prometheus) -> None:

@@ -38,6 +38,7 @@ from sluice.io.promtransport import (
     close_session,
     describe_failure,
     open_transport,
+    unreached,
 )
 
 log = logging.getLogger("sluice")
@@ -160,7 +161,7 @@ class PromIO:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sluice-prom")
-        self._shares = SharedAnswers(self._submit, self._wake.notify_all, owned)
+        self._shares = SharedAnswers(self._submit, self._wake.notify_all, owned, unreached)
         """The shared answers and their policy (`owned`: namespace -> the pods of the pools this process runs
         there, those that have not passed yet included, asked for as well so that a replica starting with
         hundreds of pools asks once for all of them, not once for each handful whose passes came first; called

@@ -4,8 +4,9 @@ One answer per query (`QueryKey`: URL, credentials, timeout, pod label, PromQL) 
 it. `SharedAnswers` keeps them and decides: a query is asked once however many passes need it (single flight),
 again ahead of the passes that will read it (`REFRESH_AFTER`, or `LEAD` before a lone reader's next pass), no
 more once nobody read it for `WANTED_FOR` intervals; a failing query is asked again once per backoff (doubling
-up to `MAX_BACKOFF_SECONDS`) while passes read the last good answer within their `staleAfter`; a scoped query
-asks for the pods of every pool that read it and waits `EXTEND_GAP` before taking in pods it was not asked for
+up to `MAX_BACKOFF_SECONDS`; one interval while its connection is refused) while passes read the last good
+answer within their `staleAfter`; a scoped query asks for the pods of every pool that read it and waits
+`EXTEND_GAP` before taking in pods it was not asked for
 (the records, the constants and the timing of one query are `sluice.io.promrecords`').
 No thread, no clock, no I/O here: the adapter (`sluice.io.prometheus.PromIO`) holds the lock, passes the time
 its clock reads (`at`, monotonic seconds; `now`, the pass's datetime), runs what `send` is handed and records
@@ -65,8 +66,11 @@ class SharedAnswers:
         send: Callable[[Send], None],
         wake: Callable[[], None],
         owned: Callable[[str], Collection[str]] | None = None,
+        unreached: Callable[[BaseException], bool] = lambda _: False,
     ) -> None:
         self._send_to = send
+        self._unreached = unreached
+        """Whether a failure never reached Prometheus (a refused connection): its backoff does not double."""
         self._wake = wake
         self._owned = owned
         self.answers: dict[QueryKey, Answer] = {}
@@ -160,7 +164,10 @@ class SharedAnswers:
             self._good[key] = answer
             self._backoff.pop(key, None)
         else:
+            failed = answer.done.exception()
             failures = self._backoff[key].failures + 1 if key in self._backoff else 1
+            if failed is not None and self._unreached(failed):
+                failures = 1  # Prometheus was not asked: one interval, as after a first failure
             self._backoff[key] = Backoff(failures, at + backoff_wait(failures, ttl))
         if key in self.wanted:
             self._schedule(key, self._due_at(key, at))

@@ -18,7 +18,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import ConnectionPool
-from urllib3.exceptions import ReadTimeoutError
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutError
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
@@ -39,6 +39,16 @@ def describe_failure(failure: Exception) -> str:
         errno = re.search(r"\[Errno -?\d+\] [^'\")]+", str(reason or failure))
         return "connection failed: " + (errno.group(0) if errno else type(reason or failure).__name__)
     return str(failure).replace("\n", " ")[:200]
+
+
+def unreached(failure: BaseException) -> bool:
+    """Whether a query failed without reaching Prometheus: its connection refused or not made (a Prometheus
+    restarting, its address not resolving). Asking again costs Prometheus nothing, unlike a timeout or a 5xx,
+    which come from a Prometheus that was asked (`sluice.io.promshare` doubles the wait after those only)."""
+    inner = failure.args[0] if isinstance(failure, requests.ConnectionError) and failure.args else failure
+    if isinstance(inner, MaxRetryError):
+        inner = inner.reason
+    return isinstance(inner, NewConnectionError | ConnectionRefusedError)
 
 
 QUERY_FAILURES = (PrometheusApiClientException, requests.RequestException, OSError, ValueError)
@@ -159,4 +169,5 @@ __all__ = [
     "close_session",
     "describe_failure",
     "open_transport",
+    "unreached",
 ]
