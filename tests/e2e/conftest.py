@@ -79,6 +79,21 @@ BASE_PODS = [
 ]
 
 
+FOREIGN_DR = (  # named as sluice names the pool's DestinationRule, not sluice's
+    "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: sluice-llama, namespace: llm}\n"
+    "spec: {host: someone-elses.llm.svc.cluster.local}\n"
+)
+"""A DestinationRule someone else made under the name sluice would give the pool `llama`'s."""
+
+
+def weights(stack: Stack) -> dict[str, int]:
+    """Pod -> weight in the pool `llama`'s ServiceEntry (the endpoints it lists)."""
+    entry = stack.istio("serviceentries", "sluice-llama")
+    addresses = {state.spec.ip: name for name, state in stack.pods.items()}
+    endpoints = entry["spec"].get("endpoints", []) if entry else []
+    return {addresses[e["address"]]: e["weight"] for e in endpoints}
+
+
 def pool_manifest(stack: Stack) -> str:
     return POOL_FILE.read_text().replace("PROMETHEUS_URL", stack.prometheus_url)
 

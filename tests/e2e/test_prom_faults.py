@@ -34,6 +34,7 @@ from sluice.io.kubereads import load_api_client
 from sluice.istio.ownership import ownership
 from tests.e2e.conftest import (
     BASE_PODS,
+    FOREIGN_DR,
     Background,
     condition,
     operator_stack,
@@ -42,6 +43,7 @@ from tests.e2e.conftest import (
     running_traffic,
     wait_for_passes,
     wait_until,
+    weights,
 )
 
 pytestmark = pytest.mark.slow
@@ -50,10 +52,6 @@ SPARE = PodSpec("llama-a100-1", "a100", "v1", "127.0.20.4")
 """Deleted during the outage: sluice must drop it though its metrics are frozen."""
 ONE_PASS = 3.0
 """The pool's interval (2 s) and the daemon's minimum gap between passes (1 s)."""
-FOREIGN_DR = (
-    "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: sluice-llama, namespace: llm}\n"
-    "spec: {host: someone-elses.llm.svc.cluster.local}\n"
-)
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +62,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> I
 
 def metrics_status(stack: Stack) -> str:
     return str(condition(stack.pool("llama"), "MetricsAvailable")["status"])
-
-
-def weights(stack: Stack) -> dict[str, int]:
-    entry = stack.istio("serviceentries", "sluice-llama")
-    addresses = {state.spec.ip: name for name, state in stack.pods.items()}
-    endpoints = entry["spec"].get("endpoints", []) if entry else []
-    return {addresses[e["address"]]: e["weight"] for e in endpoints}
 
 
 def test_an_outage_freezes_weights_a_partial_answer_freezes_one_pod_and_no_invariant_breaks(

@@ -1,0 +1,77 @@
+"""The operator with one defect put in on purpose: `python -m tests.e2e.broken_operator DEFECT [sluice arguments]`.
+
+For showing that each invariant checker of `sluice.devstack.invariants` fails when the operator breaks the rule it
+checks (`tests/e2e/test_broken_operator.py`): a green fault matrix then means something. Each defect patches the
+Kubernetes adapter (`sluice.io.kube`) before the operator starts; nothing in the operator knows of them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+
+from sluice.api.jsontypes import JsonObject
+from sluice.core.observed import ObservedPod
+from sluice.io import kube
+from sluice.io.ports import WriteResult
+from sluice.istio.ownership import Decision
+from sluice.istio.rendered import Rendered
+
+
+def pods_never_forgotten() -> None:
+    """(a) A pod cache that never drops a deleted pod: its endpoint stays in the ServiceEntry."""
+    real = kube.KubeCluster.pods
+    seen: dict[tuple[str, str], ObservedPod] = {}
+
+    def pods(self: kube.KubeCluster, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
+        for pod in real(self, namespace, match_labels):
+            seen[(namespace, pod.name)] = pod
+        return [pod for (where, _), pod in seen.items() if where == namespace]
+
+    kube.KubeCluster.pods = pods  # type: ignore[method-assign]
+
+
+def foreign_taken() -> None:
+    """(b) An ownership check that reads a foreign object as absent: sluice writes over it."""
+    real = kube.decide
+
+    def decide(live: Mapping[str, object] | None, desired: JsonObject, pool_uid: str | None, adopt: bool) -> Decision:
+        if live is not None and kube.ownership(live, pool_uid) == "foreign":
+            live = None
+        return real(live, desired, pool_uid, adopt)
+
+    kube.decide = decide
+
+
+def recreated_each_pass() -> None:
+    """(c) Each write deletes the object first and creates it again."""
+    real = kube.KubeCluster.apply
+
+    def apply(self: kube.KubeCluster, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
+        namespace, kind, name = desired.namespace, desired.kind, desired.name
+        live = kube.get_istio_object(self.custom, kind, namespace, name, self.retrying)
+        if live is not None and kube.ownership(live, pool_uid) == "ours":
+            k = kube.ISTIO_KINDS[kind]
+            self.custom.delete_namespaced_custom_object(k.group, k.version, namespace, k.plural, name)
+            self._verified.pop((namespace, kind, name), None)
+        return real(self, desired, pool_uid, adopt)
+
+    kube.KubeCluster.apply = apply  # type: ignore[method-assign]
+
+
+DEFECTS: dict[str, Callable[[], None]] = {
+    "pods-never-forgotten": pods_never_forgotten,
+    "foreign-taken": foreign_taken,
+    "recreated-each-pass": recreated_each_pass,
+}
+
+
+def main(argv: list[str]) -> int:
+    from sluice.cli import main as cli  # noqa: PLC0415 (after the patch, as the operator would run)
+
+    DEFECTS[argv[0]]()
+    return cli(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
