@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from sluice.api.jsontypes import JsonObject
+from sluice.api.snapshot import PoolSnapshot
 from sluice.core.observed import ObservedPod
 from sluice.io import kube
 from sluice.io.ports import WriteResult
 from sluice.istio.ownership import Decision
 from sluice.istio.rendered import Rendered
+from sluice.runtime import snapshots
 
 
 def pods_never_forgotten() -> None:
@@ -59,10 +62,27 @@ def recreated_each_pass() -> None:
     kube.KubeCluster.apply = apply  # type: ignore[method-assign]
 
 
+def canary_forgotten() -> None:
+    """(d) The stored canary progress not read on the first pass after a start: the rollout begins again at its
+    first step (a step repeated)."""
+    real = snapshots.parse_snapshot
+    started: set[str] = set()
+
+    def parse_snapshot(body: Mapping[str, object]) -> PoolSnapshot:
+        snapshot = real(body)
+        if snapshot.key in started or snapshot.status is None or snapshot.status.canary is None:
+            return snapshot
+        started.add(snapshot.key)
+        return replace(snapshot, status=snapshot.status.model_copy(update={"canary": None}))
+
+    snapshots.parse_snapshot = parse_snapshot
+
+
 DEFECTS: dict[str, Callable[[], None]] = {
     "pods-never-forgotten": pods_never_forgotten,
     "foreign-taken": foreign_taken,
     "recreated-each-pass": recreated_each_pass,
+    "canary-forgotten": canary_forgotten,
 }
 
 

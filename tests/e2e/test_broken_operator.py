@@ -4,7 +4,8 @@ in (`tests.e2e.broken_operator`) on the local stack, the evidence recorded from 
 against the real operator in `test_prom_faults.py`, so a green run there means something.
 
 Covered: (a) a pod cache that never drops a deleted pod, (b) an ownership check that reads a foreign object as
-absent, (c) objects deleted and created again on each write. Bounded: the recorder stops by itself; the module
+absent, (c) objects deleted and created again on each write, (d) the stored canary progress not read after a
+restart. Bounded: the recorder stops by itself; the module
 takes about a minute and a half.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from sluice.devstack.invariants import (
+    canary_records,
+    canary_regressions,
     foreign_writes,
     pods_gone,
     recreation_loops,
@@ -51,6 +54,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory, background: Background) -> I
     yield from module_stack(Path(tmp_path_factory.mktemp("stack")), background, [*BASE_PODS, SPARE])
 
 
+CANDIDATE = PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.20.5")
+CANARY = {
+    "candidateRevision": "v2",
+    "steps": [10, 50, 100],
+    "stepInterval": "4s",
+    "analysis": {"maxTtftP95": "10s", "maxTtftRatioToStable": 20},  # loose: this is about progress, not capacity
+    "comparableLoad": False,
+}
+
+
+def step_index(stack: Stack) -> int | None:
+    index = (stack.pool("llama")["status"].get("canary") or {}).get("stepIndex")
+    return index if isinstance(index, int) else None
+
+
 def start_broken(stack: Stack, defect: str) -> None:
     """The operator with `defect` (`tests.e2e.broken_operator.DEFECTS`), as `Stack.start_operator` runs it."""
     command = [sys.executable, "-m", "tests.e2e.broken_operator", defect, "operator", "-n", stack.namespace]
@@ -81,6 +99,15 @@ def test_each_checker_finds_the_defect_it_guards_against(stack: Stack, backgroun
             start_broken(stack, "recreated-each-pass")
             wait_until(lambda: recreation_loops(recorder.snapshot(), 2, 60.0), 40, "objects created again")
             stack.stop_operator()
+
+            stack.add_pod(CANDIDATE)
+            stack.start_operator([])  # the real one, to its second step
+            stack.patch_pool("llama", {"spec": {"canary": CANARY}})
+            wait_until(lambda: step_index(stack) == 1, 60, "the canary at its second step")
+            stack.stop_operator()
+            start_broken(stack, "canary-forgotten")
+            wait_until(lambda: step_index(stack) == 0, 30, "the canary begun again")
+            stack.stop_operator()
         finally:
             next(traffic, None)  # stops the load
     evidence = recorder.snapshot()
@@ -91,3 +118,7 @@ def test_each_checker_finds_the_defect_it_guards_against(stack: Stack, backgroun
     assert f"pod {SPARE.name} " in kept[0].detail
     assert [v.subject for v in foreign_writes(evidence)] == ["destinationrules/llm/sluice-llama"]
     assert {v.invariant for v in recreation_loops(evidence, limit=2, window=60.0)} == {"recreation-loop"}
+    repeated = canary_regressions(canary_records(evidence))
+    assert [(v.subject, v.detail) for v in repeated] == [
+        ("inferencepools/llama", "stepIndex went back from 1 to 0 without a rollback")
+    ]
