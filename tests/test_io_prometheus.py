@@ -730,8 +730,9 @@ def test_a_query_that_times_out_is_not_sent_again_at_once_and_reads_as_timed_out
             )
         finally:
             io.close()
-        # A retry would be sent as the wait ran out (urllib3 retries a first time without backoff): it arrives
-        # within this second, long before its answer would be recorded.
+        # A retry would be sent as the wait ran out (urllib3 2.8.0, util/retry.py `Retry.get_backoff_time`: no
+        # backoff while consecutive errors <= 1): it arrives within this second, long before its answer would be
+        # recorded.
         time.sleep(1.0)
         asked = list(server.arrived)
     assert len(asked) == QUERIES  # each query once

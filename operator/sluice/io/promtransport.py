@@ -44,7 +44,9 @@ def describe_failure(failure: Exception) -> str:
 def unreached(failure: BaseException) -> bool:
     """Whether a query failed without reaching Prometheus: its connection refused or not made (a Prometheus
     restarting, its address not resolving). Asking again costs Prometheus nothing, unlike a timeout or a 5xx,
-    which come from a Prometheus that was asked (`sluice.io.promshare` doubles the wait after those only)."""
+    which come from a Prometheus that was asked (`sluice.io.promshare` doubles the wait after those only).
+    requests 2.34.2 (adapters.py `HTTPAdapter.send`) raises its ConnectionError around urllib3's MaxRetryError, whose
+    `reason` is urllib3 2.8.0's NewConnectionError (NameResolutionError among its subclasses)."""
     inner = failure.args[0] if isinstance(failure, requests.ConnectionError) and failure.args else failure
     if isinstance(inner, MaxRetryError):
         inner = inner.reason
