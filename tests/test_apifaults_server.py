@@ -20,6 +20,7 @@ from sluice.emulator.apifaultplan import load_plan
 from sluice.emulator.apiserver import ApiServer, _HttpServer, main
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+NAMESPACES = "/api/v1/namespaces"
 ADMIN = {"Authorization": "Bearer local-stack"}
 
 
@@ -166,6 +167,25 @@ async def test_a_watch_resumed_from_a_version_gets_the_expired_error_event_and_e
     }
     fresh = await api.session.get(CONFIGMAPS, params={"watch": "true", "timeoutSeconds": "1"}, headers=ADMIN)
     assert b'"ADDED"' in await asyncio.wait_for(fresh.read(), timeout=10)  # a watch from now is not expired
+
+
+@pytest.mark.asyncio
+async def test_a_plan_installed_while_watches_are_open_is_asked_for_them_and_ends_them(api: Api) -> None:
+    # Watches live for minutes (kopf asks 300 s): a plan that only judged new watches would not touch them.
+    now = str(api.server.store.revision)
+    closing = await api.session.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": now}, headers=ADMIN)
+    expiring = await api.session.get(NAMESPACES, params={"watch": "true", "resourceVersion": now}, headers=ADMIN)
+    await asyncio.sleep(0.2)
+    api.plan(
+        "{name: expire, match: {resources: [namespaces]}, effect: {type: expireWatch}}",
+        "{name: close, effect: {type: closeWatch, afterSeconds: 0.2}}",
+    )
+    assert await asyncio.wait_for(closing.read(), timeout=10) == b""
+    (line,) = (await asyncio.wait_for(expiring.read(), timeout=10)).splitlines()
+    event = json.loads(line)
+    assert (event["type"], event["object"]["code"], event["object"]["reason"]) == ("ERROR", 410, "Expired")
+    assert event["object"]["message"].startswith(f"too old resource version: {now} (")
+    assert {r["rule"] for r in api.server.faults.records} == {"close", "expire"}
 
 
 @pytest.mark.asyncio

@@ -289,6 +289,8 @@ class FaultInjector:
     served: dict[str, int] = field(default_factory=dict)
     records: deque[dict[str, str | float]] = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
     installed_at: float = 0.0
+    generation: int = 0
+    """Plans installed so far: an open watch asks a plan installed after it began (`ApiServer._watch`)."""
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
@@ -300,6 +302,7 @@ class FaultInjector:
         self.records.clear()
         self.rng = random.Random(plan.seed)
         self.installed_at = self.clock()
+        self.generation += 1
 
     @property
     def active(self) -> bool:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp.web
 
-from sluice.emulator.apifaultplan import FaultRule, PlanError, load_plan
+from sluice.emulator.apifaultplan import CloseWatch, ExpireWatch, FaultRule, PlanError, load_plan
 from sluice.emulator.apifaults import Answer, Decision, FaultInjector, FaultRequest, expired_message
 from sluice.emulator.apirbac import User, forbidden_path_message
 from sluice.emulator.apistore import ApiError, ResourceType, Store
@@ -106,23 +107,39 @@ class FaultServing:
         """The fault plan's decision for a resource request; a latency fault's delay is waited here."""
         if not self.faults.active:
             return None, Decision()
-        namespace = (request.namespace or "") if rtype.namespaced else ""
-        asked = FaultRequest(
-            self._verb(request),
-            rtype.group,
-            rtype.plural,
-            namespace,
-            request.name or "",
-            user.name,
-            request.headers.get("User-Agent", ""),
-            request.params.get("resourceVersion", ""),
-        )
+        asked = self._fault_request(request, rtype, user)
         decision = self.faults.decide(asked)
         for rule, seconds in decision.delays:
             self.faults.record(rule, "latency", asked, f"delay {seconds:.6f}s")
         if decision.delay > 0:
             await self.fault_sleep(decision.delay)
         return asked, decision
+
+    def _fault_request(self, request: Any, rtype: ResourceType, user: User) -> FaultRequest:
+        """What a rule can match of one resource request."""
+        return FaultRequest(
+            self._verb(request),
+            rtype.group,
+            rtype.plural,
+            (request.namespace or "") if rtype.namespaced else "",
+            request.name or "",
+            user.name,
+            request.headers.get("User-Agent", ""),
+            request.params.get("resourceVersion", ""),
+        )
+
+    def _open_watch_fault(
+        self, request: Any, rtype: ResourceType, user: User, seen_up_to: int
+    ) -> tuple[FaultRule, FaultRequest] | None:
+        """A plan installed while a watch is open is asked for it, as for a watch from the version it has seen up
+        to: a closeWatch or expireWatch rule that fires is the watch's fault from then on (None: none fires)."""
+        if not self.faults.active:
+            return None
+        asked = replace(self._fault_request(request, rtype, user), resource_version=str(seen_up_to))
+        rule = self.faults.decide(asked).rule
+        if rule is None or not isinstance(rule.effect, CloseWatch | ExpireWatch):
+            return None
+        return rule, asked
 
     def _serve_fault(self, asked: FaultRequest, request: Any, rule: FaultRule, answer: Answer) -> aiohttp.web.Response:
         self.faults.record(rule.name, rule.effect.type, asked, answer_detail(answer))

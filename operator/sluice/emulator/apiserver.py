@@ -322,7 +322,12 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
             return aiohttp.web.json_response(ApiError(403, "Forbidden", acting).status(), status=403)
         user = acting
         if request.url.path.rstrip("/") == apifaultserve.FAULTS_PATH:
-            return apifaultserve.admin(self.faults, user, str(request._raw_request.method), request.body)
+            installed = self.faults.generation
+            answer = apifaultserve.admin(self.faults, user, str(request._raw_request.method), request.body)
+            if self.faults.generation != installed:  # open watches ask the new plan now, not at their next wake-up
+                changed, self.changed = self.changed, asyncio.Event()
+                changed.set()
+            return answer
         resource = request.resource
         is_resource = not (
             request.url.path.startswith("/openapi/")
@@ -527,7 +532,7 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
         wants_table = "as=Table" in request.headers.get("Accept", "")
         store = self.store
         if verb == "watch":
-            return await self._watch(request, rtype, namespace, raw, fault)
+            return await self._watch(request, rtype, namespace, raw, user, fault)
         if rtype.key == ("", "serviceaccounts") and request.subresource == "token" and verb == "create":
             return self._token_request(request)
         if rtype.key in apirbac.SELF_REVIEWS and verb == "create":
@@ -738,9 +743,11 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
         rtype: ResourceType,
         namespace: str | None,
         raw: Any,
+        user: apirbac.User,
         fault: tuple[FaultRule, FaultRequest] | None = None,
     ) -> aiohttp.web.StreamResponse:
         params = request.params
+        plan = self.faults.generation
         labels, fields = params.get("labelSelector"), params.get("fieldSelector")
         version = request.resource.version
         timeout = float(params.get("timeoutSeconds", "1800"))
@@ -814,6 +821,15 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
                     if visible(event.obj):
                         await send(event.type, event.obj)
                 last = max(last, seen_up_to)
+                if fault is None and plan != self.faults.generation:  # a plan installed since: asked for this watch
+                    plan, fault = self.faults.generation, self._open_watch_fault(request, rtype, user, last)
+                    if fault is not None and isinstance(fault[0].effect, ExpireWatch):
+                        return await self._expire_watch(response, last, *fault)
+                    effect = fault[0].effect if fault is not None else None
+                    cut = WatchCut(effect if isinstance(effect, CloseWatch) else None)
+                    deadline, cut_early = cut.deadline(loop.time(), deadline)
+                    if cut.at_once():
+                        raise apifaultserve.ClosedByFault
                 if bookmarks and loop.time() >= next_bookmark:
                     await bookmark()
                     next_bookmark = loop.time() + self.bookmark_interval
