@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.loop import Background
 from sluice.devstack.stack import ROOT, Stack
 from sluice.devstack.traffic import Traffic
-
-
-class Background:
-    """An event loop in a thread, for the kubelet and the traffic while the test body runs synchronously."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def start(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, fn: Callable[[], Any]) -> None:
-        self.loop.call_soon_threadsafe(fn)
-
-    def close(self) -> None:
-        for task in asyncio.all_tasks(self.loop):
-            self.loop.call_soon_threadsafe(task.cancel)
-        time.sleep(0.5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
 
 
 def wait_until(
