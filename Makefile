@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv envoy-istio stack-deps lint test test-fast crds check-crds demo plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
+.PHONY: venv envoy-istio stack-deps lint test test-fast crds check-crds demo chaos plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
 
 venv: $(STAMP)
 
@@ -66,6 +66,14 @@ plan-examples: venv
 # The main job: the operator on the local stack (API emulator, real Prometheus, simulated vLLM pods, kubectl).
 demo: venv stack-deps
 	$(PY) -m sluice.devstack.demo $(DEMO_ARGS)
+
+# The fault matrix on the local stack: two pools (one mid-canary, one mid-incident), every fault case in turn, the
+# invariants checked over the recorded evidence and the time to resume measured; report in docs/chaos-report.md,
+# results and evidence in out/chaos/. About ten minutes. CHAOS_ARGS=--fast runs the bounded form CI runs
+# (tests/e2e/test_chaos.py). PYTHONPATH: the operator processes it starts run this checkout's code.
+CHAOS_ARGS ?=
+chaos: venv stack-deps
+	PYTHONPATH=$(CURDIR)/operator $(PY) -m sluice.devstack.chaos --out out/chaos --report docs/chaos-report.md $(CHAOS_ARGS)
 
 # The routing-quality benchmark: every scenario, every strategy, side by side; report in out/bench/.
 SCENARIOS := seed-000 seed-000-fast homogeneous homogeneous-tuning mixed-fleet mixed-saturating degrading-node degrading-tuning degrading-tuning-scrape5 bad-canary burst underdeclared agent-overdeclared failing-pod-tuning failing-pod failing-pod-retries underprovisioned-canary

@@ -1,0 +1,352 @@
+"""`make chaos`: the fault matrix on the local stack, one stack for the whole run.
+
+Local-stack tool: `python -m sluice.devstack.chaos --out DIR [--fast] [--report docs/chaos-report.md]`. It starts
+the stack (`sluice.devstack.stack`) with the operator, two pools read through the Prometheus fault proxy — one
+mid-canary (a candidate revision stepped every `CANARY_STEP` seconds), one mid-incident (a pod failing most of its
+requests, zeroed) — load on both, and a `Recorder`. Then each case of `sluice.devstack.chaoscases.CASES` in turn:
+inject, hold, clear, wait for the pools to resume (`RESUMED`), and judge the case's evidence
+(`sluice.devstack.chaoschecks`). `--fast` runs the cases marked fast, each held `FAST_HOLD` seconds (CI's form).
+Writes `DIR/results.json`, `DIR/report.md` (and the report to `--report`); every process started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sluice.devstack.chaoscases import CASES, FaultCase, Scene
+from sluice.devstack.chaoschecks import (
+    Window,
+    blind_since,
+    canary_changes,
+    canary_state,
+    case_violations,
+    condition_states,
+)
+from sluice.devstack.chaoschecks import conditions_seen as seen_conditions
+from sluice.devstack.chaosreport import NOT_RUN, CaseResult, report_markdown, results_json
+from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.loop import Background
+from sluice.devstack.promfaults import ProxyThread
+from sluice.devstack.recorder import Recorder
+from sluice.devstack.stack import ROOT, Stack, free_port
+from sluice.devstack.traffic import Traffic
+from sluice.io.kubereads import load_api_client
+
+INTERVAL = 2.0
+"""The pools' `spec.interval`."""
+ONE_PASS = 3.0
+"""One pass as invariant (a) allows it: the interval and the daemon's minimum gap between passes (1 s)."""
+CANARY_STEP = 30.0
+WARM_UP = 20.0
+"""Seconds of load before the first case, once the pools have published: the rate window (10 s) filled twice."""
+RESUME_WAIT = 90.0
+WATCHED = ("Ready", "MetricsAvailable", "IstioSynced")
+RESUMED = (
+    "the first moment (polled every 0.25 s) after the fault's end at which, for each pool, the operator has "
+    "counted a pass with result `ok` that started after the fault's end (`sluice_reconcile_total`, "
+    "`sluice_last_pass_timestamp_seconds`), the pool's Ready, MetricsAvailable and IstioSynced conditions are "
+    "back to what they were before the case, and every Istio object sluice had published before the case exists "
+    "with its DestinationRule's spec as it was"
+)
+CANARY, INCIDENT = "llama", "mistral"
+PODS = [
+    PodSpec("llama-a100-0", "a100", "v1", "127.0.33.1"),
+    PodSpec("llama-4090-0", "rtx4090", "v1", "127.0.33.2"),
+    PodSpec("llama-v2-a100-0", "a100", "v2", "127.0.33.3"),
+    PodSpec("mistral-a100-0", "a100", "v1", "127.0.33.11", app=INCIDENT),
+    PodSpec("mistral-a100-1", "a100", "v1", "127.0.33.12", app=INCIDENT),
+    PodSpec("mistral-4090-0", "rtx4090", "v1", "127.0.33.13", app=INCIDENT, error_rate=0.6),
+]
+FOREIGN = (  # someone else's policy for the canary pool's host: sluice must never write it
+    "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: llama-by-hand, namespace: llm}\n"
+    "spec: {host: llama.llm.svc.cluster.local, trafficPolicy: {connectionPool: {http: {maxRetries: 3}}}}\n"
+)
+
+
+def pool_manifest(name: str, prometheus: str, canary: bool) -> str:
+    """The demo pool (`examples/local/pool.yaml`) as `name`, selecting `app: name`, read through `prometheus`;
+    the canary pool steps its candidate v2 by 5 % every `CANARY_STEP` seconds with loose gates (the cases judge
+    the rollout's progress, not the candidate)."""
+    pool: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "local" / "pool.yaml").read_text())
+    pool["metadata"]["name"] = name
+    pool["spec"].update(selector={"matchLabels": {"app": name}}, service=name)
+    pool["spec"]["metrics"]["prometheusUrl"] = prometheus
+    if canary:
+        pool["spec"]["canary"].update(
+            candidateRevision="v2",
+            steps=list(range(20, 101, 5)),
+            stepInterval=f"{CANARY_STEP:.0f}s",
+            analysis={"interval": "5s", "minRequests": 5, "maxErrorRate": 0.2, "maxTtftP95": "10s"},
+            comparableLoad=False,
+        )
+    return yaml.safe_dump(pool)
+
+
+# ------------------------------------------------------------------------------------ readings
+
+
+def counters(port: int) -> dict[str, float]:
+    """Every sample of the operator's /metrics page (empty while it cannot be read)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            page = answer.read().decode()
+    except OSError:
+        return {}
+    found = {}
+    for line in page.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            found[series] = float(value)
+    return found
+
+
+QUIET = ("sluice_events_total", "sluice_kube_retry_wait_seconds_total", "sluice_reconcile_duration", "sluice_gc_")
+"""Counters the report leaves out: the Events are listed on their own, the rest says nothing a reader needs."""
+
+
+def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The `_total` counters that went up, summed over pools (`name{result}` style keys). After a restart the
+    counters start again from 0: the case reads them from 0."""
+    restarted = sum(v for k, v in after.items() if k.startswith("sluice_reconcile_total")) < sum(
+        v for k, v in before.items() if k.startswith("sluice_reconcile_total")
+    )
+    base = {} if restarted else before
+    totals: dict[str, float] = {}
+    for series, value in after.items():
+        if "_total" not in series or series.startswith(("python_", "process_")) or "_created" in series:
+            continue
+        name, _, labels = series.partition("{")
+        if series.startswith(QUIET) or 'action="unchanged"' in series:
+            continue
+        kept = [p for p in labels.rstrip("}").split(",") if p and not p.startswith(("pool=", "pod=", "signal="))]
+        key = name + (f"{{{','.join(kept)}}}" if kept else "")
+        totals[key] = totals.get(key, 0.0) + value - base.get(series, 0.0)
+    return {k: round(v, 3) for k, v in totals.items() if v > 0}
+
+
+def events(stack: Stack) -> dict[str, int]:
+    """`object/Reason` -> count of every Event in the namespace."""
+    found: dict[str, int] = {}
+    for event in stack.events():
+        key = f"{event.get('involvedObject', {}).get('name', '?')}/{event.get('reason', '?')}"
+        found[key] = found.get(key, 0) + int(event.get("count") or 1)
+    return found
+
+
+def published(stack: Stack) -> dict[tuple[str, str], Any]:
+    """sluice's Istio objects now: (plural, name) -> spec."""
+    assert stack.custom is not None
+    found = {}
+    for plural in ("serviceentries", "destinationrules", "virtualservices"):
+        listed: Any = stack.custom.list_namespaced_custom_object("networking.istio.io", "v1", stack.namespace, plural)
+        for item in listed["items"]:
+            if item["metadata"]["name"].startswith("sluice-"):
+                found[(plural, item["metadata"]["name"])] = item["spec"]
+    return found
+
+
+@dataclass
+class Before:
+    """The readings a case starts from."""
+
+    conditions: dict[str, dict[str, tuple[str, str]]]
+    objects: dict[tuple[str, str], Any]
+    counters: dict[str, float]
+    events: dict[str, int]
+    canary: str
+
+
+def read_before(scene: Scene, port: int) -> Before:
+    stack = scene.stack
+    pools = {p: stack.pool(p) for p in (CANARY, INCIDENT)}
+    return Before(
+        conditions={p: condition_states(body) for p, body in pools.items()},
+        objects=published(stack),
+        counters=counters(port),
+        events=events(stack),
+        canary=canary_state(pools[CANARY]),
+    )
+
+
+def resumed(scene: Scene, port: int, before: Before, cleared_wall: float, ok_at_clear: dict[str, float]) -> bool:
+    """`RESUMED`, read once."""
+    now = counters(port)
+    for pool in (CANARY, INCIDENT):
+        ok = now.get(f'sluice_reconcile_total{{pool="llm/{pool}",result="ok"}}', 0.0)
+        started = now.get(f'sluice_last_pass_timestamp_seconds{{pool="llm/{pool}"}}', 0.0)
+        if ok <= ok_at_clear.get(pool, 0.0) or started < cleared_wall:
+            return False
+        states = condition_states(scene.stack.pool(pool))
+        if any(states.get(k, ("", ""))[0] != before.conditions[pool].get(k, ("", ""))[0] for k in WATCHED):
+            return False
+    objects = published(scene.stack)
+    if any(key not in objects for key in before.objects):
+        return False
+    return all(objects[k] == spec for k, spec in before.objects.items() if k[0] == "destinationrules")
+
+
+def ok_passes(port: int) -> dict[str, float]:
+    now = counters(port)
+    return {p: now.get(f'sluice_reconcile_total{{pool="llm/{p}",result="ok"}}', 0.0) for p in (CANARY, INCIDENT)}
+
+
+# ------------------------------------------------------------------------------------ one case
+
+
+def wait(check: Callable[[], bool], seconds: float, every: float = 0.25) -> float | None:
+    """Seconds until `check` held (None: not within `seconds`); a check that raises counts as not yet."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        try:
+            if check():
+                return time.monotonic() - began
+        except Exception:  # a read during a fault may fail; the next poll reads again
+            pass
+        time.sleep(every)
+    return None
+
+
+def run_case(scene: Scene, case: FaultCase, hold: float, port: int) -> CaseResult:
+    """Inject, hold, clear, wait for the pools to resume, then judge the case's evidence."""
+    before = read_before(scene, port)
+    started = time.monotonic()
+    case.inject(scene)
+    time.sleep(max(0.0, hold - (time.monotonic() - started)))
+    served = case.clear(scene)
+    cleared, cleared_wall = time.monotonic(), time.time()
+    ok_at_clear = ok_passes(port)
+    resume = wait(lambda: resumed(scene, port, before, cleared_wall, ok_at_clear), RESUME_WAIT)
+    time.sleep(INTERVAL)  # one more interval of evidence after the resume
+    ended = time.monotonic()
+    evidence = scene.recorder.snapshot()
+    blind = {p: _blind(case, evidence, p, started, cleared) for p in (CANARY, INCIDENT)}
+    window = Window(started, cleared, ended, blind)
+    entries = {p: f"sluice-{p}" for p in (CANARY, INCIDENT)}
+    after_events = events(scene.stack)
+    return CaseResult(
+        name=case.name,
+        fault=case.fault,
+        held_seconds=round(cleared - started, 1),
+        resume_seconds=None if resume is None else round(resume, 1),
+        interval_seconds=INTERVAL,
+        conditions={p: seen_conditions(evidence, p, before.conditions[p], started, ended) for p in blind},
+        events={k: n - before.events.get(k, 0) for k, n in after_events.items() if n > before.events.get(k, 0)},
+        counters=moved(before.counters, counters(port)),
+        served=served,
+        canary=(before.canary, canary_state(scene.stack.pool(CANARY))),
+        canary_steps=canary_changes(evidence, CANARY, started, ended, started),
+        window=(round(started, 3), round(cleared, 3), round(ended, 3)),
+        violations=case_violations(evidence, window, entries, ONE_PASS),
+    )
+
+
+def _blind(case: FaultCase, evidence: Sequence[Any], pool: str, started: float, cleared: float) -> float | None:
+    if case.blind == "operator":
+        return started
+    if case.blind == "metrics":
+        return blind_since(evidence, pool, started, cleared)
+    return None
+
+
+# ------------------------------------------------------------------------------------ the run
+
+
+def setup(stack: Stack, proxy_url: str, background: Background, port: int) -> None:
+    """Pods, the operator, a foreign object, the two pools, load on both; until both pools have published."""
+    for pod in PODS:
+        stack.add_pod(PodSpec(pod.name, pod.hardware, pod.revision, pod.ip, app=pod.app, error_rate=pod.error_rate))
+    stack.start_operator(["--metrics-port", str(port), "--metrics-address", "127.0.0.1"])
+    stack.kubectl("apply", "-f", "-", stdin=FOREIGN)
+    for name in (CANARY, INCIDENT):
+        stack.kubectl("apply", "-f", "-", stdin=pool_manifest(name, proxy_url, canary=name == CANARY))
+    for name, rate in ((CANARY, 6.0), (INCIDENT, 4.0)):
+        background.start(Traffic(stack, name, rate=rate).run(stack.remaining()))
+
+    def healthy() -> bool:
+        states = [condition_states(stack.pool(p)) for p in (CANARY, INCIDENT)]
+        return all(s.get(k, ("", ""))[0] == "True" for s in states for k in WATCHED)
+
+    if wait(healthy, 180, every=1.0) is None:
+        raise RuntimeError("the pools did not publish within 180 s: see operator.log in the work directory")
+    time.sleep(WARM_UP)
+    wait(lambda: condition_states(stack.pool(INCIDENT)).get("Degraded", ("", ""))[0] == "True", 60, every=1.0)
+    wait(lambda: canary_state(stack.pool(CANARY)).startswith("Progressing"), 60, every=1.0)
+
+
+def save_evidence(recorder: Recorder, path: Path) -> None:
+    """Every version the recorder saw, one JSON line each (`at` on the clock of the cases' windows)."""
+    path.write_text("".join(json.dumps(asdict(v)) + "\n" for v in recorder.snapshot()))
+
+
+def run(workdir: Path, fast: bool) -> list[CaseResult]:
+    """The matrix (or its fast cases) on one stack; the results in order."""
+    cases = [c for c in CASES if c.fast or not fast]
+    seconds = 400 + sum((c.fast_hold if fast else c.hold) + RESUME_WAIT / 2 for c in cases)
+    background = Background()
+    stack = Stack(workdir, deadline_seconds=seconds).__enter__()
+    background.start(stack.kubelet())
+    port = free_port()
+    try:
+        api = load_api_client(str(stack.kubeconfig))
+        proxy = ProxyThread(stack.prometheus_url, lifetime=seconds, seed=7)
+        with proxy as server, Recorder(api, stack.namespace, None, seconds) as recorder:
+            setup(stack, server.url, background, port)
+            scene = Scene(stack, proxy, recorder, CANARY, INCIDENT)
+            results = [run_case(scene, case, case.fast_hold if fast else case.hold, port) for case in cases]
+            save_evidence(recorder, workdir.parent / "evidence.jsonl")
+            return results
+    finally:
+        background.call(stack.stop_kubelet)
+        stack.close()
+        background.close()
+
+
+def git_commit() -> str:
+    found = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return found.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sluice.devstack.chaos", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for results.json, report.md and the stack")
+    parser.add_argument("--fast", action="store_true", help="only the fast cases, each held 8 s (CI's form)")
+    parser.add_argument("--report", type=Path, help="also write the markdown report here (docs/chaos-report.md)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    began = datetime.now(UTC)
+    results = run(args.out / "stack", args.fast)
+    meta = {
+        "started": began.strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "cpus": str(os.cpu_count()),
+        "form": "fast cases" if args.fast else "whole matrix",
+        "interval": f"{INTERVAL:g} s",
+        "resumed": RESUMED,
+    }
+    (args.out / "results.json").write_text(results_json(results, NOT_RUN, meta))
+    text = report_markdown(results, NOT_RUN, meta)
+    (args.out / "report.md").write_text(text)
+    if args.report is not None:
+        args.report.write_text(text)
+    broken = [r.name for r in results if not r.held]
+    print(
+        f"{len(results)} cases; invariants broken in: {', '.join(broken) or 'none'}; report: {args.out / 'report.md'}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""What one fault case of a chaos run did, read from the recorded evidence: the invariants, the weights kept while
+the control plane was blind, and the conditions the pools showed. Pure functions, no clock.
+
+Local-stack tool, called by `sluice.devstack.chaos` once per case. The evidence is the whole run's
+(`sluice.devstack.recorder`: every watched version with the time it was seen); a case is the window
+[`started`, `ended`) on the same clock. The checkers of `sluice.devstack.invariants` read the evidence up to the
+window's end (a pairwise check needs the version before the window), and a violation counts for the case in whose
+window it happened:
+- (a) `weight_after_deletion`, over the pods whose deletion was seen in the window;
+- (b) `foreign_writes`; (c) `recreation_loops` (more than `RECREATION_LIMIT` re-creations within 60 s);
+- (d) `canary_regressions`;
+- (f) `weights_kept`: while the control plane was blind (Prometheus unreadable, or no operator running), every
+  ServiceEntry version keeps the endpoints and weights of the version in effect when it went blind, but for the
+  endpoints of pods deleted meanwhile.
+(e) (no write outside a shard term) needs sharded replicas: the chaos run has one replica without shards, so it
+has no terms to judge and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sluice.api.jsontypes import JsonObject, members, text
+from sluice.devstack.invariants import (
+    PodGone,
+    Version,
+    Violation,
+    canary_records,
+    canary_regressions,
+    foreign_writes,
+    pods_gone,
+    recreation_loops,
+    weight_after_deletion,
+)
+
+RECREATION_LIMIT = 2
+"""Re-creations of one object allowed within a minute: another writer deleting it once is answered by one."""
+RECREATION_WINDOW = 60.0
+INVARIANTS = {
+    "a": "no weight to a pod gone longer than one pass",
+    "b": "no foreign object written",
+    "c": "nothing re-created in a loop",
+    "d": "no canary progress lost or repeated",
+    "f": "last weights kept while blind",
+}
+
+
+@dataclass(frozen=True)
+class Window:
+    """A case on the evidence's clock: the fault from `started` to `cleared`, the run judged until `ended`.
+    `blind` maps a pool to when its control plane went blind during the fault (None: it never did)."""
+
+    started: float
+    cleared: float
+    ended: float
+    blind: Mapping[str, float | None]
+
+
+def weighted_endpoints(body: Mapping[str, object]) -> dict[str, int]:
+    """Address -> weight of a ServiceEntry version (an endpoint without a weight counts as 1, as Istio reads it)."""
+    listed = members(body, "spec").get("endpoints")
+    found = {}
+    for endpoint in listed if isinstance(listed, list) else []:
+        weight = endpoint.get("weight", 1) if isinstance(endpoint, dict) else 1
+        found[text(endpoint, "address")] = weight if isinstance(weight, int) else 1
+    return found
+
+
+def weights_kept(
+    versions: Iterable[Version], entry: str, since: float, until: float, gone: Iterable[PodGone]
+) -> list[Violation]:
+    """(f) Each version of the ServiceEntry `entry` seen in (`since`, `until`] against the one in effect at
+    `since`: the same addresses with the same weights, but for the addresses of pods deleted meanwhile."""
+    history = sorted((v for v in versions if v.resource == "serviceentries" and v.name == entry), key=lambda v: v.at)
+    before = [v for v in history if v.at <= since]
+    if not before:
+        return []
+    reference = weighted_endpoints(before[-1].body)
+    dropped = {g.ip for g in gone if g.at <= until}
+    violations = []
+    for version in (v for v in history if since < v.at <= until):
+        if version.event == "DELETED":
+            detail = "deleted while the control plane was blind"
+        else:
+            now = weighted_endpoints(version.body)
+            kept = {a: w for a, w in reference.items() if a not in dropped}
+            if {a: w for a, w in now.items() if a not in dropped} == kept:
+                continue
+            detail = f"weights changed while blind: {_changes(kept, now)}"
+        violations.append(Violation("weights-kept", version.at, f"serviceentries/{entry}", detail))
+    return violations
+
+
+def _changes(before: Mapping[str, int], after: Mapping[str, int]) -> str:
+    keys = sorted(set(before) | set(after))
+    return ", ".join(f"{k} {before.get(k, '-')}->{after.get(k, '-')}" for k in keys if before.get(k) != after.get(k))
+
+
+def blind_since(versions: Iterable[Version], pool: str, since: float, until: float) -> float | None:
+    """When the pool first showed MetricsAvailable=False within [`since`, `until`] (None: it did not)."""
+    for version in sorted(versions, key=lambda v: v.at):
+        if version.resource != "inferencepools" or version.name != pool or not since <= version.at <= until:
+            continue
+        if condition_states(version.body).get("MetricsAvailable", ("", ""))[0] == "False":
+            return version.at
+    return None
+
+
+def condition_states(body: Mapping[str, object]) -> dict[str, tuple[str, str]]:
+    """Condition type -> (status, reason) of one pool version."""
+    listed = members(body, "status").get("conditions")
+    return {
+        text(c, "type"): (text(c, "status"), text(c, "reason")) for c in (listed if isinstance(listed, list) else [])
+    }
+
+
+def conditions_seen(
+    versions: Iterable[Version], pool: str, baseline: Mapping[str, tuple[str, str]], since: float, until: float
+) -> list[str]:
+    """The condition states the pool showed in [`since`, `until`] that differ from its `baseline`, in the order
+    first seen, as `Type=Status (Reason)`."""
+    seen: list[str] = []
+    for version in sorted(versions, key=lambda v: v.at):
+        if version.resource != "inferencepools" or version.name != pool or not since <= version.at <= until:
+            continue
+        for kind, (status, reason) in condition_states(version.body).items():
+            label = f"{kind}={status} ({reason})"
+            if baseline.get(kind) != (status, reason) and label not in seen:
+                seen.append(label)
+    return seen
+
+
+def case_violations(
+    versions: Sequence[Version], window: Window, entries: Mapping[str, str], one_pass: float
+) -> dict[str, list[str]]:
+    """Invariant letter -> the violations of the case (empty lists: held). `entries` maps each pool to its
+    ServiceEntry's name; (f) is judged only for the pools that went blind."""
+    upto = [v for v in versions if v.at < window.ended]
+    gone = [g for g in pods_gone(upto) if window.started <= g.at < window.ended]
+
+    def inside(found: Iterable[Violation]) -> list[str]:
+        return [str(v) for v in found if window.started <= v.at < window.ended]
+
+    found = {
+        "a": inside(weight_after_deletion(upto, gone, one_pass)),
+        "b": inside(foreign_writes(upto)),
+        "c": inside(recreation_loops(upto, RECREATION_LIMIT, RECREATION_WINDOW)),
+        "d": inside(canary_regressions(canary_records(upto))),
+    }
+    blind = [(pool, at) for pool, at in window.blind.items() if at is not None]
+    if blind:
+        all_gone = pods_gone(upto)
+        kept = [weights_kept(upto, entries[pool], at, window.cleared, all_gone) for pool, at in blind]
+        found["f"] = [str(v) for violations in kept for v in violations]
+    return found
+
+
+def canary_changes(versions: Iterable[Version], pool: str, since: float, until: float, origin: float) -> list[str]:
+    """The pool's canary each time it changed in (`since`, `until`], as `state at +S s` (seconds from `origin`,
+    the fault's start), so a step taken while the fault lasted is seen as such."""
+    changes: list[str] = []
+    last = ""
+    for version in sorted(versions, key=lambda v: v.at):
+        if version.resource != "inferencepools" or version.name != pool or version.at > until:
+            continue
+        state = canary_state(version.body)
+        if state != last and version.at > since and last:
+            changes.append(f"{state} at {version.at - origin:+.1f} s")
+        last = state
+    return changes
+
+
+def canary_state(body: JsonObject) -> str:
+    """A pool version's canary as `phase step N (W%)` ("" without a canary)."""
+    canary = members(body, "status", "canary")
+    if not canary:
+        return ""
+    return f"{text(canary, 'phase')} step {canary.get('stepIndex')} ({canary.get('weight')}%)"
+
+
+__all__ = [
+    "INVARIANTS",
+    "RECREATION_LIMIT",
+    "Window",
+    "blind_since",
+    "canary_changes",
+    "canary_state",
+    "case_violations",
+    "condition_states",
+    "conditions_seen",
+    "weighted_endpoints",
+    "weights_kept",
+]

@@ -1,0 +1,196 @@
+"""A chaos run's results: one record per fault case, written as JSON and as the markdown report's table. Pure.
+
+Local-stack tool, called by `sluice.devstack.chaos`. Every figure comes from the run: the seconds a fault was held
+and the time to resume are measured on the runner's clock, the conditions from the recorded pool versions, the
+Events and the operator's counters as differences between readings before and after the case.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from sluice.devstack.chaoschecks import INVARIANTS
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """What one fault case did."""
+
+    name: str
+    fault: str
+    """What was done, in words."""
+    held_seconds: float
+    """From the fault's start to its end (the clear), measured."""
+    resume_seconds: float | None
+    """From the fault's end to the pools resumed (`sluice.devstack.chaos.RESUMED`); None: not within the wait."""
+    interval_seconds: float
+    conditions: Mapping[str, Sequence[str]]
+    """Pool -> condition states shown during the case that differ from the pool's state before it."""
+    events: Mapping[str, int]
+    """`pool/Reason` -> Events emitted (new or counted again) during the case."""
+    counters: Mapping[str, float]
+    """The operator's counters that moved during the case (`name{label}` -> increase)."""
+    served: Mapping[str, int]
+    """Faults served per rule (API emulator) or per effect, as the injector counted them."""
+    canary: tuple[str, str]
+    """The canary pool's rollout before the case and after it."""
+    canary_steps: Sequence[str]
+    """Each change of the canary during the case, with its time from the fault's start."""
+    window: tuple[float, float, float]
+    """The fault's start, its end and the end of the case, on the evidence's clock (`evidence.jsonl`'s `at`)."""
+    violations: Mapping[str, Sequence[str]]
+    """Invariant letter -> violations (empty: held)."""
+    notes: Sequence[str] = field(default_factory=tuple)
+
+    @property
+    def held(self) -> bool:
+        return not any(self.violations.values())
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """A case of the matrix that this run did not run, and why."""
+
+    name: str
+    reason: str
+
+
+def results_json(cases: Sequence[CaseResult], not_run: Sequence[NotRun], meta: Mapping[str, str]) -> str:
+    document = {
+        "meta": dict(meta),
+        "cases": [{**asdict(c), "held": c.held} for c in cases],
+        "notRun": [asdict(n) for n in not_run],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _resume(case: CaseResult) -> str:
+    if case.resume_seconds is None:
+        return "**not resumed** within the wait"
+    intervals = case.resume_seconds / case.interval_seconds
+    return f"{case.resume_seconds:.1f} s ({intervals:.1f} intervals)"
+
+
+def _reported(case: CaseResult) -> str:
+    parts = []
+    for pool, states in case.conditions.items():
+        parts.append(f"{pool}: " + (", ".join(states) if states else "no condition changed"))
+    if case.events:
+        parts.append("Events: " + ", ".join(f"{k} ×{n}" for k, n in sorted(case.events.items())))
+    if case.counters:
+        parts.append("counters: " + ", ".join(f"{k} +{v:g}" for k, v in sorted(case.counters.items())))
+    if case.served:
+        parts.append("faults served: " + ", ".join(f"{k} {n}" for k, n in sorted(case.served.items())))
+    return "<br>".join(parts).replace("|", "\\|")
+
+
+def _invariants(case: CaseResult) -> str:
+    cells = []
+    for letter, found in case.violations.items():
+        cells.append(f"({letter}) held" if not found else f"**({letter}) broken: {len(found)}**")
+    return ", ".join(cells)
+
+
+def report_table(cases: Sequence[CaseResult]) -> str:
+    """The markdown table: one row per case."""
+    lines = [
+        "| fault | held | what sluice reported (conditions, Events, counters) | time to resume "
+        "| canary (before → after) | invariants |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        steps = f" (changes: {'; '.join(case.canary_steps)})" if case.canary_steps else ""
+        canary = f"{case.canary[0]} → {case.canary[1]}{steps}"
+        lines.append(
+            f"| **{case.name}**: {case.fault} | {case.held_seconds:.1f} s | {_reported(case)} | {_resume(case)} "
+            f"| {canary} | {_invariants(case)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def findings(cases: Sequence[CaseResult]) -> str:
+    """Every violation and every case that did not resume, named (or a line saying there were none)."""
+    lines = []
+    for case in cases:
+        for letter, found in case.violations.items():
+            lines += [f"- {case.name}, ({letter}) {INVARIANTS[letter]}: {v}" for v in found]
+        if case.resume_seconds is None:
+            lines.append(f"- {case.name}: the pools had not resumed when the runner stopped waiting")
+        lines += [f"- {case.name}: {note}" for note in case.notes]
+    return "\n".join(lines) + "\n" if lines else "None: every invariant held and every case resumed.\n"
+
+
+def not_run_list(not_run: Sequence[NotRun]) -> str:
+    return "".join(f"- **{n.name}** — not yet run: {n.reason}\n" for n in not_run)
+
+
+NOT_RUN = (
+    NotRun(
+        "istiod-down",
+        "the local stack has no istiod and no proxies fed by xDS, so there is nothing to stop. What sluice can say "
+        "then is known from its code: it writes Istio objects to the API server and reads them back, and never "
+        "reads istiod's push status (no proxy-status, no config-distribution status). With istiod down the pool "
+        'still reports `IstioSynced=True` ("N objects in sync" means in sync in the API server) and goes on '
+        "writing weights; the proxies keep what istiod last pushed. It cannot know whether any proxy received a "
+        "weight, so while istiod is down the status describes the configuration stored, not the one running",
+    ),
+    NotRun(
+        "clock skew between replicas",
+        "needs two replicas (sharded) one of which runs with a shifted clock; the operator has no clock-offset "
+        "option and libfaketime is not installed here. The shard fence's decision (`core.shards.Fence.deadline`) "
+        "is tested on a simulated clock (tests/test_shards*.py), not on skewed processes",
+    ),
+    NotRun(
+        "network partition",
+        "a replica cut off from the API server while another keeps it needs sharded replicas and a proxy per "
+        "replica; `api-blackout` covers the operator's side of it (every request it sends answered 503)",
+    ),
+    NotRun(
+        "(e) no write outside a shard term",
+        "the matrix runs one replica without `--shards` (the chart's default): there are no shard Leases whose "
+        "terms could be judged; test_sharding.py checks (e) on three sharded replicas",
+    ),
+)
+
+
+def report_markdown(cases: Sequence[CaseResult], not_run: Sequence[NotRun], meta: Mapping[str, str]) -> str:
+    """The whole report: how it was run, what the columns mean, the table, the findings, what was not run."""
+    letters = "; ".join(f"({k}) {v}" for k, v in INVARIANTS.items())
+    return (
+        "# Chaos report\n\n"
+        f"Generated by `make chaos` (`python -m sluice.devstack.chaos`, {meta['form']}) at commit {meta['commit']}, "
+        f"{meta['started']}, on a {meta['cpus']}-core machine shared with other CPU-heavy processes: wall-clock "
+        "figures may be inflated by them. Every figure below was measured by that run.\n\n"
+        "One local stack (API emulator, real Prometheus behind the fault proxy, simulated vLLM pods, one operator "
+        f"process) with two pools at a {meta['interval']} interval, both under load: `llama` mid-canary (candidate "
+        "v2 stepped by 5 % every 30 s from 20 %) and `mistral` mid-incident (one of its three pods fails 60 % of "
+        "its requests and is zeroed). The cases run in sequence on that stack; the faults are cleared between "
+        "them.\n\n"
+        "- **held**: from the fault's injection to its end (the clear), measured.\n"
+        f"- **time to resume**: {meta['resumed']}. In intervals: seconds / the pools' interval; the target is two.\n"
+        "- **what sluice reported**: the condition states the pools showed during the case that differ from their "
+        "state before it (from every pool version the API server's watch delivered), the Events emitted or "
+        "counted again during the case, and the operator's counters that moved (`/metrics`, summed over pools).\n"
+        f"- **invariants**, checked by code over the recorded evidence (`sluice.devstack.chaoschecks`): {letters}. "
+        "(f) is judged on the cases in which the control plane is blind.\n\n"
+        "## The matrix\n\n"
+        + report_table(cases)
+        + "\n## Findings\n\n"
+        + findings(cases)
+        + "\n## Not yet run\n\n"
+        + not_run_list(not_run)
+    )
+
+
+__all__ = [
+    "NOT_RUN",
+    "CaseResult",
+    "NotRun",
+    "findings",
+    "not_run_list",
+    "report_markdown",
+    "report_table",
+    "results_json",
+]

@@ -1,0 +1,132 @@
+"""A chaos case judged over recorded evidence: the weights kept while the control plane is blind, the conditions a
+pool showed, the violations counted for the case they happened in, and the report's rows."""
+
+from __future__ import annotations
+
+from sluice.api.jsontypes import JsonObject, JsonValue
+from sluice.devstack.chaoschecks import (
+    Window,
+    blind_since,
+    canary_changes,
+    case_violations,
+    conditions_seen,
+    weights_kept,
+)
+from sluice.devstack.chaosreport import CaseResult, findings, report_table
+from sluice.devstack.invariants import PodGone, Version
+
+
+def entry(at: float, weights: dict[str, int], event: str = "MODIFIED") -> Version:
+    endpoints: list[JsonValue] = [{"address": ip, "weight": w} for ip, w in weights.items()]
+    body: JsonObject = {"metadata": {"name": "sluice-llama", "namespace": "llm"}, "spec": {"endpoints": endpoints}}
+    return Version(at, event, "serviceentries", "sluice-llama", body)
+
+
+def pool(at: float, **conditions: tuple[str, str]) -> Version:
+    listed: list[JsonValue] = [{"type": k, "status": s, "reason": r} for k, (s, r) in conditions.items()]
+    body: JsonObject = {"metadata": {"name": "llama", "namespace": "llm"}, "status": {"conditions": listed}}
+    return Version(at, "MODIFIED", "inferencepools", "llama", body)
+
+
+BEFORE = {"10.0.0.1": 60, "10.0.0.2": 40}
+
+
+def test_the_same_weights_written_again_while_blind_are_kept() -> None:
+    history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, BEFORE)]
+    assert weights_kept(history, "sluice-llama", 10.0, 30.0, []) == []
+
+
+def test_a_weight_changed_while_blind_is_a_violation_naming_the_endpoint() -> None:
+    history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, {"10.0.0.1": 70, "10.0.0.2": 30})]
+    (found,) = weights_kept(history, "sluice-llama", 10.0, 30.0, [])
+    assert found.invariant == "weights-kept"
+    assert "10.0.0.1 60->70" in found.detail
+
+
+def test_a_deleted_pods_endpoint_may_leave_while_blind() -> None:
+    history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, {"10.0.0.1": 60})]
+    assert weights_kept(history, "sluice-llama", 10.0, 30.0, [PodGone("b", "10.0.0.2", 11.0)]) == []
+
+
+def test_the_service_entry_deleted_while_blind_is_a_violation() -> None:
+    history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, BEFORE, "DELETED")]
+    (found,) = weights_kept(history, "sluice-llama", 10.0, 30.0, [])
+    assert "deleted" in found.detail
+
+
+def test_changes_before_the_blindness_and_after_its_end_are_not_judged() -> None:
+    history = [entry(0.0, BEFORE, "ADDED"), entry(5.0, {"10.0.0.1": 50}), entry(31.0, {"10.0.0.1": 10})]
+    assert weights_kept(history, "sluice-llama", 10.0, 30.0, []) == []
+
+
+def test_blindness_starts_when_the_pool_first_shows_metrics_unavailable() -> None:
+    history = [
+        pool(1.0, MetricsAvailable=("True", "Fresh")),
+        pool(4.0, MetricsAvailable=("False", "QueryFailed")),
+        pool(6.0, MetricsAvailable=("False", "QueryFailed")),
+    ]
+    assert blind_since(history, "llama", 0.0, 10.0) == 4.0
+    assert blind_since(history, "llama", 0.0, 3.0) is None
+
+
+def test_conditions_seen_are_those_that_differ_from_the_baseline_each_once() -> None:
+    baseline = {"MetricsAvailable": ("True", "Fresh"), "Ready": ("True", "WeightsPublished")}
+    history = [
+        pool(1.0, MetricsAvailable=("False", "QueryFailed"), Ready=("True", "WeightsPublished")),
+        pool(2.0, MetricsAvailable=("False", "QueryFailed"), Ready=("True", "WeightsPublished")),
+        pool(3.0, MetricsAvailable=("True", "Fresh"), Ready=("True", "WeightsPublished")),
+    ]
+    assert conditions_seen(history, "llama", baseline, 0.0, 10.0) == ["MetricsAvailable=False (QueryFailed)"]
+
+
+def test_a_violation_counts_for_the_case_in_whose_window_it_happened() -> None:
+    history = [
+        entry(0.0, BEFORE, "ADDED"),
+        Version(10.0, "DELETED", "pods", "b", {"metadata": {"name": "b"}, "status": {"podIP": "10.0.0.2"}}),
+        entry(20.0, {"10.0.0.1": 60}),  # dropped 10 s after the deletion: (a) broken
+    ]
+    during = case_violations(history, Window(5.0, 8.0, 25.0, {}), {"llama": "sluice-llama"}, one_pass=3.0)
+    assert len(during["a"]) == 1
+    assert "f" not in during  # not blind: (f) is not judged
+    later = case_violations(history, Window(30.0, 35.0, 40.0, {}), {"llama": "sluice-llama"}, one_pass=3.0)
+    assert later["a"] == []
+
+
+def test_the_report_marks_a_broken_invariant_and_a_case_that_did_not_resume() -> None:
+    case = CaseResult(
+        name="prom-outage",
+        fault="Prometheus refuses connections",
+        held_seconds=20.0,
+        resume_seconds=None,
+        interval_seconds=2.0,
+        conditions={"llama": ["MetricsAvailable=False (QueryFailed)"]},
+        events={"llama/MetricsUnavailable": 1},
+        counters={'sluice_reconcile_total{result="ok"}': 10},
+        served={},
+        canary=("Progressing step 1 (25%)", "Progressing step 2 (30%)"),
+        canary_steps=["Progressing step 2 (30%) at +4.5 s"],
+        window=(10.0, 30.0, 36.0),
+        violations={"a": [], "f": ["weights-kept at 3.00s: serviceentries/sluice-llama: weights changed"]},
+    )
+    row = report_table([case]).splitlines()[2]
+    assert "**not resumed**" in row
+    assert "(a) held" in row
+    assert "**(f) broken: 1**" in row
+    assert "MetricsAvailable=False (QueryFailed)" in row
+    assert "Progressing step 1 (25%) → Progressing step 2 (30%) (changes: Progressing step 2 (30%) at +4.5 s)" in row
+    assert "prom-outage, (f) last weights kept while blind: weights-kept" in findings([case])
+
+
+def canary(at: float, phase: str, index: int, weight: int) -> Version:
+    status: JsonObject = {"canary": {"phase": phase, "stepIndex": index, "weight": weight}}
+    return Version(at, "MODIFIED", "inferencepools", "llama", {"metadata": {"name": "llama"}, "status": status})
+
+
+def test_canary_changes_are_timed_from_the_faults_start() -> None:
+    history = [
+        canary(1.0, "Progressing", 0, 20),
+        canary(12.0, "Progressing", 1, 25),
+        canary(13.0, "Progressing", 1, 25),
+    ]
+    assert canary_changes(history, "llama", 10.0, 20.0, 10.0) == ["Progressing step 1 (25%) at +2.0 s"]
+    assert canary_changes(history, "llama", 12.5, 20.0, 10.0) == []
