@@ -80,6 +80,7 @@ class Stack:
         sluice_crd: Path | None = SLUICE_CRD,
     ) -> None:
         """`sluice_crd=None` starts the API without sluice's CRD, for an installer (Helm) to create it."""
+        workdir = workdir.resolve()  # Prometheus reads a relative file_sd path from its config file's directory
         self.workdir = workdir
         self.sluice_crd = sluice_crd
         self.namespace = namespace
