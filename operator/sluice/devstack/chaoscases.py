@@ -93,7 +93,7 @@ def clear_api(scene: Scene) -> dict[str, int]:
 
 
 LATENCY: JsonObject = {"name": "slow", "effect": {"type": "latency", "p50": 0.3, "p99": 2.0}}
-THROTTLE: JsonObject = {"name": "apf-429", "probability": 0.05, "effect": {"type": "throttle", "retryAfterSeconds": 1}}
+THROTTLE: JsonObject = {"name": "apf-429", "every": 20, "effect": {"type": "throttle", "retryAfterSeconds": 1}}
 BURST_500: JsonObject = {"name": "etcd-500", "every": 12, "burst": 3, "effect": {"type": "error", "code": 500}}
 BURST_503: JsonObject = {"name": "shutdown-503", "every": 15, "burst": 3, "effect": {"type": "error", "code": 503}}
 EXPIRE: JsonObject = {
@@ -221,7 +221,9 @@ CASES = (
         no_clear,
         fast=True,
     ),
-    FaultCase("api-429", "API 429 with Retry-After: 1 on 5 % of requests", 20, api_plan(THROTTLE), clear_api),
+    FaultCase(
+        "api-429", "API 429 with Retry-After: 1 on 5 % of requests (every 20th)", 30, api_plan(THROTTLE), clear_api
+    ),
     FaultCase("api-latency", "API latency, p50 0.3 s, p99 2 s, on every request", 20, api_plan(LATENCY), clear_api),
     FaultCase(
         "prom-slow",
