@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from sluice.devstack.kubelet import PodSpec, PodState
 from sluice.devstack.stack import Stack
 
@@ -79,3 +81,14 @@ def test_a_kubelet_due_to_restart_a_server_as_the_stack_closes_ends_without_an_e
     asyncio.run(asyncio.wait_for(stack.kubelet(), timeout=20))
     assert due.process is exited  # not restarted
     stack.close()
+
+
+def test_a_relative_work_directory_is_made_absolute_so_prometheus_finds_its_targets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prometheus reads a relative file_sd path from its config file's directory: `out/x/prometheus/out/x/...`.
+    monkeypatch.chdir(tmp_path)
+    stack = Stack(Path("out") / "stack")
+    assert stack.workdir == tmp_path / "out" / "stack"
+    assert stack.targets_file == tmp_path / "out" / "stack" / "prometheus" / "targets.json"
+    assert stack.kubeconfig.is_absolute()
