@@ -12,7 +12,7 @@ from sluice.devstack.chaoschecks import (
     conditions_seen,
     weights_kept,
 )
-from sluice.devstack.chaosreport import CaseResult, findings, report_table
+from sluice.devstack.chaosreport import NOT_RUN, CaseResult, findings, report_table, results_from_json, results_json
 from sluice.devstack.invariants import PodGone, Version
 
 
@@ -130,3 +130,45 @@ def test_canary_changes_are_timed_from_the_faults_start() -> None:
     ]
     assert canary_changes(history, "llama", 10.0, 20.0, 10.0) == ["Progressing step 1 (25%) at +2.0 s"]
     assert canary_changes(history, "llama", 12.5, 20.0, 10.0) == []
+
+
+def test_a_case_that_resumed_later_than_two_intervals_is_a_finding() -> None:
+    case = CaseResult(
+        name="prom-error",
+        fault="Prometheus answers 500",
+        held_seconds=20.0,
+        resume_seconds=11.9,
+        interval_seconds=2.0,
+        conditions={},
+        events={},
+        counters={},
+        served={},
+        canary=("", ""),
+        canary_steps=[],
+        window=(0.0, 20.0, 34.0),
+        violations={"a": []},
+    )
+    assert findings([case]) == "- prom-error: resumed 11.9 s after the fault ended, 6.0 intervals (target: 2)\n"
+    on_time = CaseResult(**{**case.__dict__, "resume_seconds": 3.9})
+    assert findings([on_time]).startswith("None")
+
+
+def test_the_results_document_gives_back_the_cases_it_was_written_from() -> None:
+    case = CaseResult(
+        name="api-5xx",
+        fault="bursts",
+        held_seconds=20.1,
+        resume_seconds=1.3,
+        interval_seconds=2.0,
+        conditions={"llama": ["Degraded=True (SignalsMissing)"]},
+        events={"llama/CanaryAdvanced": 1},
+        counters={"sluice_kube_retries_total": 18.0},
+        served={"etcd-500": 12},
+        canary=("Progressing step 0 (20%)", "Progressing step 1 (25%)"),
+        canary_steps=["Progressing step 1 (25%) at +10.0 s"],
+        window=(1.0, 21.1, 24.4),
+        violations={"a": [], "f": []},
+    )
+    cases, meta = results_from_json(results_json([case], NOT_RUN, {"commit": "abc"}))
+    assert cases == [case]
+    assert meta == {"commit": "abc"}

@@ -35,7 +35,7 @@ from sluice.devstack.chaoschecks import (
     condition_states,
 )
 from sluice.devstack.chaoschecks import conditions_seen as seen_conditions
-from sluice.devstack.chaosreport import NOT_RUN, CaseResult, report_markdown, results_json
+from sluice.devstack.chaosreport import NOT_RUN, CaseResult, report_markdown, results_from_json, results_json
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.loop import Background
 from sluice.devstack.promfaults import ProxyThread
@@ -332,19 +332,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory for results.json, report.md and the stack")
     parser.add_argument("--fast", action="store_true", help="only the fast cases, each held 8 s (CI's form)")
     parser.add_argument("--report", type=Path, help="also write the markdown report here (docs/chaos-report.md)")
+    parser.add_argument(
+        "--from-results", action="store_true", help="render the report again from DIR/results.json, without a run"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    began = datetime.now(UTC)
-    results = run(args.out / "stack", args.fast)
-    meta = {
-        "started": began.strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(),
-        "cpus": str(os.cpu_count()),
-        "form": "fast cases" if args.fast else "whole matrix",
-        "interval": f"{INTERVAL:g} s",
-        "resumed": RESUMED,
-    }
-    (args.out / "results.json").write_text(results_json(results, NOT_RUN, meta))
+    if args.from_results:
+        results, meta = results_from_json((args.out / "results.json").read_text())
+    else:
+        began = datetime.now(UTC)
+        results = run(args.out.resolve() / "stack", args.fast)
+        meta = {
+            "started": began.strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(),
+            "cpus": str(os.cpu_count()),
+            "form": "fast cases" if args.fast else "whole matrix",
+            "interval": f"{INTERVAL:g} s",
+            "resumed": RESUMED,
+        }
+        (args.out / "results.json").write_text(results_json(results, NOT_RUN, meta))
     text = report_markdown(results, NOT_RUN, meta)
     (args.out / "report.md").write_text(text)
     if args.report is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from sluice.devstack.chaoschecks import INVARIANTS
 
@@ -42,7 +42,6 @@ class CaseResult:
     """The fault's start, its end and the end of the case, on the evidence's clock (`evidence.jsonl`'s `at`)."""
     violations: Mapping[str, Sequence[str]]
     """Invariant letter -> violations (empty: held)."""
-    notes: Sequence[str] = field(default_factory=tuple)
 
     @property
     def held(self) -> bool:
@@ -64,6 +63,18 @@ def results_json(cases: Sequence[CaseResult], not_run: Sequence[NotRun], meta: M
         "notRun": [asdict(n) for n in not_run],
     }
     return json.dumps(document, indent=2) + "\n"
+
+
+def results_from_json(text: str) -> tuple[list[CaseResult], dict[str, str]]:
+    """The cases and the run's description from `results_json`'s document (the report rendered again from them)."""
+    document = json.loads(text)
+    fields = set(CaseResult.__dataclass_fields__)
+    cases = []
+    for case in document["cases"]:
+        kept = {k: v for k, v in case.items() if k in fields}
+        kept["canary"], kept["window"] = tuple(kept["canary"]), tuple(kept["window"])
+        cases.append(CaseResult(**kept))
+    return cases, dict(document["meta"])
 
 
 def _resume(case: CaseResult) -> str:
@@ -110,16 +121,27 @@ def report_table(cases: Sequence[CaseResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+RESUME_TARGET = 2
+"""Intervals from a fault's end to the pools resumed: the matrix's target."""
+
+
 def findings(cases: Sequence[CaseResult]) -> str:
-    """Every violation and every case that did not resume, named (or a line saying there were none)."""
+    """Every violation, every case that did not resume or resumed later than the target, named (or a line saying
+    there were none)."""
     lines = []
     for case in cases:
         for letter, found in case.violations.items():
             lines += [f"- {case.name}, ({letter}) {INVARIANTS[letter]}: {v}" for v in found]
         if case.resume_seconds is None:
             lines.append(f"- {case.name}: the pools had not resumed when the runner stopped waiting")
-        lines += [f"- {case.name}: {note}" for note in case.notes]
-    return "\n".join(lines) + "\n" if lines else "None: every invariant held and every case resumed.\n"
+        elif case.resume_seconds > RESUME_TARGET * case.interval_seconds:
+            intervals = case.resume_seconds / case.interval_seconds
+            lines.append(
+                f"- {case.name}: resumed {case.resume_seconds:.1f} s after the fault ended, {intervals:.1f} intervals "
+                f"(target: {RESUME_TARGET})"
+            )
+    done = "None: every invariant held and every case resumed within the target.\n"
+    return "\n".join(lines) + "\n" if lines else done
 
 
 def not_run_list(not_run: Sequence[NotRun]) -> str:
@@ -192,5 +214,6 @@ __all__ = [
     "not_run_list",
     "report_markdown",
     "report_table",
+    "results_from_json",
     "results_json",
 ]
