@@ -243,7 +243,7 @@ CASES = (
     FaultCase("prom-partial", "one pod of each pool missing from every answer", 20, partial, clear_prom),
     FaultCase(
         "prom-error",
-        "Prometheus answers 503 `unavailable`",
+        "Prometheus answers every query with an error (HTTP 500, errorType `unavailable`)",
         20,
         prom(Faults(error="unavailable")),
         clear_prom,

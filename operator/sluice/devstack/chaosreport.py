@@ -162,7 +162,7 @@ NOT_RUN = (
         "clock skew between replicas",
         "needs two replicas (sharded) one of which runs with a shifted clock; the operator has no clock-offset "
         "option and libfaketime is not installed here. The shard fence's decision (`core.shards.Fence.deadline`) "
-        "is tested on a simulated clock (tests/test_shards*.py), not on skewed processes",
+        "is tested on given times (tests/test_fence_decisions.py), not on processes whose clocks disagree",
     ),
     NotRun(
         "network partition",
