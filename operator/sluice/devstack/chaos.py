@@ -288,8 +288,10 @@ def setup(stack: Stack, proxy_url: str, background: Background, port: int) -> No
     if wait(healthy, 180, every=1.0) is None:
         raise RuntimeError("the pools did not publish within 180 s: see operator.log in the work directory")
     time.sleep(WARM_UP)
-    wait(lambda: condition_states(stack.pool(INCIDENT)).get("Degraded", ("", ""))[0] == "True", 60, every=1.0)
-    wait(lambda: canary_state(stack.pool(CANARY)).startswith("Progressing"), 60, every=1.0)
+    if wait(lambda: condition_states(stack.pool(INCIDENT)).get("Degraded", ("", ""))[0] == "True", 60, 1.0) is None:
+        raise RuntimeError(f"{INCIDENT} did not show Degraded=True within 60 s: the run would not be mid-incident")
+    if wait(lambda: canary_state(stack.pool(CANARY)).startswith("Progressing"), 60, every=1.0) is None:
+        raise RuntimeError(f"{CANARY}'s canary was not Progressing within 60 s: the run would not be mid-canary")
 
 
 def save_evidence(recorder: Recorder, path: Path) -> None:
