@@ -11,6 +11,7 @@ and created again, as a rolling restart does), another writer with kubectl, and 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ class Scene:
     incident_pool: str
     renamed: dict[str, str] = field(default_factory=dict)
     """Pods replaced by the rolling restart: old name -> new name."""
+    killed: dict[str, int] = field(default_factory=dict)
+    """The operator process the kill case stopped: its `pid` and `returncode`."""
 
 
 FAST_HOLD = 8.0
@@ -169,12 +172,24 @@ def other_writer(scene: Scene) -> None:
 
 
 def kill_operator(scene: Scene) -> None:
+    process = scene.stack.operator
     scene.stack.stop_operator(kill=True)
+    if process is not None:
+        scene.killed = {"pid": process.pid, "returncode": process.returncode}
+
+
+KILLED = "killed by SIGKILL (exit -9)"
+RESTARTED = "restarted (a new pid)"
 
 
 def restart_operator(scene: Scene) -> dict[str, int]:
-    scene.stack.start_operator()
-    return {"SIGKILL": 1}
+    """Start the operator again; what was served read from the processes: the killed one's return code, and
+    whether the new one is another process."""
+    process = scene.stack.start_operator()
+    return {
+        KILLED: int(scene.killed.get("returncode") == -signal.SIGKILL),
+        RESTARTED: int(bool(scene.killed) and process.pid != scene.killed["pid"]),
+    }
 
 
 CASES = (
@@ -266,4 +281,4 @@ CASES = (
 )
 
 
-__all__ = ["CASES", "FAST_HOLD", "FaultCase", "Scene", "install_plan", "served_by_rule"]
+__all__ = ["CASES", "FAST_HOLD", "KILLED", "RESTARTED", "FaultCase", "Scene", "install_plan", "served_by_rule"]
