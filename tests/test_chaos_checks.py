@@ -7,6 +7,7 @@ from sluice.api.jsontypes import JsonObject, JsonValue
 from sluice.devstack.chaoschecks import (
     Window,
     blind_since,
+    blind_spans,
     canary_changes,
     case_violations,
     conditions_seen,
@@ -33,30 +34,30 @@ BEFORE = {"10.0.0.1": 60, "10.0.0.2": 40}
 
 def test_the_same_weights_written_again_while_blind_are_kept() -> None:
     history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, BEFORE)]
-    assert weights_kept(history, "sluice-llama", 10.0, 30.0, []) == []
+    assert weights_kept(history, "sluice-llama", 10.0, 30.0, []) == ([], 1)
 
 
 def test_a_weight_changed_while_blind_is_a_violation_naming_the_endpoint() -> None:
     history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, {"10.0.0.1": 70, "10.0.0.2": 30})]
-    (found,) = weights_kept(history, "sluice-llama", 10.0, 30.0, [])
+    (found,), _ = weights_kept(history, "sluice-llama", 10.0, 30.0, [])
     assert found.invariant == "weights-kept"
     assert "10.0.0.1 60->70" in found.detail
 
 
 def test_a_deleted_pods_endpoint_may_leave_while_blind() -> None:
     history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, {"10.0.0.1": 60})]
-    assert weights_kept(history, "sluice-llama", 10.0, 30.0, [PodGone("b", "10.0.0.2", 11.0)]) == []
+    assert weights_kept(history, "sluice-llama", 10.0, 30.0, [PodGone("b", "10.0.0.2", 11.0)]) == ([], 1)
 
 
 def test_the_service_entry_deleted_while_blind_is_a_violation() -> None:
     history = [entry(0.0, BEFORE, "ADDED"), entry(12.0, BEFORE, "DELETED")]
-    (found,) = weights_kept(history, "sluice-llama", 10.0, 30.0, [])
+    (found,), _ = weights_kept(history, "sluice-llama", 10.0, 30.0, [])
     assert "deleted" in found.detail
 
 
 def test_changes_before_the_blindness_and_after_its_end_are_not_judged() -> None:
     history = [entry(0.0, BEFORE, "ADDED"), entry(5.0, {"10.0.0.1": 50}), entry(31.0, {"10.0.0.1": 10})]
-    assert weights_kept(history, "sluice-llama", 10.0, 30.0, []) == []
+    assert weights_kept(history, "sluice-llama", 10.0, 30.0, []) == ([], 0)
 
 
 def test_blindness_starts_when_the_pool_first_shows_metrics_unavailable() -> None:
@@ -67,6 +68,63 @@ def test_blindness_starts_when_the_pool_first_shows_metrics_unavailable() -> Non
     ]
     assert blind_since(history, "llama", 0.0, 10.0) == 4.0
     assert blind_since(history, "llama", 0.0, 3.0) is None
+
+
+CHANGED = {"10.0.0.1": 70, "10.0.0.2": 30}
+ENTRIES = {"llama": "sluice-llama"}
+
+
+def test_the_first_blind_pass_is_judged_against_the_last_pass_that_was_not_blind() -> None:
+    # a pass publishes the ServiceEntry, then writes the status: the first blind pass's ServiceEntry (3.9) comes
+    # before the first blind status (4.0), and the recovering pass's (7.9) before the status showing it (8.0)
+    history = [
+        entry(0.9, BEFORE, "ADDED"),
+        pool(1.0, MetricsAvailable=("True", "Fresh")),
+        entry(3.9, CHANGED),
+        pool(4.0, MetricsAvailable=("False", "QueryFailed")),
+        pool(6.0, MetricsAvailable=("False", "QueryFailed")),
+        entry(7.9, {"10.0.0.1": 10, "10.0.0.2": 90}),
+        pool(8.0, MetricsAvailable=("True", "Fresh")),
+    ]
+    found, judged = case_violations(history, Window(2.0, 7.0, 10.0), ENTRIES, one_pass=3.0)
+    (violation,) = found["f"]
+    assert "at 3.90s" in violation
+    assert "10.0.0.1 60->70" in violation
+    assert judged == {"llama": 1}
+
+
+def test_blindness_is_judged_until_the_pool_sees_again_not_until_the_fault_was_cleared() -> None:
+    history = [
+        entry(0.9, BEFORE, "ADDED"),
+        pool(1.0, MetricsAvailable=("True", "Fresh")),
+        pool(4.0, MetricsAvailable=("False", "QueryFailed")),
+        entry(8.9, CHANGED),  # after the clear (5.0), written by a pass that was still blind
+        pool(9.0, MetricsAvailable=("False", "QueryFailed")),
+        pool(11.0, MetricsAvailable=("True", "Fresh")),
+    ]
+    found, judged = case_violations(history, Window(2.0, 5.0, 14.0), ENTRIES, one_pass=3.0)
+    assert len(found["f"]) == 1
+    assert judged == {"llama": 1}
+
+
+def test_blind_spans_run_from_the_last_sighted_status_to_the_last_blind_one_or_the_end() -> None:
+    history = [
+        pool(1.0, MetricsAvailable=("True", "Fresh")),
+        pool(4.0, MetricsAvailable=("False", "QueryFailed")),
+        pool(6.0, MetricsAvailable=("False", "QueryFailed")),
+        pool(8.0, MetricsAvailable=("True", "Fresh")),
+        pool(10.0, MetricsAvailable=("False", "QueryFailed")),
+    ]
+    assert blind_spans(history, "llama", 2.0, 12.0) == [(1.0, 6.0), (8.0, 12.0)]
+    assert blind_spans(history, "llama", 9.0, 12.0) == [(8.0, 12.0)]  # the first began before the window
+    assert blind_spans(history[:1], "llama", 0.0, 12.0) == []
+
+
+def test_with_no_operator_running_the_faults_span_is_judged_and_counted_even_when_empty() -> None:
+    history = [entry(0.9, BEFORE, "ADDED"), pool(1.0, MetricsAvailable=("True", "Fresh"))]
+    found, judged = case_violations(history, Window(2.0, 7.0, 10.0, operator_down=True), ENTRIES, one_pass=3.0)
+    assert found["f"] == []
+    assert judged == {"llama": 0}
 
 
 def test_conditions_seen_are_those_that_differ_from_the_baseline_each_once() -> None:
@@ -85,10 +143,11 @@ def test_a_violation_counts_for_the_case_in_whose_window_it_happened() -> None:
         Version(10.0, "DELETED", "pods", "b", {"metadata": {"name": "b"}, "status": {"podIP": "10.0.0.2"}}),
         entry(20.0, {"10.0.0.1": 60}),  # dropped 10 s after the deletion: (a) broken
     ]
-    during = case_violations(history, Window(5.0, 8.0, 25.0, {}), {"llama": "sluice-llama"}, one_pass=3.0)
+    during, judged = case_violations(history, Window(5.0, 8.0, 25.0), {"llama": "sluice-llama"}, one_pass=3.0)
     assert len(during["a"]) == 1
     assert "f" not in during  # not blind: (f) is not judged
-    later = case_violations(history, Window(30.0, 35.0, 40.0, {}), {"llama": "sluice-llama"}, one_pass=3.0)
+    assert judged == {}
+    later, _ = case_violations(history, Window(30.0, 35.0, 40.0), {"llama": "sluice-llama"}, one_pass=3.0)
     assert later["a"] == []
 
 
@@ -107,8 +166,10 @@ def test_the_report_marks_a_broken_invariant_and_a_case_that_did_not_resume() ->
         canary_steps=["Progressing step 2 (30%) at +4.5 s"],
         window=(10.0, 30.0, 36.0),
         violations={"a": [], "f": ["weights-kept at 3.00s: serviceentries/sluice-llama: weights changed"]},
+        blind_versions={"llama": 3, "mistral": 0},
     )
     row = report_table([case]).splitlines()[2]
+    assert "**(f) broken: 1** (3 ServiceEntry versions judged)" in row
     assert "**not resumed**" in row
     assert "(a) held" in row
     assert "**(f) broken: 1**" in row
@@ -168,6 +229,7 @@ def test_the_results_document_gives_back_the_cases_it_was_written_from() -> None
         canary_steps=["Progressing step 1 (25%) at +10.0 s"],
         window=(1.0, 21.1, 24.4),
         violations={"a": [], "f": []},
+        blind_versions={"llama": 0},
     )
     cases, meta = results_from_json(results_json([case], NOT_RUN, {"commit": "abc"}))
     assert cases == [case]

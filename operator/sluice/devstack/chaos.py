@@ -17,8 +17,8 @@ import os
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ import yaml
 from sluice.devstack.chaoscases import CASES, FaultCase, Scene
 from sluice.devstack.chaoschecks import (
     Window,
-    blind_since,
     canary_changes,
     canary_state,
     case_violations,
@@ -53,12 +52,15 @@ WARM_UP = 20.0
 """Seconds of load before the first case, once the pools have published: the rate window (10 s) filled twice."""
 RESUME_WAIT = 90.0
 WATCHED = ("Ready", "MetricsAvailable", "IstioSynced")
+BLIND_PASSES = 2
+"""Passes of each pool run after both went blind, before a case held `until_blind` is cleared."""
 RESUMED = (
     "the first moment (polled every 0.25 s) after the fault's end at which, for each pool, the operator has "
-    "counted a pass with result `ok` that started after the fault's end (`sluice_reconcile_total`, "
-    "`sluice_last_pass_timestamp_seconds`), the pool's Ready, MetricsAvailable and IstioSynced conditions are "
-    "back to what they were before the case, and every Istio object sluice had published before the case exists "
-    "with its DestinationRule's spec as it was"
+    "counted a pass with result `ok` after the first poll that saw a pass started after the fault's end "
+    "(`sluice_reconcile_total`, `sluice_last_pass_timestamp_seconds`; the ok count is read at that poll, so a "
+    "pass that started and ended between two polls counts only at the next one), the pool's Ready, "
+    "MetricsAvailable and IstioSynced conditions are back to what they were before the case, and every Istio "
+    "object sluice had published before the case exists with its DestinationRule's spec as it was"
 )
 CANARY, INCIDENT = "llama", "mistral"
 PODS = [
@@ -187,26 +189,75 @@ def read_before(scene: Scene, port: int) -> Before:
     )
 
 
-def resumed(scene: Scene, port: int, before: Before, cleared_wall: float, ok_at_clear: dict[str, float]) -> bool:
-    """`RESUMED`, read once."""
+def ok_key(pool: str) -> str:
+    return f'sluice_reconcile_total{{pool="llm/{pool}",result="ok"}}'
+
+
+def passes(now: Mapping[str, float], pool: str) -> float:
+    """The pool's passes of every result on one reading of /metrics."""
+    prefix = f'sluice_reconcile_total{{pool="llm/{pool}",'
+    return sum(v for k, v in now.items() if k.startswith(prefix))
+
+
+@dataclass
+class Resumption:
+    """The pass half of `RESUMED`, over successive readings of /metrics: per pool, the ok count at the first
+    reading that showed a pass started after the fault's end (`cleared_wall`, on the operator's clock)."""
+
+    cleared_wall: float
+    seen: dict[str, float] = field(default_factory=dict)
+
+    def passed(self, pool: str, now: Mapping[str, float]) -> bool:
+        """True once an ok pass was counted after the reading that first showed a pass started after the end."""
+        ok = now.get(ok_key(pool))
+        started = now.get(f'sluice_last_pass_timestamp_seconds{{pool="llm/{pool}"}}')
+        if ok is None or started is None:
+            return False
+        if pool not in self.seen:
+            if started >= self.cleared_wall:
+                self.seen[pool] = ok
+            return False
+        return ok > self.seen[pool]
+
+
+def conditions_back(before: Mapping[str, tuple[str, str]], now: Mapping[str, tuple[str, str]]) -> bool:
+    """The watched conditions have the status they had before the case."""
+    return all(now.get(k, ("", ""))[0] == before.get(k, ("", ""))[0] for k in WATCHED)
+
+
+def resumed(scene: Scene, port: int, before: Before, resumption: Resumption) -> bool:
+    """`RESUMED`, read once (every pool's reading taken, so each pool's first post-clear pass is seen on time)."""
     now = counters(port)
-    for pool in (CANARY, INCIDENT):
-        ok = now.get(f'sluice_reconcile_total{{pool="llm/{pool}",result="ok"}}', 0.0)
-        started = now.get(f'sluice_last_pass_timestamp_seconds{{pool="llm/{pool}"}}', 0.0)
-        if ok <= ok_at_clear.get(pool, 0.0) or started < cleared_wall:
-            return False
-        states = condition_states(scene.stack.pool(pool))
-        if any(states.get(k, ("", ""))[0] != before.conditions[pool].get(k, ("", ""))[0] for k in WATCHED):
-            return False
+    counted = [resumption.passed(pool, now) for pool in (CANARY, INCIDENT)]  # both read, no short cut
+    if not all(counted):
+        return False
+    if not all(
+        conditions_back(before.conditions[p], condition_states(scene.stack.pool(p))) for p in (CANARY, INCIDENT)
+    ):
+        return False
     objects = published(scene.stack)
     if any(key not in objects for key in before.objects):
         return False
     return all(objects[k] == spec for k, spec in before.objects.items() if k[0] == "destinationrules")
 
 
-def ok_passes(port: int) -> dict[str, float]:
-    now = counters(port)
-    return {p: now.get(f'sluice_reconcile_total{{pool="llm/{p}",result="ok"}}', 0.0) for p in (CANARY, INCIDENT)}
+def blind_now(scene: Scene) -> bool:
+    return all(
+        condition_states(scene.stack.pool(p)).get("MetricsAvailable", ("", ""))[0] == "False"
+        for p in (CANARY, INCIDENT)
+    )
+
+
+def hold_until_blind(scene: Scene, port: int, cap: float) -> None:
+    """Until both pools show MetricsAvailable=False and each ran `BLIND_PASSES` more passes, at most `cap` s."""
+    end = time.monotonic() + cap
+    if wait(lambda: blind_now(scene), cap) is None:
+        return
+    first = counters(port)
+    wait(
+        lambda: all(passes(counters(port), p) >= passes(first, p) + BLIND_PASSES for p in (CANARY, INCIDENT)),
+        max(0.0, end - time.monotonic()),
+    )
 
 
 # ------------------------------------------------------------------------------------ one case
@@ -230,17 +281,20 @@ def run_case(scene: Scene, case: FaultCase, hold: float, port: int) -> CaseResul
     before = read_before(scene, port)
     started = time.monotonic()
     case.inject(scene)
-    time.sleep(max(0.0, hold - (time.monotonic() - started)))
+    if case.until_blind:
+        hold_until_blind(scene, port, hold)
+    else:
+        time.sleep(max(0.0, hold - (time.monotonic() - started)))
     served = case.clear(scene)
     cleared, cleared_wall = time.monotonic(), time.time()
-    ok_at_clear = ok_passes(port)
-    resume = wait(lambda: resumed(scene, port, before, cleared_wall, ok_at_clear), RESUME_WAIT)
+    resumption = Resumption(cleared_wall)
+    resume = wait(lambda: resumed(scene, port, before, resumption), RESUME_WAIT)
     time.sleep(INTERVAL)  # one more interval of evidence after the resume
     ended = time.monotonic()
     evidence = scene.recorder.snapshot()
-    blind = {p: _blind(case, evidence, p, started, cleared) for p in (CANARY, INCIDENT)}
-    window = Window(started, cleared, ended, blind)
+    window = Window(started, cleared, ended, operator_down=case.operator_down)
     entries = {p: f"sluice-{p}" for p in (CANARY, INCIDENT)}
+    violations, judged = case_violations(evidence, window, entries, ONE_PASS)
     after_events = events(scene.stack)
     return CaseResult(
         name=case.name,
@@ -248,23 +302,16 @@ def run_case(scene: Scene, case: FaultCase, hold: float, port: int) -> CaseResul
         held_seconds=round(cleared - started, 1),
         resume_seconds=None if resume is None else round(resume, 1),
         interval_seconds=INTERVAL,
-        conditions={p: seen_conditions(evidence, p, before.conditions[p], started, ended) for p in blind},
+        conditions={p: seen_conditions(evidence, p, before.conditions[p], started, ended) for p in entries},
         events={k: n - before.events.get(k, 0) for k, n in after_events.items() if n > before.events.get(k, 0)},
         counters=moved(before.counters, counters(port)),
         served=served,
         canary=(before.canary, canary_state(scene.stack.pool(CANARY))),
         canary_steps=canary_changes(evidence, CANARY, started, ended, started),
         window=(round(started, 3), round(cleared, 3), round(ended, 3)),
-        violations=case_violations(evidence, window, entries, ONE_PASS),
+        violations=violations,
+        blind_versions=judged,
     )
-
-
-def _blind(case: FaultCase, evidence: Sequence[Any], pool: str, started: float, cleared: float) -> float | None:
-    if case.blind == "operator":
-        return started
-    if case.blind == "metrics":
-        return blind_since(evidence, pool, started, cleared)
-    return None
 
 
 # ------------------------------------------------------------------------------------ the run

@@ -56,9 +56,12 @@ class FaultCase:
     """Part of the bounded run (CI)."""
     fast_hold: float = FAST_HOLD
     """Seconds held in the bounded run."""
-    blind: str = ""
-    """How the control plane is blind while the fault lasts, for (f): "metrics" (from when a pool shows
-    MetricsAvailable=False), "operator" (no operator runs: from the fault's start); "": it is not blind."""
+    operator_down: bool = False
+    """No operator runs while the fault lasts: (f) judges the fault's span (the blind spans of the metrics are
+    read from the evidence, for every case)."""
+    until_blind: bool = False
+    """Held until both pools show MetricsAvailable=False and each has run two more passes (`hold`, or
+    `fast_hold`, caps the wait), rather than for a fixed time."""
 
 
 # ------------------------------------------------------------------------------------ the API emulator
@@ -211,13 +214,14 @@ CASES = (
     ),
     FaultCase(
         "prom-outage",
-        "Prometheus refuses connections (outage)",
-        20,
+        "Prometheus refuses connections (outage), held until both pools show MetricsAvailable=False and two "
+        "more passes ran",
+        60,
         prom(Faults(outage=True)),
         clear_prom,
         fast=True,
-        fast_hold=20.0,  # answers younger than the pools' staleAfter (15 s) are still used: held past it
-        blind="metrics",
+        fast_hold=60.0,  # a cap: answers younger than the pools' staleAfter (15 s) are still used
+        until_blind=True,
     ),
     FaultCase(
         "operator-sigkill",
@@ -226,7 +230,7 @@ CASES = (
         kill_operator,
         restart_operator,
         fast=True,
-        blind="operator",
+        operator_down=True,
     ),
     FaultCase(
         "other-writer",
@@ -249,20 +253,22 @@ CASES = (
     ),
     FaultCase(
         "prom-timeout",
-        "Prometheus never answers (queries time out)",
-        20,
+        "Prometheus never answers (queries time out), held until both pools show MetricsAvailable=False and two "
+        "more passes ran",
+        60,
         prom(Faults(hang=True)),
         clear_prom,
-        blind="metrics",
+        until_blind=True,
     ),
     FaultCase("prom-partial", "one pod of each pool missing from every answer", 20, partial, clear_prom),
     FaultCase(
         "prom-error",
-        "Prometheus answers every query with an error (HTTP 500, errorType `unavailable`)",
-        20,
+        "Prometheus answers every query with an error (HTTP 500, errorType `unavailable`), held until both pools "
+        "show MetricsAvailable=False and two more passes ran",
+        60,
         prom(Faults(error="unavailable")),
         clear_prom,
-        blind="metrics",
+        until_blind=True,
     ),
     FaultCase(
         "rolling-restart",

@@ -9,9 +9,14 @@ window it happened:
 - (a) `weight_after_deletion`, over the pods whose deletion was seen in the window;
 - (b) `foreign_writes`; (c) `recreation_loops` (more than `RECREATION_LIMIT` re-creations within 60 s);
 - (d) `canary_regressions`;
-- (f) `weights_kept`: while the control plane was blind (Prometheus unreadable, or no operator running), every
-  ServiceEntry version keeps the endpoints and weights of the version in effect when it went blind, but for the
-  endpoints of pods deleted meanwhile.
+- (f) `weights_kept`: while the control plane was blind, every ServiceEntry version keeps the endpoints and
+  weights of the version in effect before it went blind, but for the endpoints of pods deleted meanwhile. A pool
+  is blind when the evidence shows it: `blind_spans` reads the pool's MetricsAvailable=False stretches. A pass
+  publishes the ServiceEntry before it writes the pool's status, so a blind stretch is judged from the last
+  status version that was not blind (its pass's ServiceEntry is the reference) to the last blind status version
+  (the ServiceEntry versions up to it were written by blind passes); a stretch not over when the case ends is
+  judged to the case's end. With no operator running (`Window.operator_down`) the span is the fault's: there is no
+  writer, so that span holds no version by construction and the report says how many versions each check judged.
 (e) (no write outside a shard term) needs sharded replicas: the chaos run has one replica without shards, so it
 has no terms to judge and says so.
 """
@@ -49,12 +54,20 @@ INVARIANTS = {
 @dataclass(frozen=True)
 class Window:
     """A case on the evidence's clock: the fault from `started` to `cleared`, the run judged until `ended`.
-    `blind` maps a pool to when its control plane went blind during the fault (None: it never did)."""
+    `operator_down`: no operator ran from `started` to `cleared` (the control plane blind throughout)."""
 
     started: float
     cleared: float
     ended: float
-    blind: Mapping[str, float | None]
+    operator_down: bool = False
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What (f) judged for one case: the violations, and pool -> ServiceEntry versions judged."""
+
+    violations: list[Violation]
+    versions: dict[str, int]
 
 
 def weighted_endpoints(body: Mapping[str, object]) -> dict[str, int]:
@@ -69,17 +82,19 @@ def weighted_endpoints(body: Mapping[str, object]) -> dict[str, int]:
 
 def weights_kept(
     versions: Iterable[Version], entry: str, since: float, until: float, gone: Iterable[PodGone]
-) -> list[Violation]:
+) -> tuple[list[Violation], int]:
     """(f) Each version of the ServiceEntry `entry` seen in (`since`, `until`] against the one in effect at
-    `since`: the same addresses with the same weights, but for the addresses of pods deleted meanwhile."""
+    `since`: the same addresses with the same weights, but for the addresses of pods deleted meanwhile. Returns
+    the violations and how many versions were judged."""
     history = sorted((v for v in versions if v.resource == "serviceentries" and v.name == entry), key=lambda v: v.at)
     before = [v for v in history if v.at <= since]
     if not before:
-        return []
+        return [], 0
     reference = weighted_endpoints(before[-1].body)
     dropped = {g.ip for g in gone if g.at <= until}
+    judged = [v for v in history if since < v.at <= until]
     violations = []
-    for version in (v for v in history if since < v.at <= until):
+    for version in judged:
         if version.event == "DELETED":
             detail = "deleted while the control plane was blind"
         else:
@@ -89,7 +104,31 @@ def weights_kept(
                 continue
             detail = f"weights changed while blind: {_changes(kept, now)}"
         violations.append(Violation("weights-kept", version.at, f"serviceentries/{entry}", detail))
-    return violations
+    return violations, len(judged)
+
+
+def blind_spans(versions: Iterable[Version], pool: str, since: float, until: float) -> list[tuple[float, float]]:
+    """The stretches in which the pool showed MetricsAvailable=False, for each one that began in [`since`,
+    `until`]: (the last status version before it that was not blind, the last blind status version of the
+    stretch; `until` when the stretch had not ended by then). A stretch with no earlier status is left out."""
+    history = sorted((v for v in versions if v.resource == "inferencepools" and v.name == pool), key=lambda v: v.at)
+    spans = []
+    sighted: float | None = None  # the last status version that was not blind
+    last_blind: float | None = None  # the stretch's last blind version, while a stretch that counts lasts
+    blind = counts = False
+    for version in (v for v in history if v.at <= until):
+        if condition_states(version.body).get("MetricsAvailable", ("", ""))[0] == "False":
+            if not blind:
+                blind = True
+                counts = sighted is not None and version.at >= since
+            last_blind = version.at if counts else None
+            continue
+        if blind and sighted is not None and last_blind is not None:
+            spans.append((sighted, last_blind))
+        sighted, last_blind, blind = version.at, None, False
+    if blind and sighted is not None and last_blind is not None:
+        spans.append((sighted, until))
+    return spans
 
 
 def _changes(before: Mapping[str, int], after: Mapping[str, int]) -> str:
@@ -105,6 +144,23 @@ def blind_since(versions: Iterable[Version], pool: str, since: float, until: flo
         if condition_states(version.body).get("MetricsAvailable", ("", ""))[0] == "False":
             return version.at
     return None
+
+
+def weights_kept_while_blind(versions: Sequence[Version], window: Window, entries: Mapping[str, str]) -> Judged:
+    """(f) over a case: for each pool (`entries` maps it to its ServiceEntry's name), every blind span of the
+    evidence that began in the case's window, and the fault's span when no operator ran."""
+    gone = pods_gone(versions)
+    found: list[Violation] = []
+    counted: dict[str, int] = {}
+    for pool, entry in entries.items():
+        spans = blind_spans(versions, pool, window.started, window.ended)
+        if window.operator_down:
+            spans.append((window.started, window.cleared))
+        for since, until in spans:
+            violations, judged = weights_kept(versions, entry, since, until, gone)
+            found += violations
+            counted[pool] = counted.get(pool, 0) + judged
+    return Judged(found, counted)
 
 
 def condition_states(body: Mapping[str, object]) -> dict[str, tuple[str, str]]:
@@ -133,9 +189,10 @@ def conditions_seen(
 
 def case_violations(
     versions: Sequence[Version], window: Window, entries: Mapping[str, str], one_pass: float
-) -> dict[str, list[str]]:
-    """Invariant letter -> the violations of the case (empty lists: held). `entries` maps each pool to its
-    ServiceEntry's name; (f) is judged only for the pools that went blind."""
+) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Invariant letter -> the violations of the case (empty lists: held), and pool -> the ServiceEntry versions
+    (f) judged. `entries` maps each pool to its ServiceEntry's name; (f) is judged only when the evidence shows a
+    pool blind in the window, or no operator ran."""
     upto = [v for v in versions if v.at < window.ended]
     gone = [g for g in pods_gone(upto) if window.started <= g.at < window.ended]
 
@@ -148,12 +205,10 @@ def case_violations(
         "c": inside(recreation_loops(upto, RECREATION_LIMIT, RECREATION_WINDOW)),
         "d": inside(canary_regressions(canary_records(upto))),
     }
-    blind = [(pool, at) for pool, at in window.blind.items() if at is not None]
-    if blind:
-        all_gone = pods_gone(upto)
-        kept = [weights_kept(upto, entries[pool], at, window.cleared, all_gone) for pool, at in blind]
-        found["f"] = [str(v) for violations in kept for v in violations]
-    return found
+    judged = weights_kept_while_blind(upto, window, entries)
+    if judged.versions:
+        found["f"] = [str(v) for v in judged.violations]
+    return found, judged.versions
 
 
 def canary_changes(versions: Iterable[Version], pool: str, since: float, until: float, origin: float) -> list[str]:
@@ -182,8 +237,10 @@ def canary_state(body: JsonObject) -> str:
 __all__ = [
     "INVARIANTS",
     "RECREATION_LIMIT",
+    "Judged",
     "Window",
     "blind_since",
+    "blind_spans",
     "canary_changes",
     "canary_state",
     "case_violations",
@@ -191,4 +248,5 @@ __all__ = [
     "conditions_seen",
     "weighted_endpoints",
     "weights_kept",
+    "weights_kept_while_blind",
 ]

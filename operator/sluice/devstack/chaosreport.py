@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sluice.devstack.chaoschecks import INVARIANTS
 
@@ -42,6 +42,8 @@ class CaseResult:
     """The fault's start, its end and the end of the case, on the evidence's clock (`evidence.jsonl`'s `at`)."""
     violations: Mapping[str, Sequence[str]]
     """Invariant letter -> violations (empty: held)."""
+    blind_versions: Mapping[str, int] = field(default_factory=dict)
+    """Pool -> the ServiceEntry versions (f) judged (present for each pool judged, 0 included)."""
 
     @property
     def held(self) -> bool:
@@ -101,6 +103,9 @@ def _invariants(case: CaseResult) -> str:
     cells = []
     for letter, found in case.violations.items():
         cells.append(f"({letter}) held" if not found else f"**({letter}) broken: {len(found)}**")
+        if letter == "f":
+            judged = sum(case.blind_versions.values())
+            cells[-1] += f" ({judged} ServiceEntry version{'' if judged == 1 else 's'} judged)"
     return ", ".join(cells)
 
 
