@@ -34,6 +34,13 @@ class Api:
     def plan(self, *rules: str) -> None:
         self.server.faults.install(load_plan("rules:\n" + "".join(f"- {rule}\n" for rule in rules)))
 
+    async def put_plan(self, *rules: str) -> dict[str, object]:
+        """The plan replaced as a harness does it: `PUT /_faults` (which wakes the open watches)."""
+        body = "rules:\n" + "".join(f"- {rule}\n" for rule in rules)
+        async with self.session.put("/_faults", data=body, headers=ADMIN) as response:
+            assert response.status == 200
+            return dict(await response.json())
+
 
 @pytest_asyncio.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
@@ -176,7 +183,7 @@ async def test_a_plan_installed_while_watches_are_open_is_asked_for_them_and_end
     closing = await api.session.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": now}, headers=ADMIN)
     expiring = await api.session.get(NAMESPACES, params={"watch": "true", "resourceVersion": now}, headers=ADMIN)
     await asyncio.sleep(0.2)
-    api.plan(
+    await api.put_plan(
         "{name: expire, match: {resources: [namespaces]}, effect: {type: expireWatch}}",
         "{name: close, effect: {type: closeWatch, afterSeconds: 0.2}}",
     )
@@ -186,6 +193,25 @@ async def test_a_plan_installed_while_watches_are_open_is_asked_for_them_and_end
     assert (event["type"], event["object"]["code"], event["object"]["reason"]) == ("ERROR", 410, "Expired")
     assert event["object"]["message"].startswith(f"too old resource version: {now} (")
     assert {r["rule"] for r in api.server.faults.records} == {"close", "expire"}
+
+
+@pytest.mark.asyncio
+async def test_asking_an_open_watch_leaves_the_other_rules_counters_as_they_were(api: Api) -> None:
+    now = str(api.server.store.revision)
+    watch = await api.session.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": now}, headers=ADMIN)
+    await asyncio.sleep(0.2)
+    await api.put_plan(
+        "{name: apf, every: 2, effect: {type: throttle}}",
+        "{name: close, match: {verbs: [watch]}, effect: {type: closeWatch, afterSeconds: 0.2}}",
+    )
+    assert await asyncio.wait_for(watch.read(), timeout=10) == b""
+    async with api.session.get("/_faults", headers=ADMIN) as response:
+        matched = {rule["name"]: rule["matched"] for rule in (await response.json())["rules"]}
+    assert matched == {"apf": 0, "close": 1}
+    # every 2nd request the throttle rule matches is its first 429: the watch asked did not count as one
+    first = await api.session.get(CONFIGMAPS, headers=ADMIN)
+    second = await api.session.get(CONFIGMAPS, headers=ADMIN)
+    assert (first.status, second.status) == (200, 429)
 
 
 @pytest.mark.asyncio

@@ -292,6 +292,8 @@ class FaultInjector:
     generation: int = 0
     """Plans installed so far: an open watch asks a plan installed after it began (`ApiServer._watch`)."""
     rng: random.Random = field(default_factory=random.Random)
+    watch_rng: random.Random = field(default_factory=random.Random)
+    """The generator of the watch rules asked for open watches (`decide_open_watch`)."""
 
     def __post_init__(self) -> None:
         self.install(self.plan)
@@ -301,6 +303,7 @@ class FaultInjector:
         self.plan, self.counters, self.served = plan, {}, {}
         self.records.clear()
         self.rng = random.Random(plan.seed)
+        self.watch_rng = random.Random(plan.seed)
         self.installed_at = self.clock()
         self.generation += 1
 
@@ -313,6 +316,17 @@ class FaultInjector:
 
     def decide(self, request: FaultRequest) -> Decision:
         decision, self.counters = decide(self.plan, self.counters, request, self.elapsed(), self.rng)
+        return decision
+
+    def decide_open_watch(self, request: FaultRequest) -> Decision:
+        """The decision for a watch already open when the plan was installed: only its closeWatch and expireWatch
+        rules are asked, so the other rules' counters (matched, every, burst, limit) and the generator their
+        chances draw from are as if the watch had not been asked; the watch rules draw from their own."""
+        rules = tuple(r for r in self.plan.rules if isinstance(r.effect, CloseWatch | ExpireWatch))
+        if not rules:
+            return Decision()
+        watch_plan = self.plan.model_copy(update={"rules": rules})
+        decision, self.counters = decide(watch_plan, self.counters, request, self.elapsed(), self.watch_rng)
         return decision
 
     def record(self, rule: str, effect: str, request: FaultRequest, detail: str) -> None:

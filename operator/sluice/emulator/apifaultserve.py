@@ -9,6 +9,7 @@ it; anyone else gets kube-apiserver's 403 for a non-resource path.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -17,7 +18,7 @@ from typing import Any
 import aiohttp.web
 
 from sluice.emulator.apifaultplan import CloseWatch, ExpireWatch, FaultRule, PlanError, load_plan
-from sluice.emulator.apifaults import Answer, Decision, FaultInjector, FaultRequest, expired_message
+from sluice.emulator.apifaults import Answer, Decision, FaultInjector, FaultRequest, WatchCut, expired_message
 from sluice.emulator.apirbac import User, forbidden_path_message
 from sluice.emulator.apistore import ApiError, ResourceType, Store
 
@@ -101,6 +102,17 @@ class FaultServing:
     def _write_audit(self, entry: dict[str, str]) -> None:
         raise NotImplementedError
 
+    def _wake_watches(self) -> None:
+        raise NotImplementedError
+
+    def _serve_admin(self, request: Any, user: User) -> aiohttp.web.Response:
+        """`/_faults`; a plan replaced there wakes the open watches, which ask it now, not at their next wake-up."""
+        installed = self.faults.generation
+        answer = admin(self.faults, user, str(request._raw_request.method), request.body)
+        if self.faults.generation != installed:
+            self._wake_watches()
+        return answer
+
     async def _decide_fault(
         self, request: Any, rtype: ResourceType, user: User
     ) -> tuple[FaultRequest | None, Decision]:
@@ -132,14 +144,25 @@ class FaultServing:
         self, request: Any, rtype: ResourceType, user: User, seen_up_to: int
     ) -> tuple[FaultRule, FaultRequest] | None:
         """A plan installed while a watch is open is asked for it, as for a watch from the version it has seen up
-        to: a closeWatch or expireWatch rule that fires is the watch's fault from then on (None: none fires)."""
+        to: a closeWatch or expireWatch rule that fires is the watch's fault from then on (None: none fires). Only
+        those rules are asked (`FaultInjector.decide_open_watch`): the others' counters are left as they were."""
         if not self.faults.active:
             return None
         asked = replace(self._fault_request(request, rtype, user), resource_version=str(seen_up_to))
-        rule = self.faults.decide(asked).rule
+        rule = self.faults.decide_open_watch(asked).rule
         if rule is None or not isinstance(rule.effect, CloseWatch | ExpireWatch):
             return None
         return rule, asked
+
+    def _reask_watch(
+        self, request: Any, rtype: ResourceType, user: User, seen_up_to: int, deadline: float
+    ) -> tuple[tuple[FaultRule, FaultRequest] | None, WatchCut, float, bool]:
+        """An open watch asks a plan installed since it began: its fault (None: none fires), its closeWatch
+        progress, and its deadline (on the event loop's clock) with whether the fault's comes first."""
+        fault = self._open_watch_fault(request, rtype, user, seen_up_to)
+        effect = fault[0].effect if fault is not None else None
+        cut = WatchCut(effect if isinstance(effect, CloseWatch) else None)
+        return (fault, cut, *cut.deadline(asyncio.get_running_loop().time(), deadline))
 
     def _serve_fault(self, asked: FaultRequest, request: Any, rule: FaultRule, answer: Answer) -> aiohttp.web.Response:
         self.faults.record(rule.name, rule.effect.type, asked, answer_detail(answer))

@@ -322,12 +322,7 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
             return aiohttp.web.json_response(ApiError(403, "Forbidden", acting).status(), status=403)
         user = acting
         if request.url.path.rstrip("/") == apifaultserve.FAULTS_PATH:
-            installed = self.faults.generation
-            answer = apifaultserve.admin(self.faults, user, str(request._raw_request.method), request.body)
-            if self.faults.generation != installed:  # open watches ask the new plan now, not at their next wake-up
-                changed, self.changed = self.changed, asyncio.Event()
-                changed.set()
-            return answer
+            return self._serve_admin(request, user)
         resource = request.resource
         is_resource = not (
             request.url.path.startswith("/openapi/")
@@ -734,6 +729,9 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
         late (Lease renewals among them)."""
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self.sync_discovery()
+        self._wake_watches()
+
+    def _wake_watches(self) -> None:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
 
@@ -822,12 +820,10 @@ class ApiServer(kmock.KubernetesScaffold, apifaultserve.FaultServing):
                         await send(event.type, event.obj)
                 last = max(last, seen_up_to)
                 if fault is None and plan != self.faults.generation:  # a plan installed since: asked for this watch
-                    plan, fault = self.faults.generation, self._open_watch_fault(request, rtype, user, last)
+                    plan = self.faults.generation
+                    fault, cut, deadline, cut_early = self._reask_watch(request, rtype, user, last, deadline)
                     if fault is not None and isinstance(fault[0].effect, ExpireWatch):
                         return await self._expire_watch(response, last, *fault)
-                    effect = fault[0].effect if fault is not None else None
-                    cut = WatchCut(effect if isinstance(effect, CloseWatch) else None)
-                    deadline, cut_early = cut.deadline(loop.time(), deadline)
                     if cut.at_once():
                         raise apifaultserve.ClosedByFault
                 if bookmarks and loop.time() >= next_bookmark:
