@@ -13,7 +13,15 @@ from sluice.devstack.chaoschecks import (
     conditions_seen,
     weights_kept,
 )
-from sluice.devstack.chaosreport import NOT_RUN, CaseResult, findings, report_table, results_from_json, results_json
+from sluice.devstack.chaosreport import (
+    NOT_RUN,
+    CaseResult,
+    findings,
+    report_markdown,
+    report_table,
+    results_from_json,
+    results_json,
+)
 from sluice.devstack.invariants import PodGone, Version
 
 
@@ -234,3 +242,21 @@ def test_the_results_document_gives_back_the_cases_it_was_written_from() -> None
     cases, meta = results_from_json(results_json([case], NOT_RUN, {"commit": "abc"}))
     assert cases == [case]
     assert meta == {"commit": "abc"}
+
+
+def test_the_reports_description_of_the_machine_and_the_pools_is_the_runs() -> None:
+    meta = {
+        "form": "fast cases",
+        "commit": "abc",
+        "started": "now",
+        "cpus": "2",
+        "interval": "2 s",
+        "resumed": "r",
+        "pools": "`llama` stepped every 9 s",
+        "load": "0.50 at the start and 3.00 at the end",
+    }
+    text = report_markdown([], NOT_RUN, meta)
+    assert "2-core machine whose 1-minute load average was 0.50 at the start and 3.00 at the end" in text
+    assert "`llama` stepped every 9 s" in text
+    assert "shared with other CPU-heavy processes" not in text
+    assert "libfaketime is not installed" not in text

@@ -71,6 +71,16 @@ PODS = [
     PodSpec("mistral-a100-1", "a100", "v1", "127.0.33.12", app=INCIDENT),
     PodSpec("mistral-4090-0", "rtx4090", "v1", "127.0.33.13", app=INCIDENT, error_rate=0.6),
 ]
+FAILING = next(p for p in PODS if p.error_rate > 0)
+RATES = {CANARY: 6.0, INCIDENT: 4.0}
+"""Requests per second of load on each pool."""
+STEPS = list(range(20, 101, 5))
+POOLS = (
+    f"`{CANARY}` mid-canary (candidate v2 stepped by {STEPS[1] - STEPS[0]} % every {CANARY_STEP:g} s from "
+    f"{STEPS[0]} %, {RATES[CANARY]:g} requests/s) and `{INCIDENT}` mid-incident (one of its "
+    f"{sum(p.app == INCIDENT for p in PODS)} pods, {FAILING.name}, fails {FAILING.error_rate:.0%} of its requests "
+    f"and is zeroed; {RATES[INCIDENT]:g} requests/s)"
+)
 FOREIGN = (  # someone else's policy for the canary pool's host: sluice must never write it
     "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: llama-by-hand, namespace: llm}\n"
     "spec: {host: llama.llm.svc.cluster.local, trafficPolicy: {connectionPool: {http: {maxRetries: 3}}}}\n"
@@ -89,7 +99,7 @@ def pool_manifest(name: str, prometheus: str, canary: bool) -> str:
     if canary:
         pool["spec"]["canary"].update(
             candidateRevision="v2",
-            steps=list(range(20, 101, 5)),
+            steps=STEPS,
             stepInterval=f"{CANARY_STEP:.0f}s",
             analysis={
                 "interval": "5s",
@@ -325,7 +335,7 @@ def setup(stack: Stack, proxy_url: str, background: Background, port: int) -> No
     stack.kubectl("apply", "-f", "-", stdin=FOREIGN)
     for name in (CANARY, INCIDENT):
         stack.kubectl("apply", "-f", "-", stdin=pool_manifest(name, proxy_url, canary=name == CANARY))
-    for name, rate in ((CANARY, 6.0), (INCIDENT, 4.0)):
+    for name, rate in RATES.items():
         background.start(Traffic(stack, name, rate=rate).run(stack.remaining()))
 
     def healthy() -> bool:
@@ -389,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_results:
         results, meta = results_from_json((args.out / "results.json").read_text())
     else:
-        began = datetime.now(UTC)
+        began, began_load = datetime.now(UTC), os.getloadavg()[0]
         results = run(args.out.resolve() / "stack", args.fast)
         meta = {
             "started": began.strftime("%Y-%m-%d %H:%M UTC"),
@@ -398,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
             "form": "fast cases" if args.fast else "whole matrix",
             "interval": f"{INTERVAL:g} s",
             "resumed": RESUMED,
+            "pools": POOLS,
+            "load": f"{began_load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end",
         }
         (args.out / "results.json").write_text(results_json(results, NOT_RUN, meta))
     text = report_markdown(results, NOT_RUN, meta)
