@@ -4,6 +4,7 @@ moved during it."""
 from __future__ import annotations
 
 from sluice.devstack.chaos import Resumption, conditions_back, moved
+from sluice.devstack.metricspage import samples
 
 OK = 'sluice_reconcile_total{pool="llm/llama",result="ok"}'
 STARTED = 'sluice_last_pass_timestamp_seconds{pool="llm/llama"}'
@@ -51,3 +52,9 @@ def test_after_a_restart_the_counters_are_read_from_zero() -> None:
     before = {OK: 40.0}
     after = {OK: 3.0}
     assert moved(before, after) == {'sluice_reconcile_total{result="ok"}': 3.0}
+
+
+def test_a_metrics_page_is_read_as_series_and_values_and_an_unread_page_as_nothing() -> None:
+    page = '# HELP x\n# TYPE x counter\nsluice_reconcile_total{pool="llm/llama",result="ok"} 12.0\nup 1\n'
+    assert samples(page) == {OK: 12.0, "up": 1.0}
+    assert samples(None) == {}

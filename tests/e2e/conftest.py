@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.loop import Background
+from sluice.devstack.metricspage import passes_done
 from sluice.devstack.stack import ROOT, Stack
 from sluice.devstack.traffic import Traffic
 
@@ -128,26 +128,6 @@ def replica(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]
     """One more operator process on the stack's namespace with `args`, its log in operator-<name>.log."""
     command = [sys.executable, "-m", "sluice", "operator", "-n", stack.namespace, "--kubeconfig", str(stack.kubeconfig)]
     return stack.spawn([*command, *args], f"operator-{name}.log")
-
-
-def operator_page(port: int) -> str | None:
-    """The operator's /metrics page on `port`; None while it cannot be read."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            return str(answer.read().decode())
-    except OSError:
-        return None
-
-
-def passes_done(port: int, pool: str) -> float | None:
-    """`sluice_reconcile_total` of one pool (every result) from the operator's /metrics on `port`; None when the
-    page cannot be read or has no such series yet."""
-    text = operator_page(port)
-    if text is None:
-        return None
-    prefix = f'sluice_reconcile_total{{pool="{pool}",'
-    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)]
-    return sum(counts) if counts else None
 
 
 def wait_for_passes(port: int, pool: str, count: int, seconds: float) -> None:

@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -37,6 +36,7 @@ from sluice.devstack.chaoschecks import conditions_seen as seen_conditions
 from sluice.devstack.chaosreport import NOT_RUN, CaseResult, report_markdown, results_from_json, results_json
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.loop import Background
+from sluice.devstack.metricspage import operator_page, samples
 from sluice.devstack.promfaults import ProxyThread
 from sluice.devstack.recorder import Recorder
 from sluice.devstack.stack import ROOT, Stack, free_port
@@ -118,17 +118,7 @@ def pool_manifest(name: str, prometheus: str, canary: bool) -> str:
 
 def counters(port: int) -> dict[str, float]:
     """Every sample of the operator's /metrics page (empty while it cannot be read)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            page = answer.read().decode()
-    except OSError:
-        return {}
-    found = {}
-    for line in page.splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            found[series] = float(value)
-    return found
+    return samples(operator_page(port))
 
 
 QUIET = ("sluice_events_total", "sluice_kube_retry_wait_seconds_total", "sluice_reconcile_duration", "sluice_gc_")

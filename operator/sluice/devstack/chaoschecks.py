@@ -37,6 +37,7 @@ from sluice.devstack.invariants import (
     pods_gone,
     recreation_loops,
     weight_after_deletion,
+    weighted_endpoints,
 )
 
 RECREATION_LIMIT = 2
@@ -68,16 +69,6 @@ class Judged:
 
     violations: list[Violation]
     versions: dict[str, int]
-
-
-def weighted_endpoints(body: Mapping[str, object]) -> dict[str, int]:
-    """Address -> weight of a ServiceEntry version (an endpoint without a weight counts as 1, as Istio reads it)."""
-    listed = members(body, "spec").get("endpoints")
-    found = {}
-    for endpoint in listed if isinstance(listed, list) else []:
-        weight = endpoint.get("weight", 1) if isinstance(endpoint, dict) else 1
-        found[text(endpoint, "address")] = weight if isinstance(weight, int) else 1
-    return found
 
 
 def weights_kept(
@@ -246,7 +237,6 @@ __all__ = [
     "case_violations",
     "condition_states",
     "conditions_seen",
-    "weighted_endpoints",
     "weights_kept",
     "weights_kept_while_blind",
 ]

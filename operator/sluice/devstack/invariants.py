@@ -99,11 +99,19 @@ def _by_object(versions: Iterable[Version], resource: str | None = None) -> dict
 # ------------------------------------------------------------------------------------ (a) weight after deletion
 
 
+def weighted_endpoints(body: Mapping[str, object]) -> dict[str, int]:
+    """Address -> weight of a ServiceEntry version (an endpoint without a weight counts as 1, as Istio reads it)."""
+    listed = members(body, "spec").get("endpoints")
+    found = {}
+    for endpoint in listed if isinstance(listed, list) else []:
+        weight = endpoint.get("weight", 1) if isinstance(endpoint, dict) else 1
+        found[text(endpoint, "address")] = weight if isinstance(weight, int) else 1
+    return found
+
+
 def endpoint_addresses(body: Mapping[str, object]) -> set[str]:
     """The addresses a ServiceEntry routes to (its `spec.endpoints[].address`)."""
-    endpoints = members(body, "spec").get("endpoints")
-    listed = endpoints if isinstance(endpoints, list) else []
-    return {text(e, "address") for e in listed if text(e, "address")}
+    return {address for address in weighted_endpoints(body) if address}
 
 
 def _listed_at(history: Sequence[Version], ip: str, when: float) -> Version | None:
@@ -376,5 +384,6 @@ __all__ = [
     "pods_gone",
     "recreation_loops",
     "weight_after_deletion",
+    "weighted_endpoints",
     "writes_outside_terms",
 ]
