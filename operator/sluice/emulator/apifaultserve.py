@@ -180,7 +180,10 @@ class FaultServing:
         """The watch cache's answer to a watch from a version it no longer holds: the watch is accepted (200) and
         its only event is an ERROR carrying the 410 Expired Status (k8s.io/apiserver v0.32.0
         pkg/storage/cacher/cacher.go Watch: `return newErrWatcher(err), nil`, "to match the uncached watch
-        implementation ... other errors must fail with a watch event of type ERROR"), then the stream ends."""
+        implementation ... other errors must fail with a watch event of type ERROR"), then the stream ends. An open
+        watch expired by a plan installed since gets the same message, the watch cache's; kube-apiserver's uncached
+        etcd3 watch sends "The resourceVersion for the provided watch is too old." mid-stream (etcd3/watcher.go
+        interpretWatchError), also a 410 Expired, on which clients list again just the same."""
         expired = ApiError(410, "Expired", expired_message(since, self.store.revision))
         await response.write((json.dumps({"type": "ERROR", "object": expired.status()}) + "\n").encode())
         self.faults.record(rule.name, rule.effect.type, asked, f"ERROR 410 Expired: {expired.message}")
