@@ -207,7 +207,12 @@ def report_markdown(cases: Sequence[CaseResult], not_run: Sequence[NotRun], meta
         "state before it (from every pool version the API server's watch delivered), the Events emitted or "
         "counted again during the case, and the operator's counters that moved (`/metrics`, summed over pools).\n"
         f"- **invariants**, checked by code over the recorded evidence (`sluice.devstack.chaoschecks`): {letters}. "
-        "(f) is judged on the cases in which the control plane is blind.\n\n"
+        "(f) is judged for each pool whose status versions showed MetricsAvailable=False during the case (read "
+        "from the evidence, in every case), from the ServiceEntry of its last pass that was not blind to its last "
+        "blind status, and over the span in which no operator ran (SIGKILL: nothing can write then, so that span "
+        "holds no version by construction). Each (f) cell gives the ServiceEntry versions it judged: 0 means no "
+        "version was written while blind (sluice skips writing an object that would not change), so there was "
+        "nothing to compare.\n\n"
         "## The matrix\n\n"
         + report_table(cases)
         + "\n## Findings\n\n"
