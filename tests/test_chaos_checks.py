@@ -6,7 +6,6 @@ from __future__ import annotations
 from sluice.api.jsontypes import JsonObject, JsonValue
 from sluice.devstack.chaoschecks import (
     Window,
-    blind_since,
     blind_spans,
     canary_changes,
     case_violations,
@@ -66,16 +65,6 @@ def test_the_service_entry_deleted_while_blind_is_a_violation() -> None:
 def test_changes_before_the_blindness_and_after_its_end_are_not_judged() -> None:
     history = [entry(0.0, BEFORE, "ADDED"), entry(5.0, {"10.0.0.1": 50}), entry(31.0, {"10.0.0.1": 10})]
     assert weights_kept(history, "sluice-llama", 10.0, 30.0, []) == ([], 0)
-
-
-def test_blindness_starts_when_the_pool_first_shows_metrics_unavailable() -> None:
-    history = [
-        pool(1.0, MetricsAvailable=("True", "Fresh")),
-        pool(4.0, MetricsAvailable=("False", "QueryFailed")),
-        pool(6.0, MetricsAvailable=("False", "QueryFailed")),
-    ]
-    assert blind_since(history, "llama", 0.0, 10.0) == 4.0
-    assert blind_since(history, "llama", 0.0, 3.0) is None
 
 
 CHANGED = {"10.0.0.1": 70, "10.0.0.2": 30}

@@ -127,16 +127,6 @@ def _changes(before: Mapping[str, int], after: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {before.get(k, '-')}->{after.get(k, '-')}" for k in keys if before.get(k) != after.get(k))
 
 
-def blind_since(versions: Iterable[Version], pool: str, since: float, until: float) -> float | None:
-    """When the pool first showed MetricsAvailable=False within [`since`, `until`] (None: it did not)."""
-    for version in sorted(versions, key=lambda v: v.at):
-        if version.resource != "inferencepools" or version.name != pool or not since <= version.at <= until:
-            continue
-        if condition_states(version.body).get("MetricsAvailable", ("", ""))[0] == "False":
-            return version.at
-    return None
-
-
 def weights_kept_while_blind(versions: Sequence[Version], window: Window, entries: Mapping[str, str]) -> Judged:
     """(f) over a case: for each pool (`entries` maps it to its ServiceEntry's name), every blind span of the
     evidence that began in the case's window, and the fault's span when no operator ran."""
@@ -230,7 +220,6 @@ __all__ = [
     "RECREATION_LIMIT",
     "Judged",
     "Window",
-    "blind_since",
     "blind_spans",
     "canary_changes",
     "canary_state",
