@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.metricspage import operator_page
 from sluice.devstack.stack import ROOT, SHARED_ISTIO, Stack, free_port
 from sluice.devstack.traffic import Traffic
 from sluice.emulator.apivalidation import SchemaRegistry
@@ -25,7 +26,6 @@ from tests.e2e.conftest import (
     Background,
     audit_trail,
     condition,
-    operator_page,
     operator_stack,
     pool_manifest,
     rows,
