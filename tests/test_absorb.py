@@ -390,3 +390,27 @@ def test_a_pod_held_since_before_its_new_incident_stays_held_on_evidence():
     assert row.capacity_held
     assert row.weight > 0
     assert "no sample since its incident" not in row.reason
+
+
+def test_a_pod_zeroed_before_anything_was_learned_keeps_an_overflow_share_at_its_prior():
+    """Nothing learned among the others (a quiet pool: their TTFT at its idle) when a pod starts failing 30 % of
+    its requests: no share can be weighed, but once it is read again it keeps the overflow share at the proportions
+    of the priors. Its own capacity is its K at the others' prior per unit of K: it is not planned while zeroed,
+    and without one it was zeroed outright ("it has no learned capacity") for the whole quiet period."""
+    pods = [pod(n) for n in NAMES]
+    quiet = {n: sig(rps=3.0, p95=0.1, kv=0.2, errors=0.0) for n in NAMES}
+    failing_quietly = {**quiet, "a100-2": sig(rps=3.0, p95=0.1, kv=0.2, errors=0.3)}
+    previous = None
+    for seconds in (0, 5, 10, 15):
+        previous = run(spec(**HEADROOM), pods, quiet, seconds, previous=previous).status
+    first = run(spec(**HEADROOM), pods, failing_quietly, 20, previous=previous)
+    row = next(r for r in first.status.endpoints if r.pod == "a100-2")
+    assert (row.state, row.weight) == ("Zeroed", 0)
+    assert "nothing learned among the other pods" in row.reason
+    assert "no sample since its incident yet" in row.reason
+    plan = run(spec(**HEADROOM), pods, failing_quietly, 25, previous=first.status)
+    held = next(r for r in plan.status.endpoints if r.pod == "a100-2")
+    assert held.capacity_held
+    assert held.reason.endswith("as overflow: nothing learned among the other pods to weigh its share on")
+    # the overflow share at the priors' proportions: a tenth of the demand over the pool's capacity, times its own
+    assert 0 < weights(plan)["a100-2"] < weights(plan)["a100-0"] / 5

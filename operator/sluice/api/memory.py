@@ -45,6 +45,7 @@ FIELDS: tuple[tuple[str, int | float | None], ...] = (
     ("hardware_class", None),
     ("idle_ttft_seconds", None),
     ("learned_capacity", None),
+    ("idle_ttft_samples", None),
 )
 _ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
 
@@ -76,6 +77,7 @@ def _pack(row: EndpointStatus) -> list[JsonValue]:
         row.hardware_class,
         row.idle_ttft_seconds,
         row.learned_capacity,
+        row.idle_ttft_samples,
     ]
     while values and values[-1] == FIELDS[len(values) - 1][1]:
         values.pop()

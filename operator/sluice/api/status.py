@@ -67,8 +67,9 @@ class EndpointStatus(StatusModel):
     )
     score: float = Field(
         default=0.0,
-        description="Smoothed score: cube, capacity / latency penalty x health; headroom, the learned capacity "
-        "(requests/s).",
+        description="Smoothed score: cube, capacity / latency penalty x health; headroom, the capacity planned "
+        "with (requests/s; while no pod of its revision shows load the weight follows the latency score the reason "
+        "gives instead).",
     )
     weight: int = Field(default=0, description="Published endpoint weight; 0 means removed from routing.")
     state: EndpointState = Field(description="Routable, Zeroed or Recovering.")
@@ -82,10 +83,18 @@ class EndpointStatus(StatusModel):
         description="scoring.policy headroom: the pod's learned idle TTFT (lowest seen, drifting up slowly), "
         "against which TTFT inflation reads its load.",
     )
+    idle_ttft_samples: int | None = Field(
+        default=None,
+        ge=0,
+        description="scoring.policy headroom: completions the idle TTFT rests on (its largest window, up to 30); "
+        "below 30 it is provisional: a larger window's reading replaces it (upwards only from a window that showed "
+        "no load), and TTFT inflation over it is not read as load.",
+    )
     learned_capacity: float | None = Field(
         default=None,
-        description="scoring.policy headroom: the capacity (requests/s) measured from the pod's own load and "
-        "remembered; absent while only the class prior is known.",
+        description="scoring.policy headroom: the capacity (requests/s) measured from the pod's own load, or "
+        "probed up to while it carried most of what it was believed to take with no load shown (the reason says "
+        "which), and remembered; absent while only a prior is known.",
     )
     consecutive_failures: int = Field(default=0, description="Passes in a row below every health band.")
     restarts: int = Field(default=0, description="Container restarts last seen.")

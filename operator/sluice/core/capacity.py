@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from sluice.core.podload import KV_ROOM, QUEUE_EVIDENCE, PodLoad, learn_idle, utilisation
+from sluice.core.podload import KV_ROOM, QUEUE_EVIDENCE, PodLoad, learn_idle, settled, utilisation
 
 # Provenance of the constants: "swept" ones were compared in ad-hoc 2- and 5-seed runs of the simulated benchmark on
 # the seed-000 and mixed-fleet scenarios only (not in the repository; docs/benchmarks.md, "Headroom vs the cube"),
@@ -106,6 +106,8 @@ class Estimate(NamedTuple):
     utilisation: float | None
     """ρ read this pass, or None without a reading."""
     source: CapacitySource
+    idle_samples: int | None = None
+    """Completions the idle TTFT rests on (`sluice.core.podload.IDLE_SAMPLES`)."""
 
 
 def estimate(pods: Sequence[PodLoad], smoothing: float, window: float) -> dict[str, Estimate]:
@@ -136,6 +138,7 @@ class _Reading(NamedTuple):
 
     idle: float | None
     """Its learned idle TTFT, this pass's reading taken in (`learn_idle`)."""
+    idle_samples: int | None
     rho: float | None
     """Its utilisation (`utilisation`), or None without a reading."""
     rate: float
@@ -166,6 +169,7 @@ class _Note(NamedTuple):
     idle: float | None
     rho: float | None
     source: CapacitySource
+    idle_samples: int | None = None
 
 
 @dataclass
@@ -183,14 +187,19 @@ class _Beliefs:
 
 
 def _read(p: PodLoad, smoothing: float, window: float) -> _Reading:
-    idle = learn_idle(p.ttft, p.previous_idle)
-    rho = utilisation(p.ttft, p.previous_idle or idle, p.queue)
     rate = p.rate if p.rate is not None and p.rate > 0 else 0.0
+    samples = None if p.rate is None else round(rate * window)  # unknown without a rate: as before
+    loaded = (p.queue is not None and p.queue >= 1.0) or (p.kv is not None and p.kv >= KV_ROOM)
+    idle, idle_samples = learn_idle(p.ttft, p.previous_idle, samples, p.previous_idle_samples, loaded)
+    # TTFT inflation reads load only over a settled idle TTFT (the previous one, or this reading's first)
+    against = p.previous_idle if p.previous_idle is not None else idle
+    settled_before = settled(p.previous_idle_samples) if p.previous_idle is not None else settled(idle_samples)
+    rho = utilisation(p.ttft, against if settled_before else None, p.queue)
     observed = rate / rho if rate > 0 and rho is not None and rho >= INFORMATIVE else None
     gain = (1.0 - smoothing) * min(1.0, (rho or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
     bound = rate / p.kv if rate > 0 and p.kv is not None and p.kv >= INFORMATIVE else None
     bound_gain = (1.0 - smoothing) * min(1.0, (p.kv or 0.0) / CONFIDENT) * min(1.0, rate * window / SAMPLES)
-    return _Reading(idle, rho, rate, observed, gain, bound, bound_gain)
+    return _Reading(idle, idle_samples, rho, rate, observed, gain, bound, bound_gain)
 
 
 def _take_evidence(beliefs: _Beliefs, p: PodLoad, smoothing: float, window: float) -> None:
@@ -199,7 +208,7 @@ def _take_evidence(beliefs: _Beliefs, p: PodLoad, smoothing: float, window: floa
     if not p.fresh:
         if p.previous_capacity:
             beliefs.learned[p.name] = p.previous_capacity
-        beliefs.notes[p.name] = _Note(p.previous_idle, None, "held")
+        beliefs.notes[p.name] = _Note(p.previous_idle, None, "held", p.previous_idle_samples)
         return
     r = _read(p, smoothing, window)
     source: CapacitySource = "learned"
@@ -218,7 +227,7 @@ def _take_evidence(beliefs: _Beliefs, p: PodLoad, smoothing: float, window: floa
         source = "measured"
     elif r.rate > 0 and r.rho is not None and r.rho < INFORMATIVE and _cache_room(p.kv, False):
         beliefs.unmeasured.append(p)
-    beliefs.notes[p.name] = _Note(r.idle, r.rho, source)
+    beliefs.notes[p.name] = _Note(r.idle, r.rho, source, r.idle_samples)
 
 
 def _moved(value: float, p: PodLoad, r: _Reading) -> tuple[float, CapacitySource]:
@@ -283,12 +292,12 @@ def _age_towards_priors(beliefs: _Beliefs, prior_of: dict[str, float], per_k: fl
 
 def _concluded(p: PodLoad, beliefs: _Beliefs, per_k: float | None) -> Estimate:
     """What was learned; else the prior, K x the pool's capacity per unit of K; else K itself (relative)."""
-    idle, rho, source = beliefs.notes[p.name]
+    idle, rho, source, samples = beliefs.notes[p.name]
     if p.name in beliefs.learned:
-        return Estimate(beliefs.learned[p.name], idle, rho, source)
+        return Estimate(beliefs.learned[p.name], idle, rho, source, samples)
     if per_k is not None:
-        return Estimate(p.prior * per_k, idle, rho, "prior")
-    return Estimate(p.prior, idle, rho, "relative")
+        return Estimate(p.prior * per_k, idle, rho, "prior", samples)
+    return Estimate(p.prior, idle, rho, "relative", samples)
 
 
 def _cache_room(kv: float | None, missing_is_room: bool) -> bool:

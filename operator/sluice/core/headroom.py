@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from sluice.core.capacity import LEARNED_SOURCES, CapacitySource, Estimate, estimate
 from sluice.core.classpool import Pooling, pool_by_class, pooled_values
-from sluice.core.podload import PodLoad, sanitised
+from sluice.core.podload import IDLE_SAMPLES, PodLoad, sanitised
 from sluice.core.waterfill import water_fill
 
 TRICKLE = 0.05
@@ -76,6 +76,10 @@ class PodHeadroom:
     """The share (0 to 1) of the estimate that is its hardware class's median rather than its own value."""
     class_size: int = 0
     """How many pods of its class with a learned capacity were pooled (0: not pooled)."""
+    idle_samples: int | None = None
+    """Completions its idle TTFT rests on (`sluice.core.podload.IDLE_SAMPLES`)."""
+    by_latency: float | None = None
+    """Set while no pod of its subset shows load: the latency score its weight follows (`sluice.core.policies`)."""
 
     def explain(self) -> str:
         if self.source == "relative":
@@ -95,6 +99,11 @@ class PodHeadroom:
             parts.append(f"x{self.capacity / self.estimate:.2f} for errors")
         if self.idle_ttft is not None:
             parts.append(f"idle ttft {self.idle_ttft * 1000:.0f}ms")
+        if self.idle_samples is not None and self.idle_samples < IDLE_SAMPLES:
+            parts.append(f"(from {self.idle_samples} requests, not settled)")
+        if self.by_latency is not None:
+            parts.append(f"no pod shows load: weighed by latency score {self.by_latency:.3g}")
+            return " ".join(parts)
         total = f"{self.demand:.2f}/s"
         parts.append(f"planned {self.share:.2f}/s of {total}")
         return " ".join(parts)
@@ -199,12 +208,13 @@ def _concluded(
     p: PodLoad, e: Estimate, share: float, divisor: float, pool: Pooling | None, demand: float
 ) -> PodHeadroom:
     """What the policy concluded for one pod: its estimate, the capacity planned with, its share and weight."""
-    value, idle_ttft, rho, source = e
+    value, idle_ttft, rho, source, idle_samples = e
     return PodHeadroom(
         estimate=value,
         learned=value if source in LEARNED_SOURCES else None,
         capacity=max(0.0, value * p.health),
         idle_ttft=idle_ttft,
+        idle_samples=idle_samples,
         utilisation=rho,
         source=source,
         share=share,

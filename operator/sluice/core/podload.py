@@ -32,6 +32,13 @@ compute-bound pod (long prompts) saturates with its cache far from full, so low 
 only as leave to probe. Provenance: swept 0.3 / 0.5 with PROBE_ROOM 2 % on seed-000, mixed-fleet and
 underdeclared (5 seeds, P99 medians in docs/design.md, "The KV-cache bound"): 0.3 no better at 20-70 %, worse at
 90 %; 0.5 kept."""
+IDLE_SAMPLES = 30
+"""Completions in one window from which a TTFT reading may settle the idle TTFT. Below, the idle TTFT is
+provisional: a reading over a larger window replaces it, up or down, and TTFT inflation over it is no reading of
+the pod's load (the queue still is). A p95 over a handful of completions is one unlucky or lucky request: an RTX
+4090 given 10 requests in its first window read 219 ms, its windows of 40 then 361-378 ms for minutes, and the low
+tracker (which rises 0.2 % a pass) read those as 40 % load and learned 1.6 req/s of its 3.6. As the capacity's
+`SAMPLES`. Provenance: hand-set, not swept."""
 MAX_UTILISATION = 0.98
 """Cap on a reading of ρ, so a saturated pod reads as very loaded, never infinitely. Provenance: hand-set."""
 IDLE_DRIFT = 0.002
@@ -64,6 +71,9 @@ class PodLoad:
     """The health band's share (errors), applied to the capacity."""
     previous_capacity: float | None = None
     previous_idle: float | None = None
+    previous_idle_samples: int | None = None
+    """Completions the remembered idle TTFT rests on (its largest window, up to IDLE_SAMPLES); None: remembered
+    before this was kept, taken as settled."""
     fresh: bool = True
     """False: no fresh evidence (frozen): the previous capacity is held."""
     kv: float | None = None
@@ -94,22 +104,51 @@ def sanitised(p: PodLoad) -> PodLoad:
 def utilisation(ttft: float | None, idle: float | None, queue: float | None) -> float | None:
     """ρ from TTFT inflation (M/M/1) and from the waiting queue (M/D/1); the larger, or None without evidence.
 
-    With a TTFT reading, the queue counts only from `QUEUE_EVIDENCE` waiting requests."""
+    With a TTFT reading, the queue counts only from `QUEUE_EVIDENCE` waiting requests, also when there is no idle
+    TTFT to read the TTFT against (`idle` None: not settled yet, `learn_idle`)."""
     readings = []
     if ttft is not None and idle is not None and ttft > 0:
         readings.append(max(0.0, 1.0 - idle / ttft))
-    if queue is not None and queue > 0 and (queue >= QUEUE_EVIDENCE or not readings):
+    if queue is not None and queue > 0 and (queue >= QUEUE_EVIDENCE or ttft is None):
         readings.append(-queue + math.sqrt(queue * queue + 2.0 * queue))
     return min(MAX_UTILISATION, max(readings)) if readings else None
 
 
-def learn_idle(ttft: float | None, previous: float | None) -> float | None:
-    """The pod's idle TTFT, a slow low-quantile tracker: it moves IDLE_DESCENT of the way down to a lower reading
-    and drifts up by IDLE_DRIFT per pass towards a higher one, so one short-prompt window cannot set it."""
+def settled(samples: int | None) -> bool:
+    """Whether an idle TTFT resting on `samples` completions is settled (`IDLE_SAMPLES`; None: kept before the
+    count was, taken as settled)."""
+    return samples is None or samples >= IDLE_SAMPLES
+
+
+def learn_idle(
+    ttft: float | None,
+    previous: float | None,
+    samples: int | None = None,
+    previous_samples: int | None = None,
+    loaded: bool = False,
+) -> tuple[float | None, int | None]:
+    """The pod's idle TTFT and the completions it rests on. Settled (`IDLE_SAMPLES`), a slow low-quantile tracker:
+    it moves IDLE_DESCENT of the way down to a lower reading and drifts up by IDLE_DRIFT per pass towards a higher
+    one, so one short-prompt window cannot set it. Until then, a reading over at least as many completions as it
+    rests on replaces it (`samples`: this reading's; None, unknown: as before the count was kept) — upwards only
+    from a window that showed no load (`loaded`: a waiting queue or a KV cache past KV_ROOM): an L40S whose first
+    large window came from a start-up queue took 788 ms as its idle TTFT, against its class's 150, and read no load
+    at five times its idle TTFT after a slowdown."""
     if ttft is None or ttft <= 0:
-        return previous
-    if previous is None:
-        return ttft
+        return previous, previous_samples
+    if previous is None or (
+        not settled(previous_samples)
+        and samples is not None
+        and previous_samples is not None
+        and samples >= previous_samples
+        and (ttft < previous or not loaded)
+    ):
+        return ttft, None if samples is None else min(samples, IDLE_SAMPLES)
+    kept = (
+        previous_samples
+        if samples is None or previous_samples is None
+        else max(previous_samples, min(samples, IDLE_SAMPLES))
+    )
     if ttft < previous:
-        return previous + IDLE_DESCENT * (ttft - previous)
-    return min(ttft, previous * (1.0 + IDLE_DRIFT))
+        return previous + IDLE_DESCENT * (ttft - previous), kept
+    return min(ttft, previous * (1.0 + IDLE_DRIFT)), kept

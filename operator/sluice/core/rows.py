@@ -68,6 +68,7 @@ class StatusRow(TypedDict):
     ttft_estimate_seconds: float | None
     idle_ttft_seconds: float | None
     learned_capacity: float | None
+    idle_ttft_samples: int | None
     consecutive_failures: int
     restarts: int
     last_incident_at: datetime | None
@@ -110,6 +111,7 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "learned_capacity": _headroom_memory(
             spec, allocation, lambda h: h.learned, prev.learned_capacity if prev is not None else None
         ),
+        "idle_ttft_samples": _idle_samples(spec, allocation, prev.idle_ttft_samples if prev is not None else None),
         "consecutive_failures": verdict.assessment.consecutive_failures,
         "restarts": verdict.pod.restarts,
         "last_incident_at": verdict.memory.last_incident_at,
@@ -124,6 +126,13 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         "missing_signals": list(verdict.missing),
         "class_known": verdict.class_known,
     }
+
+
+def _idle_samples(spec: InferencePoolSpec, allocation: Allocation, kept: int | None) -> int | None:
+    """The completions the idle TTFT rests on, kept as `_headroom_memory` keeps the idle TTFT."""
+    if allocation.headroom is not None:
+        return allocation.headroom.idle_samples
+    return kept if spec.scoring.policy == "headroom" else None
 
 
 def _score(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocation) -> float:

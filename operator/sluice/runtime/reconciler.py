@@ -58,6 +58,7 @@ OBSERVATIONS = frozenset(
         "reason",
         "ttft_estimate_seconds",
         "idle_ttft_seconds",
+        "idle_ttft_samples",
         "learned_capacity",
     }
 )
