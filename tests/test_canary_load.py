@@ -4,6 +4,7 @@ failure taken while it was busier Inconclusive."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sluice.api.v1alpha1 import AnalysisSpec, CanarySpec
@@ -203,3 +204,23 @@ def test_an_ab_test_is_promoted_only_once_the_candidate_can_carry_the_pool() -> 
     assert "promotion waits" in last.message
     light = walk(ab, {"v1": stats(3.0, 30.0, 30.0, 3), "v2": stats(1.0, None, 10.0, 1)}, 120)
     assert light[-1][2].phase == "Promoted"
+
+
+def test_with_nothing_learned_a_quiet_stable_revision_lets_a_candidate_of_fewer_classes_be_promoted():
+    """No capacity learned on either side, so the split is judged in units of K. A candidate of two A100s (K 20)
+    against a stable revision of two A100s, an RTX 4090 and a CPU node (K 25) never added up to it, and waited
+    at the last step for good, at a load the two A100s carry easily (the local stack's demo). While no stable pod
+    shows load, the pool runs below INFORMATIVE of the stable revision's capacity: a candidate whose classes
+    carry that within targetUtilization (here 0.8 x 20 >= 0.3 x 25) is promoted."""
+    stable = replace(stats(5.0, None, 25.0, 4), quiet=True)
+    cand = stats(5.0, None, 20.0, 2)
+    promoted = walk(STEPS, {"v1": stable, "v2": cand}, 200)
+    assert promoted[-1][2].phase == "Promoted", promoted[-1][2]
+    # the same figures with a stable pod showing load: it waits at the last step, and says for what
+    waits = walk(STEPS, {"v1": replace(stable, quiet=False), "v2": cand}, 200)
+    last = waits[-1][2]
+    assert last.phase != "Promoted"
+    assert "promotion waits until its classes add up to the stable revision's" in (last.capacity_held or "")
+    # and a candidate too small for even a quiet pool (0.8 x 5 < 0.3 x 25) waits too
+    small = walk(STEPS, {"v1": stable, "v2": stats(5.0, None, 5.0, 1)}, 200)
+    assert small[-1][2].phase != "Promoted"

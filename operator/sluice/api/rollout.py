@@ -281,7 +281,8 @@ class CanarySpec(ApiModel):
         "capacity.classes), a ttftRatioToStable failure taken while the candidate was busier than the stable "
         "revision beyond 1.25x is Inconclusive, and the last step waits until the candidate can carry the pool: "
         "within scoring.targetUtilization of its classes at the stable pods' learned capacity per unit of K, or "
-        "with nothing learned until its classes add up to the stable revision's. status.canary.capacityHeld says "
+        "with nothing learned until its classes add up to the stable revision's (or, while no stable pod shows load, "
+        "to 0.3 / scoring.targetUtilization of them). status.canary.capacityHeld says "
         "when a step is held; false publishes every step as written.",
     )
     shadow: ShadowSpec | None = Field(

@@ -36,6 +36,9 @@ class RevisionStats:
     """The healthy routable pods' class coefficients K summed (0 when one has no known class)."""
     per_k: float | None = None
     """Requests/s per unit of K learned by those of them with a learned capacity and a known class; None without."""
+    quiet: bool = False
+    """No healthy pod of it shows load this pass (headroom policy: weighed by its latency ranking,
+    `sluice.core.policies`): none reads a utilisation of INFORMATIVE or more, no KV cache past KV_ROOM."""
 
     @property
     def rate(self) -> float | None:

@@ -23,6 +23,7 @@ from sluice.core.canaryround import (
     next_status,
     publish,
 )
+from sluice.core.capacity import INFORMATIVE
 
 
 def progress(
@@ -109,7 +110,9 @@ def _held(
     """(published %, why) when the step asks more of the candidate than it carries at the stable revision's
     utilisation (`comparableLoad`). The last step (100 %) is held the same way unless the candidate can carry the
     pool's whole rate within `target_utilisation` (without a learned capacity: unless its classes add up to the
-    stable revision's); promotion waits for that. None: the step as written."""
+    stable revision's, or, while no stable pod shows load, to INFORMATIVE / target_utilisation of them: the pool
+    then runs below INFORMATIVE of the stable revision's capacity); promotion waits for that. None: the step as
+    written."""
     if caps is None or planned <= 0:
         return None
     limit = caps.percent
@@ -129,12 +132,18 @@ def _held(
             return None
         if not caps.absolute and caps.candidate >= caps.stable:
             return None  # without a learned capacity: as much declared capacity as the stable revision has
+        quiet = not caps.absolute and stable is not None and stable.quiet
+        if quiet and caps.candidate * target_utilisation >= INFORMATIVE * caps.stable:
+            # No stable pod shows load: the pool runs below INFORMATIVE of the stable revision's capacity, which
+            # the candidate's classes carry within target_utilisation.
+            return None
         why += (
             f"; promotion waits until it can carry the pool's {total:.2f}/s within targetUtilization "
             f"{target_utilisation:.0%}"
             if caps.absolute
-            else "; promotion waits until its classes add up to the stable revision's (no learned capacity to "
-            "tell what it can carry)"
+            else "; promotion waits until its classes add up to the stable revision's, or to "
+            f"{INFORMATIVE / target_utilisation:.0%} of them while no stable pod shows load (no learned capacity "
+            "to tell what it can carry)"
         )
     if planned <= limit:
         return None

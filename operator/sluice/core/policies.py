@@ -124,8 +124,9 @@ def _by_latency(subset: Subset, headroom: dict[str, PodHeadroom], holds: dict[st
     (K scaled by what the pods carry, taken as at most SPARE loaded), and the M/M/1 level the water-fill plans the
     fast pods at lets slower pods in whose idle tail is above the fast pods' loaded one. The latency ranking keeps
     traffic on the fast pods (seed-000 at 20 %: P99 376 -> 345 ms, the cube's figure). The first load shown ends
-    it. The score each pod was weighed by is kept in its row (`PodHeadroom.by_latency`), smoothed over passes as
-    the cube's is."""
+    it. The score each pod was weighed by is given in its reason (`PodHeadroom.by_latency`); the row's score stays
+    the capacity planned with, which the cube's smoothing starts from (keeping the cube's own score in the row
+    instead was measured and dropped: docs/benchmarks.md, "A quiet pool ranked by latency")."""
     by_latency = {v.name: v.smoothed for v in subset.live}
     headroom = {name: replace(h, by_latency=by_latency.get(name)) for name, h in headroom.items()}
     return Targets(_cube(subset).weights, frozenset(), headroom, holds)

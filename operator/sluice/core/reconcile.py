@@ -265,6 +265,8 @@ def _aggregate(window: float, items: list[PodVerdict], allocations: dict[str, Al
         capacity=sum(h.capacity for _, h in learned) if healthy and len(learned) == len(healthy) else None,
         classes=sum(v.capacity for v in healthy) if all(v.class_known for v in healthy) else 0.0,
         per_k=sum(h.capacity for _, h in classed) / sum(v.capacity for v, _ in classed) if classed else None,
+        quiet=bool(healthy)
+        and all((h := allocations[v.name].headroom) is not None and h.by_latency is not None for v in healthy),
         window=window,
         routable_pods=sum(1 for v in items if allocations[v.name].routable),
         healthy_pods=sum(1 for v in items if allocations[v.name].healthy),
