@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from sluice.devstack.chaoscases import CASES, FaultCase, Scene
+from sluice.devstack.chaoscases import CASES, SERVED_CAP, FaultCase, Scene, served_by_rule
 from sluice.devstack.chaoschecks import (
     Window,
     canary_changes,
@@ -285,6 +285,8 @@ def run_case(scene: Scene, case: FaultCase, hold: float, port: int) -> CaseResul
         hold_until_blind(scene, port, hold)
     else:
         time.sleep(max(0.0, hold - (time.monotonic() - started)))
+    if case.until_served:
+        wait(lambda: all(n > 0 for n in served_by_rule(scene.stack).values()), SERVED_CAP)
     served = case.clear(scene)
     cleared, cleared_wall = time.monotonic(), time.time()
     resumption = Resumption(cleared_wall)
@@ -349,7 +351,9 @@ def save_evidence(recorder: Recorder, path: Path) -> None:
 def run(workdir: Path, fast: bool) -> list[CaseResult]:
     """The matrix (or its fast cases) on one stack; the results in order."""
     cases = [c for c in CASES if c.fast or not fast]
-    seconds = 400 + sum((c.fast_hold if fast else c.hold) + RESUME_WAIT / 2 for c in cases)
+    seconds = 400 + sum(
+        (c.fast_hold if fast else c.hold) + RESUME_WAIT / 2 + SERVED_CAP * c.until_served for c in cases
+    )
     background = Background()
     stack = Stack(workdir, deadline_seconds=seconds).__enter__()
     background.start(stack.kubelet())

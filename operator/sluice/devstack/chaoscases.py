@@ -42,6 +42,8 @@ class Scene:
 
 
 FAST_HOLD = 8.0
+SERVED_CAP = 60.0
+"""Seconds an `until_served` case is held at most, past its hold, for each of its rules to be served once."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class FaultCase:
     until_blind: bool = False
     """Held until both pools show MetricsAvailable=False and each has run two more passes (`hold`, or
     `fast_hold`, caps the wait), rather than for a fixed time."""
+    until_served: bool = False
+    """API cases: held past `hold` until every rule of the plan was served at least once (`SERVED_CAP` caps the
+    wait). A rule on every 12th request needs 12 of the operator's requests, and a pool whose weights do not
+    change writes little: 8 s of a quiet steady state served none."""
 
 
 # ------------------------------------------------------------------------------------ the API emulator
@@ -203,6 +209,7 @@ CASES = (
         api_plan(BURST_500, BURST_503),
         clear_api,
         fast=True,
+        until_served=True,
     ),
     FaultCase(
         "watch-drops",
@@ -211,6 +218,7 @@ CASES = (
         api_plan(EXPIRE, CLOSE),
         clear_api,
         fast=True,
+        until_served=True,
     ),
     FaultCase(
         "prom-outage",
