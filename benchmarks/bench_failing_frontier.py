@@ -1,16 +1,19 @@
 """What any fixed weight on a failing pod can reach: the P99 TTFT / error-rate frontier of one failing-pod scenario.
 
     python benchmarks/bench_failing_frontier.py --scenario benchmarks/scenarios/failing-pod-tuning.yaml \
-        [--loads 0.3,0.7] [--weights 0,0.1,0.2,0.5,1]
+        [--loads 0.3,0.7] [--weights 0,0.1,0.2,0.5,1] [--delays 0,15]
 
 The scenario's first event makes a server fail a share of its requests. Each variant replays the same traces (the
 scenario's seeds) through the routing simulation (`sluice.bench.sim`, Envoy's weighted least-request on every
-sidecar): from the event on, every healthy pod is published at 1000 and the failing one at `w` x 1000 (w = 0:
-removed, as a zeroing does); before it, all equal. Against least-request (equal weights throughout), and with
+sidecar): from the event on (or `d` seconds after it: `--delays`), every healthy pod is published at 1000 and the
+failing one at `w` x 1000 (w = 0: removed, as a zeroing does); before it, all equal. A delay is the time any
+controller needs to see the fault (its errors reach a scrape and a rate window) before it can act; with none the
+variant is an oracle. Against least-request (equal weights throughout), and with
 sluice on the same traces, it prints the whole measured window's P99 TTFT and error rate, median [min-max] over
 the seeds, and whether each meets the failing-pod targets of `sluice.bench.targets` on the medians: "no worse"
 (P99 <= 1.1 x and errors <= least-request's) and "halves one" (P99 or errors <= 0.5 x least-request's). A load
-where no fixed weight meets both is one where no static split can; a dynamic policy could still, in principle.
+where no fixed weight meets both is one where no static split can; a dynamic policy could still, in principle —
+unless it must first see the fault, and no fixed weight meets both even taken at that delay.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def main() -> None:
     parser.add_argument("--scenario", required=True)
     parser.add_argument("--loads", default=None, help="comma-separated shares of capacity (default: the scenario's)")
     parser.add_argument("--weights", default="0,0.05,0.1,0.2,0.3,0.5,0.7,1", help="failing pod's weight / healthy")
+    parser.add_argument("--delays", default="0", help="comma-separated seconds from the fault to the fixed weights")
     args = parser.parse_args()
     scenario = load(args.scenario)
     failing = [e for e in scenario.events if e.error_rate and not e.slowdown]
@@ -58,6 +62,7 @@ def main() -> None:
     bad, onset = failing[0].server, failing[0].at
     loads = [float(x) for x in args.loads.split(",")] if args.loads else scenario.loads
     weights = [float(x) for x in args.weights.split(",")]
+    delays = [float(x) for x in args.delays.split(",")]
     capacity = fleet_capacity(scenario)
     seeds = [scenario.seed + i for i in range(scenario.seeds)]
     print(f"{scenario.name}: {bad} fails {failing[0].error_rate:.0%} of its requests from {onset:g} s")
@@ -70,8 +75,11 @@ def main() -> None:
                 seeded.workload, fraction * capacity, seeded.workload.duration, seed, seeded.dataplane.sidecars
             )
             runs = {name: Simulation(seeded, name, trace) for name in ("least-request", "sluice")}
-            for w in weights:
-                runs[f"w={w:g}"] = Rewritten(seeded, trace, fixed([x.name for x in seeded.servers], bad, onset, w))
+            for delay in delays:
+                for w in weights:
+                    label = f"w={w:g}" + (f" +{delay:g}s" if delay else "")
+                    names = [x.name for x in seeded.servers]
+                    runs[label] = Rewritten(seeded, trace, fixed(names, bad, onset + delay, w))
             for name, sim in runs.items():
                 figures = summarise(sim.run())
                 p99.setdefault(name, []).append(figures["ttft_p99_ms"])

@@ -173,9 +173,10 @@ def test_at_low_load_the_others_take_the_share_and_the_pod_is_zeroed():
 def test_by_default_the_others_take_only_what_raises_their_ttft_by_a_tenth():
     pods = [pod(n) for n in NAMES]
     first = run(spec(**HEADROOM), pods, failing(0.3), 5, previous=learned())
-    zeroed = next(r for r in first.status.endpoints if r.pod == "a100-2")
-    assert zeroed.state == "Zeroed"  # at 45 % the others take it until a sample since the incident says more
-    assert zeroed.reason.endswith("and no sample since its incident yet: zeroed until one")
+    unproven = next(r for r in first.status.endpoints if r.pod == "a100-2")
+    # at 45 % the others could take it, but until a sample since the incident says more it keeps its overflow share
+    assert unproven.capacity_held
+    assert unproven.reason.endswith("no sample since its incident yet: no more than its overflow share")
     plan = run(spec(**HEADROOM), pods, failing(0.3), 10, previous=first.status)
     row = next(r for r in plan.status.endpoints if r.pod == "a100-2")
     assert row.capacity_held
@@ -252,13 +253,43 @@ def test_a_held_pod_ramping_back_keeps_at_most_a_tenth_more_than_it_carried():
 
 
 def test_without_a_sample_since_the_incident_only_what_would_take_the_others_past_halfway_is_kept():
-    # 21 req/s on others of 20: past 90 % of it (18), 3 stay; at 45 % nothing stays until a sample says more
+    # 21 req/s on others of 20: past 90 % of it (18), 3 stay; at 45 % only the overflow share until a sample says
+    # more (a tenth of what they would carry at its capacity: 0.1 x 9 / 20 x 10)
     fresh = Candidate("c", 7.0, 0.3, 1.5, 10.0, 0.1, evidence_since_incident=False)
     assert weigh([fresh], two(7.0), 2.0, 0.8, 100.0)["c"].share == pytest.approx(3.0)
     light = replace(fresh, rate=3.0)
     hold = weigh([light], two(3.0), 2.0, 0.8, 0.1)["c"]
-    assert not hold.held
-    assert hold.why.endswith("and no sample since its incident yet: zeroed until one")
+    assert hold.share == pytest.approx(0.45)
+    assert hold.why.endswith("no sample since its incident yet: no more than its overflow share")
+    # its failures stopped: no overflow share, nothing is kept until a sample
+    stopped = weigh([replace(light, still_failing=False)], two(3.0), 2.0, 0.8, 0.1)["c"]
+    assert not stopped.held
+    assert stopped.why.endswith("and no sample since its incident yet: zeroed until one")
+
+
+def test_without_a_sample_since_the_incident_the_overflow_share_is_kept_within_the_halfway_mark():
+    # 17.1 req/s on others of 20: 85.5 % of their capacity without the pod (within the 90 % halfway mark, so
+    # nothing beyond it is kept): it keeps a tenth of what they would carry at its capacity (0.1 x 17.1 / 20 x 10).
+    # Zeroed for the scrape, three L40S at 70 % went to 105 % of their capacity on failing-pod-tuning
+    fresh = Candidate("c", 5.7, 0.3, 1.5, 10.0, 0.1, evidence_since_incident=False)
+    hold = weigh([fresh], two(5.7), 2.0, 0.8, 100.0)["c"]
+    assert hold.share == pytest.approx(0.1 * 17.1 / 20.0 * 10.0)
+    assert hold.valve == hold.share
+    assert hold.why.endswith("no sample since its incident yet: no more than its overflow share")
+
+
+def test_a_held_pod_is_published_at_the_weight_that_gives_it_its_share_at_its_own_time_in_system():
+    """Envoy's least-request divides a weight by (active + 1) per client sidecar: a pod kept at a small share runs
+    few requests, so at the busy others' weight per req/s it would get more than its share (a pod held at 2.4
+    req/s on failing-pod-tuning at 70 % carried 3.1). 21 requests running on each pod at 7 req/s (3 s each), 8
+    client sidecars: the others planned at 9 req/s run 21 (capped at what they run now), weight 9 x (1 + 21 / 8);
+    the pod at 3 req/s runs 9, weight 3 x (1 + 9 / 8): 0.195 of theirs, not 3 / 9."""
+    busy = {n: s.model_copy(update={"running_requests": 21.0}) for n, s in failing(0.7).items()}
+    plan = run(spec(**UTILISATION_ONLY), [pod(n) for n in NAMES], busy, 5, previous=learned())
+    row = next(r for r in plan.status.endpoints if r.pod == "a100-2")
+    assert row.reason.startswith("would be zeroed (error rate 30.0% >= 10.0%), held at 3.00/s (it carried 7.00/s)")
+    w = weights(plan)
+    assert w["a100-2"] / w["a100-0"] == pytest.approx((3.0 * (1 + 9 / 8)) / (9.0 * (1 + 21 / 8)), abs=0.005)
 
 
 def test_a_request_spending_longer_on_the_pod_than_on_the_others_is_a_slowdown():
@@ -359,11 +390,12 @@ def test_a_held_pod_the_others_could_take_within_halfway_keeps_an_overflow_share
     assert holds["c"].why.startswith("held at 0.45/s (it carried 3.00/s) as overflow: the other pods would be at 45%")
 
 
-def test_an_unproven_pod_gets_no_overflow_share():
-    # no sample since the incident: it might have slowed down too, and overflow would reach it when the others
-    # are busiest
+def test_an_unproven_pod_keeps_only_its_overflow_share_where_the_others_could_take_it_all():
+    # no sample since the incident: it might have slowed down too. At a tenth of the others' weight overflow reaches
+    # it mostly when they are busy; zeroing it for the scrape cost failing-pod-tuning's 70 % point its tail (the
+    # others' capacities, probed at light load, said they had room: they were at 105 % of it)
     hold = weigh([Candidate("c", 3.0, 0.3, 1.5, 10.0, 0.1, evidence_since_incident=False)], two(3.0), 2.0, 0.8, 0.1)
-    assert not hold["c"].held
+    assert hold["c"].share == pytest.approx(0.1 * 9.0 / 20.0 * 10.0) == hold["c"].valve
 
 
 def test_a_pod_held_since_before_its_new_incident_stays_held_on_evidence():

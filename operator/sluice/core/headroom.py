@@ -180,16 +180,34 @@ def _divisors(
     active_request_bias: float,
 ) -> dict[str, float]:
     """Each pod's (1 + active)^bias at its planned share (`_model_divisor`), a pooled pod's its class's median."""
-    # In flight at the planned rate: the running batch (the queue is what the plan removes).
-    in_system = {p.name: p.running for p in fresh if p.rate is not None and p.rate > 0 and p.running is not None}
-    times = {p.name: in_system[p.name] / (p.rate or 1.0) for p in fresh if p.name in in_system}
-    fallback_time = statistics.median(times.values()) if times else 0.0
+    times, fallback_time = _times(fresh)
     own_divisor = {
         p.name: _model_divisor(p, shares.get(p.name, 0.0), times, fallback_time, client_sidecars, active_request_bias)
         for p in pods
     }
     # A pooled pod's divisor is its class's median one (each at its own planned rate, capped by what it runs now).
     return pooled_values(pooling, own_divisor)
+
+
+def _times(fresh: Sequence[PodLoad]) -> tuple[dict[str, float], float]:
+    """Each fresh pod's time in system (Little's law on the running batch: the queue is what the plan removes),
+    and their median for a pod without one."""
+    in_system = {p.name: p.running for p in fresh if p.rate is not None and p.rate > 0 and p.running is not None}
+    times = {p.name: in_system[p.name] / (p.rate or 1.0) for p in fresh if p.name in in_system}
+    return times, statistics.median(times.values()) if times else 0.0
+
+
+def weight_at(
+    pods: Sequence[PodLoad], name: str, share: float, client_sidecars: float, active_request_bias: float
+) -> float:
+    """The relative weight, in `plan`'s units, that gives pod `name` `share` requests/s: the share times
+    (1 + active)^bias at that rate on its own time in system. A pod kept at a small share runs few requests, so
+    Envoy's least-request sends it more per unit of weight than the busy pods it is weighed against: published at
+    their weight per req/s, a pod held at 2.4 req/s on failing-pod-tuning at 70 % carried 3.1."""
+    pods = [sanitised(p) for p in pods]
+    times, fallback_time = _times([p for p in pods if p.fresh])
+    pod = next(p for p in pods if p.name == name)
+    return share * _model_divisor(pod, share, times, fallback_time, client_sidecars, active_request_bias)
 
 
 def _model_divisor(

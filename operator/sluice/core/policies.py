@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from sluice.api.v1alpha1 import ProtectionSpec, ScoringPolicy, ScoringSpec
 from sluice.core.absorb import FROZEN, HOLDABLE, SLOWER, Candidate, Hold, Other, weigh
 from sluice.core.capacity import INFORMATIVE, LEARNED_SOURCES, SAMPLES
-from sluice.core.headroom import PodHeadroom, plan
+from sluice.core.headroom import PodHeadroom, plan, weight_at
 from sluice.core.podload import KV_ROOM, PodLoad, finite, utilisation
 from sluice.core.verdicts import PodVerdict
 from sluice.core.weights import scale
@@ -97,7 +97,8 @@ def _headroom(subset: Subset) -> Targets:
         headroom = {**headroom, **planned_for(rest, max(0.0, carried - kept))} if rest else headroom
         planned = {v.name: headroom[v.name].weight for v in rest if v.name in fresh}
         per_share = _weight_per_share([headroom[n] for n in planned])
-        planned.update({name: holds[name].share * per_share for name in weighed})
+        loads = [_load(v) for v in members if v.name in weighed or v in live]
+        planned.update({name: _held_weight(holds[name], name, per_share, loads, subset) for name in weighed})
     scaled = scale(planned, scoring) if planned else {}
     regroup = _unequal_equals([v for v in live if v.name not in held], scaled)
     targets = _smoothed(scoring, [v for v in live if v.name not in regroup and v.name not in held], scaled)
@@ -139,6 +140,16 @@ POLICIES: dict[ScoringPolicy, Policy] = {"cube": _cube, "headroom": _headroom}
 def _rate(verdict: PodVerdict) -> float:
     rate = finite(verdict.signals.request_rate)
     return rate if rate is not None and rate > 0 else 0.0
+
+
+def _held_weight(hold: Hold, name: str, per_share: float, loads: list[PodLoad], subset: Subset) -> float:
+    """A held pod's weight: its overflow share at the others' weight per req/s (a tenth of their weight per unit
+    of capacity), a larger share at the weight that gives it that rate at its own time in system."""
+    valve = hold.valve * per_share
+    if hold.share <= hold.valve:
+        return valve
+    own = weight_at(loads, name, hold.share, subset.scoring.client_sidecars, subset.active_request_bias)
+    return max(valve, own)
 
 
 def _weight_per_share(planned: list[PodHeadroom]) -> float:
