@@ -1,11 +1,12 @@
 """`make chaos`: the fault matrix on the local stack, one stack for the whole run.
 
-Local-stack tool: `python -m sluice.devstack.chaos --out DIR [--fast] [--report docs/chaos-report.md]`. It starts
+Local-stack tool: `python -m sluice.devstack.chaos --out DIR [--fast] [--case NAME ...] [--report FILE]`. It starts
 the stack (`sluice.devstack.stack`) with the operator, two pools read through the Prometheus fault proxy — one
 mid-canary (a candidate revision stepped every `CANARY_STEP` seconds), one mid-incident (a pod failing most of its
 requests, zeroed) — load on both, and a `Recorder`. Then each case of `sluice.devstack.chaoscases.CASES` in turn:
 inject, hold, clear, wait for the pools to resume (`RESUMED`), and judge the case's evidence
-(`sluice.devstack.chaoschecks`). `--fast` runs the cases marked fast, each held `FAST_HOLD` seconds (CI's form).
+(`sluice.devstack.chaoschecks`). `--fast` runs the cases marked fast, each held `FAST_HOLD` seconds (CI's form);
+`--case` only the cases named (`make chaos CHAOS_ARGS="--case prom-error"`).
 Writes `DIR/results.json`, `DIR/report.md` (and the report to `--report`); every process started is stopped.
 """
 
@@ -16,7 +17,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -348,9 +349,9 @@ def save_evidence(recorder: Recorder, path: Path) -> None:
     path.write_text("".join(json.dumps(asdict(v)) + "\n" for v in recorder.snapshot()))
 
 
-def run(workdir: Path, fast: bool) -> list[CaseResult]:
-    """The matrix (or its fast cases) on one stack; the results in order."""
-    cases = [c for c in CASES if c.fast or not fast]
+def run(workdir: Path, fast: bool, only: Collection[str] = ()) -> list[CaseResult]:
+    """The matrix (or its fast cases, or the cases named in `only`) on one stack; the results in order."""
+    cases = [c for c in CASES if (c.fast or not fast) and (not only or c.name in only)]
     seconds = 400 + sum(
         (c.fast_hold if fast else c.hold) + RESUME_WAIT / 2 + SERVED_CAP * c.until_served for c in cases
     )
@@ -386,6 +387,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fast", action="store_true", help="only the fast cases, each held 8 s (CI's form)")
     parser.add_argument("--report", type=Path, help="also write the markdown report here (docs/chaos-report.md)")
     parser.add_argument(
+        "--case", action="append", default=[], choices=[c.name for c in CASES], help="run only this case (repeatable)"
+    )
+    parser.add_argument(
         "--from-results", action="store_true", help="render the report again from DIR/results.json, without a run"
     )
     args = parser.parse_args(argv)
@@ -394,12 +398,12 @@ def main(argv: list[str] | None = None) -> None:
         results, meta = results_from_json((args.out / "results.json").read_text())
     else:
         began, began_load = datetime.now(UTC), os.getloadavg()[0]
-        results = run(args.out.resolve() / "stack", args.fast)
+        results = run(args.out.resolve() / "stack", args.fast, args.case)
         meta = {
             "started": began.strftime("%Y-%m-%d %H:%M UTC"),
             "commit": git_commit(),
             "cpus": str(os.cpu_count()),
-            "form": "fast cases" if args.fast else "whole matrix",
+            "form": f"the cases {', '.join(args.case)}" if args.case else "fast cases" if args.fast else "whole matrix",
             "interval": f"{INTERVAL:g} s",
             "resumed": RESUMED,
             "pools": POOLS,

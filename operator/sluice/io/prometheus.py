@@ -130,7 +130,7 @@ class PromIO:
     eight worker threads waiting for a slow Prometheus were the operator's whole throughput). A pass waits only
     when there is no such answer: the first, or after nobody read the query for `WANTED_FOR` intervals.
     A failed query is asked again once per backoff, not by every pass: one interval after the first failure,
-    doubling with each further one up to `MAX_BACKOFF_SECONDS`, a success ending it. Meanwhile passes use
+    doubling to two intervals (`LONGEST_BACKOFF`), a success ending it. Meanwhile passes use
     the last good answer while it was asked within the pool's `staleAfter`, and otherwise report the failure
     (each pool freezes its weights and says why, as it would have alone) without waiting for the retry.
     Signals judged from a shared answer carry the time it was asked (`collected_at`), and freshness comes from

@@ -16,8 +16,11 @@ from typing import NamedTuple
 
 from sluice.io.ports import PromAuth
 
-MAX_BACKOFF_SECONDS = 60.0
-"""The longest wait before a failing shared query is asked again (it doubles from one interval)."""
+LONGEST_BACKOFF = 2.0
+"""The longest wait before a failing shared query is asked again, in intervals (it doubles from one): every other
+interval is a quarter of a healthy query's pace (asked again at `REFRESH_AFTER`), and once Prometheus answers
+again the pools read it within two intervals. Doubling up to 60 s kept a pool blind for 6 intervals after the
+chaos matrix's 20 s of Prometheus errors (prom-error, docs/chaos-report.md), against the target of two."""
 
 REFRESH_AFTER = 0.5
 """Share of the asking pool's interval after which a shared answer is asked again, ahead of the passes that will
@@ -149,8 +152,8 @@ class Send:
 
 def backoff_wait(failures: int, ttl: float) -> float:
     """Seconds before a query that failed `failures` times in a row is asked again: one interval, doubling with
-    each further failure up to `MAX_BACKOFF_SECONDS` (or one interval, if longer)."""
-    return min(ttl * 2.0 ** (failures - 1), max(ttl, MAX_BACKOFF_SECONDS))
+    each further failure up to `LONGEST_BACKOFF` intervals."""
+    return ttl * min(2.0 ** (failures - 1), LONGEST_BACKOFF)
 
 
 def due_at(backoff: Backoff | None, answer: Answer | None, wanted: Wanted | None, at: float) -> float:
@@ -178,7 +181,7 @@ __all__ = [
     "KEPT_FOR",
     "LEAD",
     "LONE_GAP",
-    "MAX_BACKOFF_SECONDS",
+    "LONGEST_BACKOFF",
     "REFRESH_AFTER",
     "WANTED_FOR",
     "Answer",

@@ -4,7 +4,7 @@ One answer per query (`QueryKey`: URL, credentials, timeout, pod label, PromQL) 
 it. `SharedAnswers` keeps them and decides: a query is asked once however many passes need it (single flight),
 again ahead of the passes that will read it (`REFRESH_AFTER`, or `LEAD` before a lone reader's next pass), no
 more once nobody read it for `WANTED_FOR` intervals; a failing query is asked again once per backoff (doubling
-up to `MAX_BACKOFF_SECONDS`; one interval while its connection is refused) while passes read the last good
+up to two intervals, `LONGEST_BACKOFF`; one interval while its connection is refused) while passes read the last good
 answer within their `staleAfter`; a scoped query asks for the pods of every pool that read it and waits
 `EXTEND_GAP` before taking in pods it was not asked for
 (the records, the constants and the timing of one query are `sluice.io.promrecords`').
