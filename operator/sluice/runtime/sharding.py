@@ -56,7 +56,7 @@ from sluice.core.shards import (
     version_of,
 )
 from sluice.io.kube import USER_AGENT
-from sluice.io.kubereads import RetryCounts, Retrying
+from sluice.io.kubereads import RetryCounts, Retrying, send
 from sluice.runtime.fence import PassFence, Tenures
 from sluice.runtime.leaserenewal import RENEW_TIMEOUT, Lapsed, renew
 
@@ -176,15 +176,24 @@ class ShardLeases:
                 self.step()
             except _Stopping:
                 return
+            except ApiException as failure:  # an answer (a 429 past its retry, a 5xx): no traceback to read
+                log.warning("shard lease round failed: %s %s", failure.status, failure.reason)
             except Exception:  # the API is down or refused: held shards lapse by their own deadline
                 log.exception("shard lease round failed")
             self._stop.wait(self.tick)
 
     def step(self) -> None:
-        """One round: held shards past their validity lost, renew, then list, check, release, acquire, tidy up."""
+        """One round: held shards past their validity lost, renew, then list, check, release, acquire, tidy up.
+        A list that fails still lets the member Lease be renewed (with the resourceVersion this replica last
+        wrote): under a throttling API server the lists of several rounds in a row can fail, and a member Lease
+        left unrenewed for its duration reads as a replica gone, whose shards the others plan to take."""
         self._expire()
         self._renew_shards()
-        items = self._list()
+        try:
+            items = self._list()
+        except Exception:
+            self._renew_member_alone()
+            raise
         now = self.clock()
         for name, lease in items.items():
             record = (holder_of(lease), version_of(lease))
@@ -210,11 +219,16 @@ class ShardLeases:
             self._acquire(index, views[index])
 
     def _list(self) -> dict[str, JsonObject]:
-        answer = self.api.list_namespaced_lease(
-            self.namespace,
-            label_selector=f"{SHARD_LABEL}={self.prefix}",
-            _preload_content=False,
-            _request_timeout=self.call_timeout,
+        """The shard and member Leases; a 429 is sent again after its Retry-After within `renew_every` (the round
+        is late by no more than that), a 5xx or no answer is not (the next round, a tick later, lists again)."""
+        answer = send(
+            lambda _: self.api.list_namespaced_lease(
+                self.namespace,
+                label_selector=f"{SHARD_LABEL}={self.prefix}",
+                _preload_content=False,
+                _request_timeout=self.call_timeout,
+            ),
+            replace(self.retrying, budget=self.renew_every, policy=replace(self.retrying.policy, backs_off=False)),
         )
         items = _decoded(answer).get("items")
         leases = [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
@@ -248,6 +262,20 @@ class ShardLeases:
         self._versions[name] = version
         self._seen[name] = ((holder, version), self.clock())
         return version
+
+    def _renew_member_alone(self) -> None:
+        """The member Lease renewed when due, without a list: with the resourceVersion this replica last wrote
+        (a 409 says another wrote it since: the next list's round sees to it)."""
+        version = self._versions.get(self.member)
+        if version is None or self._renewed.get(self.member, -1e9) + self.renew_every > self.clock():
+            return
+        try:
+            self._write(self.member, self._body(self.member, "member", self.identity, version, False), False)
+            self._renewed[self.member] = self.clock()
+        except _Stopping:
+            raise
+        except Exception as failure:
+            log.warning("member lease %s (the list failed): %s", self.member, failure)
 
     def _member_round(self, items: dict[str, JsonObject], now: float) -> None:
         if self._renewed.get(self.member, -1e9) + self.renew_every > now and self.member in items:
