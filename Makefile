@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv envoy-istio stack-deps lint test test-fast crds check-crds demo chaos plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
+.PHONY: venv envoy-istio stack-deps lint test test-fast crds check-crds demo chaos chaos-scale plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
 
 venv: $(STAMP)
 
@@ -74,6 +74,12 @@ demo: venv stack-deps
 CHAOS_ARGS ?=
 chaos: venv stack-deps
 	PYTHONPATH=$(CURDIR)/operator $(PY) -m sluice.devstack.chaos --out out/chaos --report docs/chaos-report.md $(CHAOS_ARGS)
+
+# Sharded replicas under API pressure: 300 pools over 2 replicas (`--shards 2`) while the API emulator answers the
+# operators with latency (p50 0.3 s, p99 2 s) and a 429 (Retry-After: 1) on 5 % of their requests; the age of each
+# pool's last pass at its oldest, in intervals (target: under 3). A figure for docs/chaos-report.md, not a test.
+chaos-scale: venv stack-deps
+	PYTHONPATH=$(CURDIR)/operator $(PY) benchmarks/bench_shards.py --pools 300 --replicas 2 --api-pressure --measure 120 --out out/chaos-scale
 
 # The routing-quality benchmark: every scenario, every strategy, side by side; report in out/bench/.
 SCENARIOS := seed-000 seed-000-fast homogeneous homogeneous-tuning mixed-fleet mixed-saturating degrading-node degrading-tuning degrading-tuning-scrape5 bad-canary burst underdeclared agent-overdeclared failing-pod-tuning failing-pod failing-pod-retries underprovisioned-canary

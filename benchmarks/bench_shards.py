@@ -1,6 +1,7 @@
 """Pools per replica: N pools on the local stack run by R operator processes (`--shards R`), passes/s and CPU each.
 
     python benchmarks/bench_shards.py --pools 200 --replicas 1 2 4 [--interval 10] [--measure 60] [--out DIR]
+        [--api-pressure]
 
 The local stack is the real one (API emulator, real Prometheus, two simulated vLLM pods every pool selects).
 For each replica count it starts a fresh stack, creates the pools, starts the processes (each with
@@ -8,6 +9,13 @@ For each replica count it starts a fresh stack, creates the pools, starts the pr
 passes each process made over `--measure` seconds (its `sluice_reconcile_total`) and the CPU seconds each used
 (/proc). Expected passes/s is pools / interval: a fleet that keeps up makes that many. Everything runs on this
 machine, so the emulator and Prometheus share its cores with the operators: the figures are this machine's.
+
+`--api-pressure` measures under the API server a control plane under load presents (issue "keeps working when
+the cluster misbehaves"): from the first round on, the emulator answers the operators' requests with latency
+(p50 0.3 s, p99 2 s) and a 429 with `Retry-After: 1` on every 20th (5 %) — the chaos matrix's api-latency and
+api-429 rules together (`sluice.devstack.chaoscases`). Every 2 s of the measured window it reads each pool's
+`sluice_last_pass_timestamp_seconds` from every replica and reports the age of each pool's last pass at its
+oldest, in intervals: the target is every pool younger than 3.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from sluice.devstack.chaoscases import LATENCY, THROTTLE, install_plan, operator_only, served_by_rule
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.stack import ROOT, Stack, free_port
 
@@ -53,7 +63,44 @@ def passes(port: int) -> float:
     )
 
 
-def run_one(pools: int, replicas: int, interval: int, measure: float, warmup: float) -> dict[str, Any]:
+def last_passes(port: int) -> dict[str, float]:
+    """Each pool's last pass start (Unix time) as one replica's /metrics says."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('sluice_last_pass_timestamp_seconds{pool="'):
+            pool = line.split('"', 2)[1]
+            out[pool] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def watch_ages(ports: list[int], seconds: float, pools: int) -> dict[str, float]:
+    """Sample every pool's last pass over `seconds`: the oldest age each pool's last pass reached (a pool no
+    replica reports counts from the window's start)."""
+    start = time.time()
+    oldest: dict[str, float] = {}
+    while time.time() - start < seconds:
+        newest: dict[str, float] = {}
+        for port in ports:
+            try:
+                for pool, at in last_passes(port).items():
+                    newest[pool] = max(at, newest.get(pool, 0.0))
+            except OSError:
+                continue
+        now = time.time()
+        for pool, at in newest.items():
+            oldest[pool] = max(oldest.get(pool, 0.0), now - at)
+        for i in range(pools):
+            name = f"llm/pool-{i:04d}"
+            if name not in newest:
+                oldest[name] = max(oldest.get(name, 0.0), now - start)
+        time.sleep(2.0)
+    return oldest
+
+
+def run_one(
+    pools: int, replicas: int, interval: int, measure: float, warmup: float, pressure: bool = False
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-shards-{pools}-{replicas}-"))
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -87,18 +134,36 @@ def run_one(pools: int, replicas: int, interval: int, measure: float, warmup: fl
             except OSError:
                 continue
         first_round = time.monotonic() - (deadline - warmup)
+        if pressure:
+            install_plan(stack, [operator_only(LATENCY), operator_only(THROTTLE)])
         before = [(passes(p), cpu_seconds(proc.pid)) for p, proc in zip(ports, processes, strict=True)]
         api_before = cpu_seconds(stack.processes[0].pid)
-        time.sleep(measure)
+        oldest = watch_ages(ports, measure, pools) if pressure else {}
+        if not pressure:
+            time.sleep(measure)
         after = [(passes(p), cpu_seconds(proc.pid)) for p, proc in zip(ports, processes, strict=True)]
         api_cpu = (cpu_seconds(stack.processes[0].pid) - api_before) / measure
+        served = served_by_rule(stack) if pressure else {}
         per_process = [
             {"passes_per_s": (a[0] - b[0]) / measure, "cpu_per_s": (a[1] - b[1]) / measure}
             for b, a in zip(before, after, strict=True)
         ]
     loop.call_soon_threadsafe(loop.stop)
     total = sum(p["passes_per_s"] for p in per_process)
+    ages = sorted(age / interval for age in oldest.values())
+    pressure_figures = (
+        {
+            "api_pressure": "latency p50 0.3 s, p99 2 s; 429 Retry-After 1 on every 20th request",
+            "faults_served": served,
+            "oldest_last_pass_intervals": round(ages[-1], 2),
+            "median_oldest_last_pass_intervals": round(ages[len(ages) // 2], 2),
+            "pools_younger_than_3_intervals": sum(1 for a in ages if a < 3.0),
+        }
+        if ages
+        else {}
+    )
     return {
+        **pressure_figures,
         "pools": pools,
         "replicas": replicas,
         "interval_s": interval,
@@ -121,17 +186,23 @@ def main() -> int:
     parser.add_argument("--measure", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=300.0)
     parser.add_argument("--out", default="out/bench-shards")
+    parser.add_argument("--api-pressure", action="store_true", help="API latency (p99 2 s) and 5 %% 429s")
     args = parser.parse_args()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results = []
     for pools in args.pools:
         for replicas in args.replicas:
-            result = run_one(pools, replicas, args.interval, args.measure, args.warmup)
+            result = run_one(pools, replicas, args.interval, args.measure, args.warmup, args.api_pressure)
             print(json.dumps(result), flush=True)
             results.append(result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
-    (out / "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2) + "\n")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    body = {"machine": machine, "commit": commit or "unknown", "started": started, "results": results}
+    (out / "results.json").write_text(json.dumps(body, indent=2) + "\n")
     return 0
 
 

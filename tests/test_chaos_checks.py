@@ -249,3 +249,27 @@ def test_the_reports_description_of_the_machine_and_the_pools_is_the_runs() -> N
     assert "`llama` stepped every 9 s" in text
     assert "shared with other CPU-heavy processes" not in text
     assert "libfaketime is not installed" not in text
+
+
+def test_the_sharded_run_under_api_pressure_is_reported_as_measured_or_said_not_run() -> None:
+    meta = {"form": "f", "commit": "abc", "started": "now", "cpus": "2", "interval": "2 s", "resumed": "r"}
+    assert "Not run with this report: `make chaos-scale`" in report_markdown([], NOT_RUN, meta)
+    run = {
+        "api_pressure": "latency p50 0.3 s, p99 2 s; 429 Retry-After 1 on every 20th request",
+        "faults_served": {"slow": 9000, "apf-429": 450},
+        "oldest_last_pass_intervals": 2.61,
+        "median_oldest_last_pass_intervals": 1.2,
+        "pools_younger_than_3_intervals": 300,
+        "pools": 300,
+        "replicas": 2,
+        "interval_s": 10,
+        "passes_per_s": 29.1,
+        "expected_passes_per_s": 30.0,
+        "measure_seconds": 120.0,
+    }
+    text = report_markdown([], NOT_RUN, meta, {"machine": {"cpus": 2}, "commit": "def", "results": [run]})
+    assert "at commit def" in text
+    assert (
+        "| 300 | 2 | 10 s | latency p50 0.3 s, p99 2 s; 429 Retry-After 1 on every 20th request (slow 9000, apf-429 "
+        "450) | 120 s | 2.61 intervals | 1.20 | 300 of 300 | 29.1 (30) |"
+    ) in text

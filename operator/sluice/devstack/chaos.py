@@ -387,6 +387,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fast", action="store_true", help="only the fast cases, each held 8 s (CI's form)")
     parser.add_argument("--report", type=Path, help="also write the markdown report here (docs/chaos-report.md)")
     parser.add_argument(
+        "--scale-results",
+        type=Path,
+        default=ROOT / "out" / "chaos-scale" / "results.json",
+        help="`make chaos-scale`'s results, reported in their own section when the file exists",
+    )
+    parser.add_argument(
         "--case", action="append", default=[], choices=[c.name for c in CASES], help="run only this case (repeatable)"
     )
     parser.add_argument(
@@ -410,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
             "load": f"{began_load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end",
         }
         (args.out / "results.json").write_text(results_json(results, NOT_RUN, meta))
-    text = report_markdown(results, NOT_RUN, meta)
+    scale = json.loads(args.scale_results.read_text()) if args.scale_results.exists() else None
+    text = report_markdown(results, NOT_RUN, meta, scale)
     (args.out / "report.md").write_text(text)
     if args.report is not None:
         args.report.write_text(text)

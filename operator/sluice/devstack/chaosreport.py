@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sluice.devstack.chaoschecks import INVARIANTS
 
@@ -183,6 +184,36 @@ NOT_RUN = (
 )
 
 
+def scale_section(scale: Mapping[str, Any] | None) -> str:
+    """The sharded replicas under API pressure (`make chaos-scale`, benchmarks/bench_shards.py --api-pressure),
+    from that run's results.json as it wrote them; a line saying it was not run without them."""
+    heading = "## Sharded replicas under API pressure\n\n"
+    scale = scale or {}
+    runs = [r for r in scale.get("results", []) if "oldest_last_pass_intervals" in r]
+    if not runs:
+        return heading + "Not run with this report: `make chaos-scale` writes out/chaos-scale/results.json.\n"
+    machine = scale.get("machine", {})
+    lines = [
+        f"`make chaos-scale` (benchmarks/bench_shards.py --api-pressure) at commit {scale.get('commit', 'unknown')}"
+        f", {scale.get('started', 'unknown')}, on a {machine.get('cpus', '?')}-core machine (the API emulator, "
+        "Prometheus and every replica on it). Sharded replicas (`--shards`) while the API emulator answers them "
+        "with latency and 429s; every 2 s of the measured window each pool's last pass start is read from every "
+        "replica's `sluice_last_pass_timestamp_seconds`, and each pool's oldest age is kept. Target: every pool "
+        "younger than 3 intervals (a figure, not asserted in CI).\n\n"
+        "| pools | replicas | interval | API faults (served) | measured | oldest last pass | median pool's oldest "
+        "| pools under 3 intervals | passes/s (wanted) |\n|---|---|---|---|---|---|---|---|---|\n"
+    ]
+    for r in runs:
+        served = ", ".join(f"{k} {v}" for k, v in r.get("faults_served", {}).items())
+        lines.append(
+            f"| {r['pools']} | {r['replicas']} | {r['interval_s']} s | {r['api_pressure']} ({served}) "
+            f"| {r['measure_seconds']:g} s | {r['oldest_last_pass_intervals']:.2f} intervals "
+            f"| {r['median_oldest_last_pass_intervals']:.2f} | {r['pools_younger_than_3_intervals']} of {r['pools']} "
+            f"| {r['passes_per_s']:g} ({r['expected_passes_per_s']:g}) |\n"
+        )
+    return heading + "".join(lines)
+
+
 def _load(meta: Mapping[str, str]) -> str:
     """The machine's load as the run recorded it (the 1-minute load average at its start and end)."""
     if "load" not in meta:
@@ -190,8 +221,14 @@ def _load(meta: Mapping[str, str]) -> str:
     return f" whose 1-minute load average was {meta['load']} (wall-clock figures grow with it)"
 
 
-def report_markdown(cases: Sequence[CaseResult], not_run: Sequence[NotRun], meta: Mapping[str, str]) -> str:
-    """The whole report: how it was run, what the columns mean, the table, the findings, what was not run."""
+def report_markdown(
+    cases: Sequence[CaseResult],
+    not_run: Sequence[NotRun],
+    meta: Mapping[str, str],
+    scale: Mapping[str, Any] | None = None,
+) -> str:
+    """The whole report: how it was run, what the columns mean, the table, the findings, the sharded replicas under
+    API pressure (`scale_section`), what was not run."""
     letters = "; ".join(f"({k}) {v}" for k, v in INVARIANTS.items())
     return (
         "# Chaos report\n\n"
@@ -217,6 +254,8 @@ def report_markdown(cases: Sequence[CaseResult], not_run: Sequence[NotRun], meta
         + report_table(cases)
         + "\n## Findings\n\n"
         + findings(cases)
+        + "\n"
+        + scale_section(scale)
         + "\n## Not yet run\n\n"
         + not_run_list(not_run)
     )
@@ -232,4 +271,5 @@ __all__ = [
     "report_table",
     "results_from_json",
     "results_json",
+    "scale_section",
 ]
