@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from sluice.cli import build_parser
 from sluice.devstack.chaoscases import LATENCY, THROTTLE, install_plan, operator_only, served_by_rule
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.stack import ROOT, Stack, free_port
@@ -99,7 +100,13 @@ def watch_ages(ports: list[int], seconds: float, pools: int) -> dict[str, float]
 
 
 def run_one(
-    pools: int, replicas: int, interval: int, measure: float, warmup: float, pressure: bool = False
+    pools: int,
+    replicas: int,
+    interval: int,
+    measure: float,
+    warmup: float,
+    pressure: bool = False,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-shards-{pools}-{replicas}-"))
     loop = asyncio.new_event_loop()
@@ -122,6 +129,7 @@ def run_one(
         for n, port in enumerate(ports):
             command = [sys.executable, "-m", "sluice", "operator", "-n", "llm", "--kubeconfig", str(stack.kubeconfig)]
             command += ["--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--log-level", "warning"]
+            command += ["--workers", str(workers)] if workers is not None else []
             if replicas > 1:
                 command += ["--shards", str(replicas), "--lease-namespace", "llm", "--identity", f"bench-{n}"]
             processes.append(stack.spawn(command, f"operator-{n}.log"))
@@ -158,6 +166,9 @@ def run_one(
             "oldest_last_pass_intervals": round(ages[-1], 2),
             "median_oldest_last_pass_intervals": round(ages[len(ages) // 2], 2),
             "pools_younger_than_3_intervals": sum(1 for a in ages if a < 3.0),
+            "oldest_pools": {
+                pool: round(age / interval, 2) for pool, age in sorted(oldest.items(), key=lambda kv: -kv[1])[:5]
+            },
         }
         if ages
         else {}
@@ -166,6 +177,7 @@ def run_one(
         **pressure_figures,
         "pools": pools,
         "replicas": replicas,
+        "workers": workers or build_parser().parse_args(["operator"]).workers,
         "interval_s": interval,
         "expected_passes_per_s": pools / interval,
         "passes_per_s": round(total, 2),
@@ -187,12 +199,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=300.0)
     parser.add_argument("--out", default="out/bench-shards")
     parser.add_argument("--api-pressure", action="store_true", help="API latency (p99 2 s) and 5 %% 429s")
+    parser.add_argument("--workers", type=int, help="each operator's --workers (default: the operator's)")
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results = []
     for pools in args.pools:
         for replicas in args.replicas:
-            result = run_one(pools, replicas, args.interval, args.measure, args.warmup, args.api_pressure)
+            result = run_one(pools, replicas, args.interval, args.measure, args.warmup, args.api_pressure, args.workers)
             print(json.dumps(result), flush=True)
             results.append(result)
     out = Path(args.out)

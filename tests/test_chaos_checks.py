@@ -262,6 +262,7 @@ def test_the_sharded_run_under_api_pressure_is_reported_as_measured_or_said_not_
         "pools_younger_than_3_intervals": 300,
         "pools": 300,
         "replicas": 2,
+        "workers": 16,
         "interval_s": 10,
         "passes_per_s": 29.1,
         "expected_passes_per_s": 30.0,
@@ -270,6 +271,6 @@ def test_the_sharded_run_under_api_pressure_is_reported_as_measured_or_said_not_
     text = report_markdown([], NOT_RUN, meta, {"machine": {"cpus": 2}, "commit": "def", "results": [run]})
     assert "at commit def" in text
     assert (
-        "| 300 | 2 | 10 s | latency p50 0.3 s, p99 2 s; 429 Retry-After 1 on every 20th request (slow 9000, apf-429 "
-        "450) | 120 s | 2.61 intervals | 1.20 | 300 of 300 | 29.1 (30) |"
+        "| 300 | 2 | 16 | 10 s | latency p50 0.3 s, p99 2 s; 429 Retry-After 1 on every 20th request (slow 9000, "
+        "apf-429 450) | 120 s | 2.61 intervals | 1.20 | 300 of 300 | 29.1 (30) |"
     ) in text

@@ -271,7 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="KopfPeering name for high availability (several replicas, one active)")
     run.add_argument("--priority", type=int, help="this replica's peering priority (default: random)")
     run.add_argument("--metrics-address", default="0.0.0.0", help="address for the metrics endpoint")
-    run.add_argument("--workers", type=_positive, default=8, help="threads running passes (default: 8)")
+    run.add_argument(
+        "--workers",
+        type=_positive,
+        default=16,
+        help="threads running passes (default: 16; a pass mostly waits on the API server and Prometheus)",
+    )
     run.add_argument(
         "--no-pod-metrics", action="store_true", help="no per-pod series on /metrics (large fleets: per-pool only)"
     )

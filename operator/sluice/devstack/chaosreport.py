@@ -200,13 +200,15 @@ def scale_section(scale: Mapping[str, Any] | None) -> str:
         "with latency and 429s; every 2 s of the measured window each pool's last pass start is read from every "
         "replica's `sluice_last_pass_timestamp_seconds`, and each pool's oldest age is kept. Target: every pool "
         "younger than 3 intervals (a figure, not asserted in CI).\n\n"
-        "| pools | replicas | interval | API faults (served) | measured | oldest last pass | median pool's oldest "
-        "| pools under 3 intervals | passes/s (wanted) |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| pools | replicas | workers each | interval | API faults (served) | measured | oldest last pass "
+        "| median pool's oldest | pools under 3 intervals | passes/s (wanted) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     ]
     for r in runs:
         served = ", ".join(f"{k} {v}" for k, v in r.get("faults_served", {}).items())
         lines.append(
-            f"| {r['pools']} | {r['replicas']} | {r['interval_s']} s | {r['api_pressure']} ({served}) "
+            f"| {r['pools']} | {r['replicas']} | {r.get('workers', 8)} | {r['interval_s']} s "
+            f"| {r['api_pressure']} ({served}) "
             f"| {r['measure_seconds']:g} s | {r['oldest_last_pass_intervals']:.2f} intervals "
             f"| {r['median_oldest_last_pass_intervals']:.2f} | {r['pools_younger_than_3_intervals']} of {r['pools']} "
             f"| {r['passes_per_s']:g} ({r['expected_passes_per_s']:g}) |\n"
