@@ -69,7 +69,7 @@ demo: venv stack-deps
 
 # The fault matrix on the local stack: two pools (one mid-canary, one mid-incident), every fault case in turn, the
 # invariants checked over the recorded evidence and the time to resume measured; report in docs/chaos-report.md,
-# results and evidence in out/chaos/. The report's run took 353 s on 2 cores. CHAOS_ARGS=--fast runs the bounded
+# results and evidence in out/chaos/. The report's run took about 340 s on 2 cores. CHAOS_ARGS=--fast runs the bounded
 # form CI runs (tests/e2e/test_chaos.py). PYTHONPATH: the operator processes it starts run this checkout's code.
 CHAOS_ARGS ?=
 chaos: venv stack-deps
