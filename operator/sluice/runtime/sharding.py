@@ -56,7 +56,7 @@ from sluice.core.shards import (
     version_of,
 )
 from sluice.io.kube import USER_AGENT
-from sluice.io.kubereads import RetryCounts, Retrying, send
+from sluice.io.kubereads import RetryCounts, Retrying
 from sluice.runtime.fence import PassFence, Tenures
 from sluice.runtime.leaserenewal import RENEW_TIMEOUT, Lapsed, renew
 
@@ -183,17 +183,16 @@ class ShardLeases:
             self._stop.wait(self.tick)
 
     def step(self) -> None:
-        """One round: held shards past their validity lost, renew, then list, check, release, acquire, tidy up.
-        A list that fails still lets the member Lease be renewed (with the resourceVersion this replica last
-        wrote): under a throttling API server the lists of several rounds in a row can fail, and a member Lease
-        left unrenewed for its duration reads as a replica gone, whose shards the others plan to take."""
+        """One round: held shards past their validity lost, renew the shards and the member Lease, then list,
+        check, release, acquire, tidy up. The member Lease is renewed before the list, with the resourceVersion
+        this replica last wrote and the renewals' short timeout: it came after the list, so under a throttling API
+        server a failed list skipped it, and a member Lease left unrenewed for its duration reads as a replica
+        gone, whose shards the others plan to take. A list that fails ends the round (the next, a tick later,
+        lists again; a 429's Retry-After of 1 s is about a tick)."""
         self._expire()
         self._renew_shards()
-        try:
-            items = self._list()
-        except Exception:
-            self._renew_member_alone()
-            raise
+        self._renew_member()
+        items = self._list()
         now = self.clock()
         for name, lease in items.items():
             record = (holder_of(lease), version_of(lease))
@@ -219,16 +218,11 @@ class ShardLeases:
             self._acquire(index, views[index])
 
     def _list(self) -> dict[str, JsonObject]:
-        """The shard and member Leases; a 429 is sent again after its Retry-After within `renew_every` (the round
-        is late by no more than that), a 5xx or no answer is not (the next round, a tick later, lists again)."""
-        answer = send(
-            lambda _: self.api.list_namespaced_lease(
-                self.namespace,
-                label_selector=f"{SHARD_LABEL}={self.prefix}",
-                _preload_content=False,
-                _request_timeout=self.call_timeout,
-            ),
-            replace(self.retrying, budget=self.renew_every, policy=replace(self.retrying.policy, backs_off=False)),
+        answer = self.api.list_namespaced_lease(
+            self.namespace,
+            label_selector=f"{SHARD_LABEL}={self.prefix}",
+            _preload_content=False,
+            _request_timeout=self.call_timeout,
         )
         items = _decoded(answer).get("items")
         leases = [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
@@ -263,24 +257,34 @@ class ShardLeases:
         self._seen[name] = ((holder, version), self.clock())
         return version
 
-    def _renew_member_alone(self) -> None:
-        """The member Lease renewed when due, without a list: with the resourceVersion this replica last wrote
-        (a 409 says another wrote it since: the next list's round sees to it)."""
+    def _renew_member(self) -> None:
+        """The member Lease renewed when due, before the list: with the resourceVersion this replica last wrote
+        and the renewals' timeout (a 409 — another write since, or one of its own that timed out but landed — is
+        left to the list's round, which writes it with the version it lists). Its first write is the list's."""
         version = self._versions.get(self.member)
         if version is None or self._renewed.get(self.member, -1e9) + self.renew_every > self.clock():
             return
         try:
-            self._write(self.member, self._body(self.member, "member", self.identity, version, False), False)
+            body = self._body(self.member, "member", self.identity, version, False)
+            self._write(self.member, body, False, timeout=self.renew_timeout)
             self._renewed[self.member] = self.clock()
         except _Stopping:
             raise
         except Exception as failure:
-            log.warning("member lease %s (the list failed): %s", self.member, failure)
+            log.warning("member lease %s: %s", self.member, failure)
 
     def _member_round(self, items: dict[str, JsonObject], now: float) -> None:
-        if self._renewed.get(self.member, -1e9) + self.renew_every > now and self.member in items:
-            return
-        current = items.get(self.member)
+        """The member Lease written from the list when `_renew_member` could not (its first write, or after a
+        409 or no answer); the member Leases of replicas gone for three durations deleted."""
+        if self._renewed.get(self.member, -1e9) + self.renew_every <= now or self.member not in items:
+            self._write_member(items.get(self.member), now)
+        for name, lease in items.items():  # replicas that are gone: their member Leases expired long ago
+            role = role_of(lease)
+            if role == "member" and name != self.member and now - self._seen[name][1] > 3 * self.duration:
+                with contextlib.suppress(ApiException):
+                    self.api.delete_namespaced_lease(name, self.namespace, _request_timeout=self.call_timeout)
+
+    def _write_member(self, current: JsonObject | None, now: float) -> None:
         try:
             version = None if current is None else version_of(current)
             self._write(self.member, self._body(self.member, "member", self.identity, version, False), current is None)
@@ -291,11 +295,6 @@ class ShardLeases:
             raise
         except Exception as failure:  # no answer: the shards are still checked and taken this round
             log.warning("member lease %s: %s", self.member, failure)
-        for name, lease in items.items():  # replicas that are gone: their member Leases expired long ago
-            role = role_of(lease)
-            if role == "member" and name != self.member and now - self._seen[name][1] > 3 * self.duration:
-                with contextlib.suppress(ApiException):
-                    self.api.delete_namespaced_lease(name, self.namespace, _request_timeout=self.call_timeout)
 
     def _live_members(self, items: dict[str, JsonObject], now: float) -> tuple[int, dict[str, int]]:
         """How many replicas are live (this one too), and the others' identities (with a zero shard count)."""
