@@ -148,7 +148,7 @@ def test_a_refused_connection_does_not_double_the_backoff_passes_resume_within_a
     assert back.pods["a"].queue_length == 3.0
 
 
-def test_after_a_long_run_of_errors_passes_resume_within_two_intervals_of_prometheus_answering(
+def test_after_a_long_run_of_errors_the_query_is_asked_within_two_intervals_of_its_last_failed_try(
     prometheus: _Prometheus,
 ) -> None:
     """Prometheus answering every query with an error for 8 intervals (HTTP 500): the backoff

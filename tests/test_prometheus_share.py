@@ -33,9 +33,10 @@ def _answer(shares: SharedAnswers, send: Send, at: float, failure: Exception | N
     shares.answered(send.key, send.answer, send.ttl, at)
 
 
-def test_the_backoff_doubles_from_one_interval_up_to_two() -> None:
+def test_the_backoff_doubles_from_one_interval_up_to_two_and_never_past_a_minute_unless_one_interval_is() -> None:
     assert [backoff_wait(n, 5.0) for n in (1, 2, 3, 4, 5)] == [5.0, 10.0, 10.0, 10.0, 10.0]
-    assert backoff_wait(3, 120.0) == 240.0
+    assert [backoff_wait(n, 40.0) for n in (1, 2, 3)] == [40.0, 60.0, 60.0]
+    assert backoff_wait(3, 120.0) == 120.0  # never shorter than one interval
 
 
 def test_passes_that_read_a_query_at_once_share_one_asking() -> None:

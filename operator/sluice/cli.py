@@ -274,8 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workers",
         type=_positive,
-        default=16,
-        help="threads running passes (default: 16; a pass mostly waits on the API server and Prometheus)",
+        default=OperatorConfig.workers,
+        help=f"threads running passes (default: {OperatorConfig.workers}; a pass mostly waits on the API server "
+        "and Prometheus)",
     )
     run.add_argument(
         "--no-pod-metrics", action="store_true", help="no per-pod series on /metrics (large fleets: per-pool only)"

@@ -97,7 +97,8 @@ def _headroom(subset: Subset) -> Targets:
         headroom = {**headroom, **planned_for(rest, max(0.0, carried - kept))} if rest else headroom
         planned = {v.name: headroom[v.name].weight for v in rest if v.name in fresh}
         per_share = _weight_per_share([headroom[n] for n in planned])
-        loads = [_load(v) for v in members if v.name in weighed or v in live]
+        live_names = {v.name for v in live}
+        loads = [_load(v) for v in members if v.name in weighed or v.name in live_names]
         planned.update({name: _held_weight(holds[name], name, per_share, loads, subset) for name in weighed})
     scaled = scale(planned, scoring) if planned else {}
     regroup = _unequal_equals([v for v in live if v.name not in held], scaled)

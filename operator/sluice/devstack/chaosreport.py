@@ -207,7 +207,7 @@ def scale_section(scale: Mapping[str, Any] | None) -> str:
     for r in runs:
         served = ", ".join(f"{k} {v}" for k, v in r.get("faults_served", {}).items())
         lines.append(
-            f"| {r['pools']} | {r['replicas']} | {r.get('workers', 8)} | {r['interval_s']} s "
+            f"| {r['pools']} | {r['replicas']} | {r.get('workers', '?')} | {r['interval_s']} s "
             f"| {r['api_pressure']} ({served}) "
             f"| {r['measure_seconds']:g} s | {r['oldest_last_pass_intervals']:.2f} intervals "
             f"| {r['median_oldest_last_pass_intervals']:.2f} | {r['pools_younger_than_3_intervals']} of {r['pools']} "

@@ -17,10 +17,13 @@ from typing import NamedTuple
 from sluice.io.ports import PromAuth
 
 LONGEST_BACKOFF = 2.0
-"""The longest wait before a failing shared query is asked again, in intervals (it doubles from one): every other
-interval is a quarter of a healthy query's pace (asked again at `REFRESH_AFTER`), and once Prometheus answers
-again the pools read it within two intervals. Doubling up to 60 s kept a pool blind for 6 intervals after the
-chaos matrix's 20 s of Prometheus errors (prom-error, docs/chaos-report.md), against the target of two."""
+"""The longest wait before a failing shared query is asked again, in intervals (it doubles from one), and never
+longer than `LONGEST_BACKOFF_SECONDS` unless one interval is: every other interval is a quarter of a healthy
+query's pace (asked again at `REFRESH_AFTER`), and once Prometheus answers again the query is asked within two
+intervals of its last failed try. Doubling up to 60 s kept a pool blind for 6 intervals after the chaos matrix's
+20 s of Prometheus errors (prom-error, docs/chaos-report.md), against the target of two. The price: a Prometheus
+that fails because it is overloaded (queries timing out) is asked again every other interval, not every minute."""
+LONGEST_BACKOFF_SECONDS = 60.0
 
 REFRESH_AFTER = 0.5
 """Share of the asking pool's interval after which a shared answer is asked again, ahead of the passes that will
@@ -152,8 +155,9 @@ class Send:
 
 def backoff_wait(failures: int, ttl: float) -> float:
     """Seconds before a query that failed `failures` times in a row is asked again: one interval, doubling with
-    each further failure up to `LONGEST_BACKOFF` intervals."""
-    return ttl * min(2.0 ** (failures - 1), LONGEST_BACKOFF)
+    each further failure up to `LONGEST_BACKOFF` intervals or `LONGEST_BACKOFF_SECONDS`, whichever is shorter
+    (but never under one interval)."""
+    return min(ttl * 2.0 ** (failures - 1), ttl * LONGEST_BACKOFF, max(ttl, LONGEST_BACKOFF_SECONDS))
 
 
 def due_at(backoff: Backoff | None, answer: Answer | None, wanted: Wanted | None, at: float) -> float:
@@ -182,6 +186,7 @@ __all__ = [
     "LEAD",
     "LONE_GAP",
     "LONGEST_BACKOFF",
+    "LONGEST_BACKOFF_SECONDS",
     "REFRESH_AFTER",
     "WANTED_FOR",
     "Answer",

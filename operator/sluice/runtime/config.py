@@ -15,9 +15,10 @@ class OperatorConfig:
     metrics_address: str = "0.0.0.0"
     peering: str | None = None
     """KopfPeering name (high availability); None: standalone."""
-    workers: int = 8
+    workers: int = 16
     """Worker threads running passes (each pass blocks one on its HTTP calls); the Kubernetes client keeps as many
-    connections open, so no call waits for a new TLS handshake."""
+    connections open, so no call waits for a new TLS handshake. 16: under an API server answering at p50 0.3 s,
+    8 per replica let pools of 300 over 2 replicas go 45–87 s without a pass (docs/faults.md, `make chaos-scale`)."""
     pod_metrics: bool = True
     """Per-pod series (`sluice_endpoint_weight{pod}`) on /metrics; off: per-pool series only."""
     peering_lifetime: int = 15
