@@ -56,7 +56,8 @@ def test_no_first_pass_at_all_is_refused_by_its_flag():
 
 
 def test_the_default_is_half_the_workers_and_at_least_one():
-    assert OperatorConfig().first_pass_limit == 4
+    assert OperatorConfig().first_pass_limit == 8  # of the default 16 workers
+    assert OperatorConfig(workers=8).first_pass_limit == 4
     assert OperatorConfig(workers=1).first_pass_limit == 1
     assert OperatorConfig(first_passes=9).first_pass_limit == 9
 
