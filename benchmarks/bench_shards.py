@@ -39,6 +39,7 @@ import yaml
 from sluice.cli import build_parser
 from sluice.devstack.chaoscases import LATENCY, THROTTLE, install_plan, operator_only, served_by_rule
 from sluice.devstack.kubelet import PodSpec
+from sluice.devstack.metricspage import operator_page, samples
 from sluice.devstack.stack import ROOT, Stack, free_port
 
 PODS = [PodSpec("llama-a100-0", "a100", "v1", "127.0.20.1"), PodSpec("llama-4090-0", "rtx4090", "v1", "127.0.20.2")]
@@ -65,14 +66,13 @@ def passes(port: int) -> float:
 
 
 def last_passes(port: int) -> dict[str, float]:
-    """Each pool's last pass start (Unix time) as one replica's /metrics says."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith('sluice_last_pass_timestamp_seconds{pool="'):
-            pool = line.split('"', 2)[1]
-            out[pool] = float(line.rsplit(" ", 1)[1])
-    return out
+    """Each pool's last pass start (Unix time) as one replica's /metrics says (nothing while it cannot be read)."""
+    prefix = 'sluice_last_pass_timestamp_seconds{pool="'
+    return {
+        series[len(prefix) :].split('"', 1)[0]: value
+        for series, value in samples(operator_page(port)).items()
+        if series.startswith(prefix)
+    }
 
 
 def watch_ages(ports: list[int], seconds: float, pools: int) -> dict[str, float]:
@@ -83,11 +83,8 @@ def watch_ages(ports: list[int], seconds: float, pools: int) -> dict[str, float]
     while time.time() - start < seconds:
         newest: dict[str, float] = {}
         for port in ports:
-            try:
-                for pool, at in last_passes(port).items():
-                    newest[pool] = max(at, newest.get(pool, 0.0))
-            except OSError:
-                continue
+            for pool, at in last_passes(port).items():
+                newest[pool] = max(at, newest.get(pool, 0.0))
         now = time.time()
         for pool, at in newest.items():
             oldest[pool] = max(oldest.get(pool, 0.0), now - at)

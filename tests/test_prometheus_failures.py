@@ -120,6 +120,15 @@ def test_a_failed_query_is_asked_once_for_all_passes_and_not_again_before_its_ba
     assert max(waited) < 1.0  # a pass that has a failure to report does not wait for the retry
 
 
+def eight_failing_passes(io: PromIO, clock: Any, pool: Any) -> Any:
+    """A pass each interval for eight intervals (the clock stepped, the refresher settled); the last one's read."""
+    for second in range(1, 9):
+        clock.advance(1.0)
+        read = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=second))
+        clock.settle()
+    return read
+
+
 def test_a_refused_connection_does_not_double_the_backoff_passes_resume_within_an_interval_of_the_outage() -> None:
     """A Prometheus that refuses connections (restarting: its port closed) is asked nothing: trying again costs it
     nothing. The backoff doubled there too, so after an outage of 8 intervals the query waited 8 more, and the
@@ -131,11 +140,7 @@ def test_a_refused_connection_does_not_double_the_backoff_passes_resume_within_a
     try:
         assert not io.read_signals(pool, "llm", ["a"], PromAuth(), T0).failed
         server.refuse()
-        for second in range(1, 9):  # eight intervals of outage, a pass each interval
-            clock.advance(1.0)
-            failing = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=second))
-            clock.settle()
-        assert failing.failed
+        assert eight_failing_passes(io, clock, pool).failed  # eight intervals of outage
         server = _Prometheus(port=port)  # back on its port
         clock.advance(1.1)  # the query comes due within an interval of its last refused try
         clock.settle()
@@ -160,11 +165,7 @@ def test_after_a_long_run_of_errors_the_query_is_asked_within_two_intervals_of_i
     try:
         assert not io.read_signals(pool, "llm", ["a"], PromAuth(), T0).failed
         prometheus.failing = True
-        for second in range(1, 9):  # eight intervals of errors, a pass each interval
-            clock.advance(1.0)
-            failing = io.read_signals(pool, "llm", ["a"], PromAuth(), T0 + timedelta(seconds=second))
-            clock.settle()
-        assert failing.failed
+        assert eight_failing_passes(io, clock, pool).failed  # eight intervals of errors
         asked = len(prometheus.seen)
         prometheus.failing = False
         clock.advance(2.1)  # the query comes due within two intervals of its last failed try
