@@ -164,8 +164,10 @@ def test_the_report_marks_a_broken_invariant_and_a_case_that_did_not_resume() ->
         window=(10.0, 30.0, 36.0),
         violations={"a": [], "f": ["weights-kept at 3.00s: serviceentries/sluice-llama: weights changed"]},
         blind_versions={"llama": 3, "mistral": 0},
+        data_plane={"llama": "published v1 70%, v2 30%; the data plane sent v1 75%, v2 25%"},
     )
     row = report_table([case]).splitlines()[2]
+    assert "data plane, unseen by sluice: llama: published v1 70%, v2 30%; the data plane sent v1 75%" in row
     assert "**(f) broken: 1** (3 ServiceEntry versions judged)" in row
     assert "**not resumed**" in row
     assert "(a) held" in row
@@ -227,6 +229,7 @@ def test_the_results_document_gives_back_the_cases_it_was_written_from() -> None
         window=(1.0, 21.1, 24.4),
         violations={"a": [], "f": []},
         blind_versions={"llama": 0},
+        data_plane={"llama": "published v1 70%, v2 30%"},
     )
     cases, meta = results_from_json(results_json([case], NOT_RUN, {"commit": "abc"}))
     assert cases == [case]

@@ -7,7 +7,10 @@ header matches nothing), and retry_on (`5xx` covers any 5xx answer plus resets a
 
 from __future__ import annotations
 
+import asyncio
+
 from sluice.devstack.routes import RetryPolicy, headers_match
+from sluice.devstack.traffic import Traffic
 
 
 def test_header_conditions_match_as_envoy_does():
@@ -34,3 +37,28 @@ def test_what_each_retry_on_retries():
     codes = RetryPolicy.of({"attempts": 2, "retryOn": "reset,500"})
     assert codes.retries("500")
     assert not codes.retries("503")
+
+
+def test_with_istiod_down_the_load_keeps_the_routes_it_last_read() -> None:
+    """`Traffic.pushes` False: the route reads stop (the proxies keep the last configuration pushed), each skipped
+    read counted; True again: they resume."""
+    reads: list[bool] = []
+
+    class Counted(Traffic):
+        def refresh_routes(self) -> None:
+            reads.append(self.pushes)
+
+    async def run(pushes: bool, seconds: float) -> Counted:
+        traffic = Counted(stack=None, pool="llama", pushes=pushes)  # type: ignore[arg-type]
+        task = asyncio.create_task(traffic._refresh_loop())
+        await asyncio.sleep(seconds)
+        task.cancel()
+        return traffic
+
+    down = asyncio.run(run(False, 1.2))
+    assert reads == []
+    assert down.withheld >= 2
+    up = asyncio.run(run(True, 1.2))
+    assert len(reads) >= 2
+    assert all(reads)
+    assert up.withheld == 0

@@ -288,6 +288,7 @@ def run_case(scene: Scene, case: FaultCase, hold: float, port: int) -> CaseResul
         time.sleep(max(0.0, hold - (time.monotonic() - started)))
     if case.until_served:
         wait(lambda: all(n > 0 for n in served_by_rule(scene.stack).values()), SERVED_CAP)
+    plane = data_plane_seen(scene, started) if case.data_plane_blind else {}
     served = case.clear(scene)
     cleared, cleared_wall = time.monotonic(), time.time()
     resumption = Resumption(cleared_wall)
@@ -314,22 +315,59 @@ def run_case(scene: Scene, case: FaultCase, hold: float, port: int) -> CaseResul
         window=(round(started, 3), round(cleared, 3), round(ended, 3)),
         violations=violations,
         blind_versions=judged,
+        data_plane=plane,
     )
+
+
+def _shares(counts: Mapping[str, float]) -> str:
+    total = sum(counts.values()) or 1.0
+    return ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(counts.items()))
+
+
+def data_plane_seen(scene: Scene, since: float) -> dict[str, str]:
+    """Per pool, at the end of a case in which the data plane read no route: what sluice published last (the canary
+    pool's revision split, the other pool's ServiceEntry weights), the versions of its objects written since
+    `since`, and the shares the data plane sent meanwhile (from the requests it finished)."""
+    out: dict[str, str] = {}
+    for traffic in scene.data_plane:
+        pool = traffic.pool
+        name = f"sluice-{pool}"
+        written = [
+            v
+            for v in scene.recorder.snapshot()
+            if v.at >= since and v.name == name and v.resource in ("serviceentries", "virtualservices")
+        ]
+        split = scene.stack.pool(pool).get("status", {}).get("revisionWeights") or {}
+        if len(split) > 1:
+            published, sent = _shares(split), _shares(traffic.share(since, key="revision"))
+        else:
+            entry = scene.stack.istio("serviceentries", name) or {}
+            pod_at = {state.spec.ip: p for p, state in scene.stack.pods.items()}
+            endpoints = entry.get("spec", {}).get("endpoints", [])
+            published = _shares({pod_at.get(e["address"], e["address"]): e.get("weight", 1) for e in endpoints})
+            sent = _shares(traffic.share(since))
+        out[pool] = (
+            f"published {published} ({len(written)} ServiceEntry/VirtualService versions written meanwhile); "
+            f"the data plane sent {sent}"
+        )
+    return out
 
 
 # ------------------------------------------------------------------------------------ the run
 
 
-def setup(stack: Stack, proxy_url: str, background: Background, port: int) -> None:
-    """Pods, the operator, a foreign object, the two pools, load on both; until both pools have published."""
+def setup(stack: Stack, proxy_url: str, background: Background, port: int) -> tuple[Traffic, ...]:
+    """Pods, the operator, a foreign object, the two pools, load on both; until both pools have published. The
+    load on each pool (its data plane)."""
     for pod in PODS:
         stack.add_pod(PodSpec(pod.name, pod.hardware, pod.revision, pod.ip, app=pod.app, error_rate=pod.error_rate))
     stack.start_operator(["--metrics-port", str(port), "--metrics-address", "127.0.0.1"])
     stack.kubectl("apply", "-f", "-", stdin=FOREIGN)
     for name in (CANARY, INCIDENT):
         stack.kubectl("apply", "-f", "-", stdin=pool_manifest(name, proxy_url, canary=name == CANARY))
-    for name, rate in RATES.items():
-        background.start(Traffic(stack, name, rate=rate).run(stack.remaining()))
+    data_plane = tuple(Traffic(stack, name, rate=rate) for name, rate in RATES.items())
+    for traffic in data_plane:
+        background.start(traffic.run(stack.remaining()))
 
     def healthy() -> bool:
         states = [condition_states(stack.pool(p)) for p in (CANARY, INCIDENT)]
@@ -342,6 +380,7 @@ def setup(stack: Stack, proxy_url: str, background: Background, port: int) -> No
         raise RuntimeError(f"{INCIDENT} did not show Degraded=True within 60 s: the run would not be mid-incident")
     if wait(lambda: canary_state(stack.pool(CANARY)).startswith("Progressing"), 60, every=1.0) is None:
         raise RuntimeError(f"{CANARY}'s canary was not Progressing within 60 s: the run would not be mid-canary")
+    return data_plane
 
 
 def save_evidence(recorder: Recorder, path: Path) -> None:
@@ -363,8 +402,8 @@ def run(workdir: Path, fast: bool, only: Collection[str] = ()) -> list[CaseResul
         api = load_api_client(str(stack.kubeconfig))
         proxy = ProxyThread(stack.prometheus_url, lifetime=seconds, seed=7)
         with proxy as server, Recorder(api, stack.namespace, None, seconds) as recorder:
-            setup(stack, server.url, background, port)
-            scene = Scene(stack, proxy, recorder, CANARY, INCIDENT)
+            data_plane = setup(stack, server.url, background, port)
+            scene = Scene(stack, proxy, recorder, CANARY, INCIDENT, data_plane=data_plane)
             results = [run_case(scene, case, case.fast_hold if fast else case.hold, port) for case in cases]
             save_evidence(recorder, workdir.parent / "evidence.jsonl")
             return results

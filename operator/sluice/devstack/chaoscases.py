@@ -21,6 +21,7 @@ from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.promfaults import Faults, ProxyThread
 from sluice.devstack.recorder import Recorder
 from sluice.devstack.stack import Stack
+from sluice.devstack.traffic import Traffic
 
 OPERATOR_AGENTS = ["sluice-operator/", "kopf/"]
 """The operator's requests: its Kubernetes client, and the watches and patches kopf makes for it."""
@@ -39,9 +40,13 @@ class Scene:
     """Pods replaced by the rolling restart: old name -> new name."""
     killed: dict[str, int] = field(default_factory=dict)
     """The operator process the kill case stopped: its `pid` and `returncode`."""
+    data_plane: tuple[Traffic, ...] = ()
+    """Each pool's load, sent through the routes it reads from sluice's objects (istiod and the proxies)."""
 
 
 FAST_HOLD = 8.0
+CANARY_STEP_HOLD = 35.0
+"""Seconds istiod is held down: longer than the canary's step interval (30 s), so the rollout steps meanwhile."""
 SERVED_CAP = 60.0
 """Seconds an `until_served` case is held at most, past its hold, for each of its rules to be served once."""
 
@@ -64,6 +69,9 @@ class FaultCase:
     until_blind: bool = False
     """Held until both pools show MetricsAvailable=False and each has run two more passes (`hold`, or
     `fast_hold`, caps the wait), rather than for a fixed time."""
+    data_plane_blind: bool = False
+    """The data plane stops reading sluice's objects (istiod down): the case reports what it sent meanwhile against
+    what sluice published (`CaseResult.data_plane`)."""
     until_served: bool = False
     """API cases: held past `hold` until every rule of the plan was served at least once (`SERVED_CAP` caps the
     wait). A rule on every 12th request needs 12 of the operator's requests, and a pool whose weights do not
@@ -201,6 +209,22 @@ def restart_operator(scene: Scene) -> dict[str, int]:
     }
 
 
+WITHHELD = "route reads withheld"
+
+
+def istiod_down(scene: Scene) -> None:
+    """The data plane stops reading sluice's objects: each pool's load keeps the routes it last read."""
+    for traffic in scene.data_plane:
+        traffic.withheld = 0
+        traffic.pushes = False
+
+
+def istiod_up(scene: Scene) -> dict[str, int]:
+    for traffic in scene.data_plane:
+        traffic.pushes = True
+    return {WITHHELD: sum(t.withheld for t in scene.data_plane)}
+
+
 CASES = (
     FaultCase(
         "api-5xx",
@@ -286,6 +310,15 @@ CASES = (
         no_clear,
     ),
     FaultCase(
+        "istiod-down",
+        "istiod down: the data plane keeps the routes it last read from sluice's objects (as Envoy keeps the last "
+        "configuration pushed) while sluice goes on writing them; held past one canary step",
+        CANARY_STEP_HOLD,
+        istiod_down,
+        istiod_up,
+        data_plane_blind=True,
+    ),
+    FaultCase(
         "api-blackout",
         "every request of the operator answered 503 (the operator cut off from the API)",
         20,
@@ -295,4 +328,14 @@ CASES = (
 )
 
 
-__all__ = ["CASES", "FAST_HOLD", "KILLED", "RESTARTED", "FaultCase", "Scene", "install_plan", "served_by_rule"]
+__all__ = [
+    "CASES",
+    "FAST_HOLD",
+    "KILLED",
+    "RESTARTED",
+    "WITHHELD",
+    "FaultCase",
+    "Scene",
+    "install_plan",
+    "served_by_rule",
+]

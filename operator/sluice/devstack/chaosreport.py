@@ -45,6 +45,9 @@ class CaseResult:
     """Invariant letter -> violations (empty: held)."""
     blind_versions: Mapping[str, int] = field(default_factory=dict)
     """Pool -> the ServiceEntry versions (f) judged (present for each pool judged, 0 included)."""
+    data_plane: Mapping[str, str] = field(default_factory=dict)
+    """Pool -> what the data plane sent while it read no route (istiod down), against what sluice published; sluice
+    itself cannot see it."""
 
     @property
     def held(self) -> bool:
@@ -97,6 +100,8 @@ def _reported(case: CaseResult) -> str:
         parts.append("counters: " + ", ".join(f"{k} +{v:g}" for k, v in sorted(case.counters.items())))
     if case.served:
         parts.append("faults served: " + ", ".join(f"{k} {n}" for k, n in sorted(case.served.items())))
+    for pool, seen in case.data_plane.items():
+        parts.append(f"data plane, unseen by sluice: {pool}: {seen}")
     return "<br>".join(parts).replace("|", "\\|")
 
 
@@ -155,15 +160,6 @@ def not_run_list(not_run: Sequence[NotRun]) -> str:
 
 
 NOT_RUN = (
-    NotRun(
-        "istiod-down",
-        "the local stack has no istiod and no proxies fed by xDS, so there is nothing to stop. What sluice can say "
-        "then is known from its code: it writes Istio objects to the API server and reads them back, and never "
-        "reads istiod's push status (no proxy-status, no config-distribution status). With istiod down the pool "
-        'still reports `IstioSynced=True` ("N objects in sync" means in sync in the API server) and goes on '
-        "writing weights; the proxies keep what istiod last pushed. It cannot know whether any proxy received a "
-        "weight, so while istiod is down the status describes the configuration stored, not the one running",
-    ),
     NotRun(
         "clock skew between replicas",
         "needs two replicas (sharded) one of which runs with a shifted clock (the operator has no clock-offset "

@@ -116,6 +116,11 @@ class Traffic:
     users: int = 200
     matched: tuple[tuple[tuple[dict[str, dict[str, str]], ...], Split], ...] = ()
     """The header routes ahead of the weighted one, in order: (their match entries, their split)."""
+    pushes: bool = True
+    """Whether the routes are read again every 0.5 s, as istiod pushes a changed object to the proxies; False: the
+    last routes read are kept, as Envoy keeps the last configuration pushed while istiod is down."""
+    withheld: int = 0
+    """Route reads skipped while `pushes` was False."""
 
     def refresh_routes(self) -> None:
         """Read the ServiceEntry (per-pod weights) and VirtualService (revision split) sluice wrote."""
@@ -198,8 +203,11 @@ class Traffic:
 
     async def _refresh_loop(self) -> None:
         while True:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.refresh_routes)
+            if self.pushes:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.refresh_routes)
+            else:
+                self.withheld += 1
             await asyncio.sleep(0.5)
 
     async def _mirror(self, http: aiohttp.ClientSession, prompt: str, pod: str, ip: str) -> None:
