@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from sluice.core.apiretry import Failure, GiveUp, RetryPolicy, Wait, backoff, next_try
+from sluice.core.apiretry import Episode, Failure, GiveUp, RetryPolicy, Wait, backoff, next_episode, next_try, troubles
+from sluice.core.status import Want, kube_api
 
 POLICY = RetryPolicy()
 
@@ -102,3 +103,44 @@ def test_the_back_off_is_capped_before_its_jitter():
 def test_a_negative_setting_is_refused_by_name(name):
     with pytest.raises(ValueError, match=f"RetryPolicy.{name} must not be negative"):
         RetryPolicy(**{name: -1})
+
+
+def test_a_request_cut_off_from_the_api_is_sent_again_at_client_gos_pace_whatever_the_retry():
+    """client-go sends a request that got no answer again after a second (`Retry-After: 1`); the back-off after a
+    5xx or no answer never waits much longer (its 50 % jitter on top), so a pass cut off from the API resumes
+    within about a second and a half of the API answering again, not 7.5 s later (a 5 s cap did: the chaos
+    matrix's API blackout resumed in 3.5 intervals of 2 s)."""
+    for failure in (Failure(0), Failure(503), Failure(500)):
+        waits = [next_try(failure, retries, left=1000.0, draw=0.999, policy=POLICY) for retries in range(10)]
+        assert all(isinstance(w, Wait) for w in waits)
+        assert max(w.seconds for w in waits if isinstance(w, Wait)) <= 1.5
+
+
+# ------------------------------------------------------------------------- API trouble episodes (KubeApiHealthy)
+
+
+def test_a_pass_that_met_retries_or_waited_past_its_interval_met_trouble() -> None:
+    assert troubles({}, 0.5, 2.0) == frozenset()
+    assert troubles({"throttled": 0}, 0.5, 2.0) == frozenset()
+    assert troubles({"throttled": 2, "server_error": 1}, 0.5, 2.0) == {"throttled", "server_error"}
+    assert troubles({}, 2.5, 2.0) == {"slow"}
+
+
+def test_an_episode_grows_with_each_kind_met_and_ends_three_intervals_after_the_last_trouble() -> None:
+    """A fault failing one request in twenty is one episode: the passes between two failures do not end it."""
+    first = next_episode(None, frozenset({"throttled"}), 100.0, 2.0)
+    assert first == Episode(frozenset({"throttled"}), 100.0)
+    grown = next_episode(first, frozenset({"server_error"}), 102.0, 2.0)
+    assert grown == Episode(frozenset({"throttled", "server_error"}), 102.0)
+    assert next_episode(grown, frozenset(), 107.9, 2.0) is grown  # 5.9 s < 3 intervals
+    assert next_episode(grown, frozenset(), 108.0, 2.0) is None
+    assert next_episode(None, frozenset(), 108.0, 2.0) is None
+
+
+def test_kube_api_healthy_names_every_kind_met_worst_first_and_no_count() -> None:
+    assert kube_api(None) == Want("KubeApiHealthy", "True", "Answering", "the API server answered this pool's passes")
+    want = kube_api(Episode(frozenset({"throttled", "slow", "server_error"}), 0.0))
+    assert (want.status, want.reason) == ("False", "ServerErrors")
+    assert want.message.index("server errors") < want.message.index("throttled") < want.message.index("slowly")
+    assert not any(ch.isdigit() for ch in want.message.replace("429", "").replace("5xx", ""))
+    assert kube_api(Episode(frozenset({"no_answer", "throttled"}), 0.0)).reason == "NoAnswer"

@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 
 from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.io.kube import KubeCluster
-from sluice.io.kubereads import get_istio_object, load_api_client
+from sluice.io.kubereads import get_istio_object, load_api_client, tallied
 from sluice.io.ports import ClusterError
 from tests.test_kube_cluster import SteppedTime
 
@@ -123,3 +123,19 @@ def test_a_write_still_throttled_past_the_retries_is_a_cluster_error_429(server:
     assert failed.value.status == 429
     assert Throttling.requests == ["PATCH"] * 11  # the first and 10 more, a second apart
     assert time.slept == [1.0] * 10
+
+
+def test_a_pass_tally_counts_the_failures_its_requests_met_and_the_time_they_took(server: Path) -> None:
+    """What `KubeApiHealthy` is built from: the 429 the GET met (sent again, then answered) and the second it
+    waited, counted for the thread inside `tallied` only."""
+    time = SteppedTime()
+    adapter = KubeCluster(load_api_client(str(server), retries=0), retrying=time.retrying())
+    try:
+        with tallied() as tally:
+            get_istio_object(adapter.custom, "ServiceEntry", "llm", "sluice-llama", adapter.retrying)
+        Throttling.requests.clear()
+        get_istio_object(adapter.custom, "ServiceEntry", "llm", "sluice-llama", adapter.retrying)  # outside
+    finally:
+        adapter.close()
+    assert tally.met == {"throttled": 1}
+    assert tally.seconds == pytest.approx(1.0)  # the Retry-After waited (the stepped clock moves only then)

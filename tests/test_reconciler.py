@@ -3,6 +3,7 @@ and every error path. The pass is the real one; only what is behind the ports is
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
 
@@ -10,11 +11,13 @@ import pytest
 
 from sluice.api.snapshot import parse_snapshot
 from sluice.core.observed import ObservedPod, PodSignals, SignalSnapshot
+from sluice.io.kubereads import call
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import ClusterError
 from sluice.runtime.metrics import OperatorMetrics
 from sluice.runtime.reconciler import Reconciler
 from tests.helpers import T0, at, sig
+from tests.test_kube_cluster import SteppedTime, throttled
 
 LABELS = {"app": "llama", "sluice.dev/hardware-class": "a100"}
 PODS = [
@@ -530,6 +533,7 @@ def test_istio_synced_keeps_its_transition_time_and_sits_with_the_other_conditio
         "Degraded",
         "MeshReach",
         "IstioSynced",
+        "KubeApiHealthy",
     ]
 
 
@@ -693,3 +697,54 @@ def test_the_status_reaches_the_cluster_port_as_the_model_and_is_serialized_ther
     assert isinstance(status, InferencePoolStatus)
     assert status.routable == "2/2"
     assert loop.cluster.statuses[-1][2]["routable"] == "2/2"  # the wire form, camelCase, as the API server gets it
+
+
+# ------------------------------------------------------------------------- API trouble (KubeApiHealthy)
+
+
+@dataclass
+class ThrottledPods(MemoryCluster):
+    """Lists pods through the client's edge (`call`, as the adapter does), answered 429 (`Retry-After: 1`)
+    `throttle` times first."""
+
+    throttle: int = 0
+    time: SteppedTime = field(default_factory=SteppedTime)
+
+    def pods(self, namespace: str, match_labels: dict[str, str]) -> list[ObservedPod]:
+        def listed() -> list[ObservedPod]:
+            if self.throttle > 0:
+                self.throttle -= 1
+                raise throttled("1")
+            return MemoryCluster.pods(self, namespace, match_labels)
+
+        return call(listed, self.time.retrying())
+
+
+def test_a_throttled_pass_shows_kube_api_healthy_false_until_three_intervals_without_trouble():
+    """The 429 the pass's pod list met was waited out and the pass published; the condition says it happened,
+    and holds for three intervals (5 s each) after the last trouble, not flipping at every pass."""
+    loop = Loop()
+    loop.cluster = ThrottledPods(pod_list=list(PODS))
+    loop.reconciler = Reconciler(loop.cluster, loop.prom)
+    assert conditions_of(loop.run(0).status)["KubeApiHealthy"] == ("True", "Answering")
+    loop.cluster.throttle = 1
+    throttled_pass = loop.run(5)
+    assert conditions_of(throttled_pass.status)["KubeApiHealthy"] == ("False", "Throttled")
+    assert conditions_of(throttled_pass.status)["IstioSynced"] == ("True", "Synced")
+    assert conditions_of(loop.run(10).status)["KubeApiHealthy"] == ("False", "Throttled")
+    assert conditions_of(loop.run(19.9).status)["KubeApiHealthy"] == ("False", "Throttled")
+    assert conditions_of(loop.run(20).status)["KubeApiHealthy"] == ("True", "Answering")
+
+
+def test_a_pass_that_failed_on_the_api_is_reported_by_the_next_one():
+    """Every send answered 429 past the retries: the pass fails (its status cannot say so if the API is down);
+    the next pass, answered, reports the episode."""
+    loop = Loop()
+    loop.cluster = ThrottledPods(pod_list=list(PODS))
+    loop.reconciler = Reconciler(loop.cluster, loop.prom)
+    loop.run(0)
+    loop.cluster.throttle = 100
+    with pytest.raises(ClusterError):
+        loop.run(5)
+    loop.cluster.throttle = 0
+    assert conditions_of(loop.run(10).status)["KubeApiHealthy"] == ("False", "Throttled")

@@ -23,6 +23,7 @@ per step, capped, plus up to `jitter` x the delay), a 5xx's Retry-After taken wh
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,8 +40,12 @@ class RetryPolicy:
     backoff: float = 0.2
     """The first back-off (seconds) after a 5xx or no answer."""
     factor: float = 2.0
-    cap: float = 5.0
-    """The longest back-off before its jitter."""
+    cap: float = 1.0
+    """The longest back-off before its jitter: client-go's pace for a request that got no answer (a GET that lost
+    its connection is sent again as if answered `Retry-After: 1`, `rest/request.go`). A longer cap outlasts the
+    fault it waits out: cut off from the API for 20 s at a 2 s interval, a pass waiting 5 s (7.5 s with jitter)
+    resumed 7.1 s after the API answered again (3.5 intervals; docs/faults.md). At 1 s a replica's workers send no
+    more than one request each per second or so while the API fails them, fewer than a healthy pass sends."""
     jitter: float = 0.5
     """Up to this fraction of the back-off added, from the draw (replicas failing together do not resend together)."""
     backs_off: bool = True
@@ -89,6 +94,44 @@ def backoff(policy: RetryPolicy, retry: int, draw: float) -> float:
     """The back-off before send number `retry` + 1 (`retry` >= 1), with `draw` in [0, 1) as its jitter."""
     base = min(policy.cap, policy.backoff * policy.factor ** (retry - 1))
     return base + draw * policy.jitter * base
+
+
+TROUBLES = ("no_answer", "server_error", "throttled", "slow")
+"""What a pass's requests to the API server can meet, worst first: no answer, a 5xx, a 429, or answers so slow
+that waiting for them took longer than the pool's interval (the pass ran late because of them)."""
+Trouble = Literal["no_answer", "server_error", "throttled", "slow"]
+HOLD_INTERVALS = 3.0
+"""An episode of API trouble ends after this many intervals without any (`next_episode`): a fault that fails one
+request in twenty is one episode, not a condition flipping at every other pass (each flip a status write, sent
+to an API server already in trouble)."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    """API trouble a pool's passes met: since when, what kinds, and when last."""
+
+    troubles: frozenset[Trouble]
+    last: float
+    """When the last pass that met any trouble ran (Unix seconds: the pass's time)."""
+
+
+def troubles(retried: Mapping[Reason, int], waited_for_answers: float, interval: float) -> frozenset[Trouble]:
+    """What one pass met: the reasons its requests were sent again, and `slow` when waiting for the API server
+    (answers and back-offs) took longer than the pool's interval."""
+    found: set[Trouble] = {reason for reason, n in retried.items() if n > 0}
+    if waited_for_answers > interval:
+        found.add("slow")
+    return frozenset(found)
+
+
+def next_episode(episode: Episode | None, met: frozenset[Trouble], at: float, interval: float) -> Episode | None:
+    """The episode after a pass at `at` that met `met`: a new one, the same one grown, or none once
+    `HOLD_INTERVALS` intervals passed without trouble."""
+    if met:
+        return Episode(met if episode is None else episode.troubles | met, at)
+    if episode is not None and at - episode.last < HOLD_INTERVALS * interval:
+        return episode
+    return None
 
 
 def next_try(failure: Failure, retries: int, left: float, draw: float, policy: RetryPolicy) -> Wait | GiveUp:

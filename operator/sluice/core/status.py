@@ -18,6 +18,7 @@ from sluice.api.v1alpha1 import (
     EndpointStatus,
     InferencePoolStatus,
 )
+from sluice.core.apiretry import TROUBLES, Episode
 
 # A condition message names at most this many pods per finding (a 4,096-pod pool must not list them all).
 NAMED_PODS = 20
@@ -31,6 +32,7 @@ CONDITION_TYPES = (
     "SplitForced",
     "MeshReach",
     "IstioSynced",
+    "KubeApiHealthy",
 )
 
 
@@ -213,6 +215,29 @@ def not_published(refused: str | None) -> Want:
     return Want(
         "IstioSynced", "Unknown", "MeshRefused", f"nothing written, the mesh keeps its configuration: {refused}"
     )
+
+
+API_TROUBLES = {
+    "no_answer": ("NoAnswer", "sent without an answer (timeouts, refused or reset connections)"),
+    "server_error": ("ServerErrors", "answered with server errors (5xx)"),
+    "throttled": ("Throttled", "throttled (429, waited out as Retry-After said)"),
+    "slow": ("SlowAnswers", "answered so slowly that a pass waited longer than its interval"),
+}
+"""Trouble kind (`sluice.core.apiretry.TROUBLES`, worst first) -> the condition's reason, and its words."""
+
+
+def kube_api(episode: Episode | None) -> Want:
+    """KubeApiHealthy: False while the pool's passes meet trouble at the API server, and for
+    `HOLD_INTERVALS` intervals after (an episode: `next_episode`), naming every kind met since it began (its
+    lastTransitionTime); the requests were sent again within the pass's budget, so a pass that then succeeded
+    published what it decided. The counts are in `sluice_kube_retries_total`, not in the message (a message that
+    changed at every pass would be a status write at every pass)."""
+    if episode is None:
+        return Want("KubeApiHealthy", "True", "Answering", "the API server answered this pool's passes")
+    kinds = [kind for kind in TROUBLES if kind in episode.troubles]
+    words = "; ".join(API_TROUBLES[kind][1] for kind in kinds)
+    message = f"requests of this pool's passes were {words}; sent again within each pass's budget"
+    return Want("KubeApiHealthy", "False", API_TROUBLES[kinds[0]][0], message)
 
 
 def reconcile_failed(message: str) -> Want:

@@ -119,6 +119,35 @@ class Retrying:
 DEFAULT = Retrying()
 
 
+@dataclass
+class Tally:
+    """What the requests of one thread's pass met at the API server (`tallied`): the failures that could be sent
+    again (a 429, a 5xx, no answer) per reason, whether they were or not, and the seconds spent in `send`
+    (answers and back-offs)."""
+
+    met: dict[Reason, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+_tallies = threading.local()
+
+
+@contextlib.contextmanager
+def tallied() -> Iterator[Tally]:
+    """Count what the current thread's requests meet while inside (a pass runs on one thread)."""
+    tally, outer = Tally(), getattr(_tallies, "current", None)
+    _tallies.current = tally
+    try:
+        yield tally
+    finally:
+        _tallies.current = outer
+
+
+def _tally() -> Tally | None:
+    found: Tally | None = getattr(_tallies, "current", None)
+    return found
+
+
 def retry_after(headers: Mapping[str, str] | None) -> float | None:
     """A `Retry-After` in whole seconds, as client-go's `retryAfterSeconds` reads it (an HTTP date: None)."""
     for key, value in (headers or {}).items():
@@ -154,7 +183,20 @@ def send(
     the shard is not held in the pass's term, the send's timeout is what is left of the validity, and no wait
     ends past it. `after`: the failure an earlier send met (decided on first: its Retry-After is waited out)."""
     clock = retrying.clock
-    deadline = clock() + retrying.budget
+    began = clock()
+    try:
+        return _send(fn, retrying, window, after, began)
+    finally:
+        tally = _tally()
+        if tally is not None:
+            tally.seconds += clock() - began
+
+
+def _send(
+    fn: Callable[[float | None], T], retrying: Retrying, window: Window | None, after: ApiException | None, began: float
+) -> T:
+    clock = retrying.clock
+    deadline = began + retrying.budget
     retries, error, limit = 0, after, deadline
     if after is not None and window is not None:
         with window() as seconds:
@@ -180,6 +222,9 @@ def _wait_or_raise(error: ApiException, retries: int, left: float, retrying: Ret
     lost = Failure(int(error.status or 0), retry_after(error.headers))
     decision = next_try(lost, retries, left, retrying.draw(), retrying.policy)
     reason = reason_of(lost)
+    tally = _tally()
+    if tally is not None and reason is not None:
+        tally.met[reason] = tally.met.get(reason, 0) + 1
     if isinstance(decision, GiveUp):
         if reason is not None:
             retrying.counts.given_up(reason)

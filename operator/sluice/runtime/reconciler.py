@@ -35,11 +35,13 @@ from sluice.api.memory import remembered
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolSpec, InferencePoolStatus
 from sluice.core import status as conditions
+from sluice.core.apiretry import Episode, next_episode, troubles
 from sluice.core.compact import stored_form
 from sluice.core.events import Event, derive_events
 from sluice.core.mesh import PoolId
 from sluice.core.observed import Observed, SignalSnapshot
 from sluice.core.reconcile import Plan, plan_pass
+from sluice.io.kubereads import Tally, tallied
 from sluice.io.ports import Cluster, ClusterError, ObjectKey, PromAuth, SignalSource
 from sluice.istio.objects import PoolRef
 from sluice.istio.render import render
@@ -155,6 +157,8 @@ class Reconciler:
         memory the next pass builds on)."""
         self._rendered: dict[str, frozenset[ObjectKey]] = {}
         """Pool uid -> the objects its last publishing pass rendered (pruning lists the cluster only on change)."""
+        self._api: dict[str, Episode] = {}
+        """Pool uid -> the API trouble its passes here are meeting (`sluice.core.apiretry.next_episode`)."""
         self._read_at: dict[str, datetime] = {}
         """Pool uid -> when the error-rate answer its last completed pass read was asked (the same again:
         `repeated`). Kept only once the pass's status is stored, so a pass that failed does not use up a reading."""
@@ -171,6 +175,7 @@ class Reconciler:
         self._last_pass.pop(uid, None)
         self._rendered.pop(uid, None)
         self._read_at.pop(uid, None)
+        self._api.pop(uid, None)
 
     def _through(self, cluster: Cluster) -> Reconciler:
         """This reconciler for one pass whose calls go to `cluster`: the per-pool memory is the same, shared."""
@@ -192,6 +197,24 @@ class Reconciler:
         """One pass; with `fence` (a sharded replica), every write of the pass goes through it."""
         if fence is not None:
             return self._through(fence.around(self.cluster)).run(snapshot, now)
+        with tallied() as tally:
+            try:
+                return self._run(snapshot, now, tally)
+            finally:  # a pass that failed met its trouble too: the next one reports it
+                self._note_api(snapshot, tally, now.timestamp())
+
+    def _note_api(self, snapshot: PoolSnapshot, tally: Tally, at: float) -> None:
+        """The pool's API trouble episode after the pass at `at` (Unix seconds: `next_episode`)."""
+        if snapshot.spec is None:
+            return
+        uid, interval = snapshot.meta.uid or snapshot.meta.name, snapshot.spec.interval
+        episode = next_episode(self._api.get(uid), troubles(tally.met, tally.seconds, interval), at, interval)
+        if episode is None:
+            self._api.pop(uid, None)
+        else:
+            self._api[uid] = episode
+
+    def _run(self, snapshot: PoolSnapshot, now: datetime, tally: Tally) -> PassReport:
         started = time.monotonic()
         meta = snapshot.meta
         previous = self._previous(snapshot)
@@ -208,7 +231,7 @@ class Reconciler:
             self._finish(report, snapshot, previous, before, stamped, now)
         else:
             try:
-                status = self._reconcile(report, snapshot, snapshot.spec, previous, before, now)
+                status = self._reconcile(report, snapshot, snapshot.spec, previous, before, now, tally)
             except Exception as failure:
                 report.result = "error"
                 want = conditions.reconcile_failed(f"{type(failure).__name__}: {failure}"[:500])
@@ -230,6 +253,7 @@ class Reconciler:
         previous: InferencePoolStatus | None,
         before: Mapping[str, EndpointStatus],
         now: datetime,
+        tally: Tally,
     ) -> InferencePoolStatus:
         meta = snapshot.meta
         pods = self.cluster.pods(meta.namespace, spec.selector.match_labels)
@@ -248,9 +272,11 @@ class Reconciler:
         synced = conditions.not_published(plan.mesh.refusal)
         if plan.publish:
             synced = self._publish(report, PoolRef(meta.name, meta.namespace, meta.uid), spec, plan)
-        return conditions.with_condition(
-            plan.status, synced, meta.generation, previous.conditions if previous else [], now
-        )
+        earlier = previous.conditions if previous else []
+        status = conditions.with_condition(plan.status, synced, meta.generation, earlier, now)
+        met = troubles(tally.met, tally.seconds, spec.interval)
+        episode = next_episode(self._api.get(meta.uid or meta.name), met, now.timestamp(), spec.interval)
+        return conditions.with_condition(status, conditions.kube_api(episode), meta.generation, earlier, now)
 
     def _read_signals(self, spec: InferencePoolSpec, namespace: str, pods: list[str], now: datetime) -> SignalSnapshot:
         try:
