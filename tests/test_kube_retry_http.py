@@ -139,3 +139,4 @@ def test_a_pass_tally_counts_the_failures_its_requests_met_and_the_time_they_too
         adapter.close()
     assert tally.met == {"throttled": 1}
     assert tally.seconds == pytest.approx(1.0)  # the Retry-After waited (the stepped clock moves only then)
+    assert tally.slowest == 0.0  # each answer came at once (on the stepped clock)

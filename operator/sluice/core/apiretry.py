@@ -97,8 +97,8 @@ def backoff(policy: RetryPolicy, retry: int, draw: float) -> float:
 
 
 TROUBLES = ("no_answer", "server_error", "throttled", "slow")
-"""What a pass's requests to the API server can meet, worst first: no answer, a 5xx, a 429, or answers so slow
-that waiting for them took longer than the pool's interval (the pass ran late because of them)."""
+"""What a pass's requests to the API server can meet, worst first: no answer, a 5xx, a 429, or slow answers (one
+past `SLOW_ANSWER`, or all of them together past the pool's interval)."""
 Trouble = Literal["no_answer", "server_error", "throttled", "slow"]
 HOLD_INTERVALS = 3.0
 """An episode of API trouble ends after this many intervals without any (`next_episode`): a fault that fails one
@@ -115,11 +115,19 @@ class Episode:
     """When the last pass that met any trouble ran (Unix seconds: the pass's time)."""
 
 
-def troubles(retried: Mapping[Reason, int], waited_for_answers: float, interval: float) -> frozenset[Trouble]:
-    """What one pass met: the reasons its requests were sent again, and `slow` when waiting for the API server
-    (answers and back-offs) took longer than the pool's interval."""
-    found: set[Trouble] = {reason for reason, n in retried.items() if n > 0}
-    if waited_for_answers > interval:
+SLOW_ANSWER = 1.0
+"""Seconds past which one answer is slow: Kubernetes' API call latency SLO for single-object calls (99th
+percentile <= 1 s; kubernetes/community `sig-scalability/slos/api_call_latency.md`; a namespace's LIST is allowed
+5 s there, but a pool's pods answering past 1 s is slow all the same)."""
+
+
+def troubles(
+    met: Mapping[Reason, int], waited_for_answers: float, slowest: float, interval: float
+) -> frozenset[Trouble]:
+    """What one pass met: the failures its requests met (sent again or not); `slow` when one answer took longer
+    than `SLOW_ANSWER`, or waiting for the API server (answers and back-offs) longer than the pool's interval."""
+    found: set[Trouble] = {reason for reason, n in met.items() if n > 0}
+    if slowest > SLOW_ANSWER or waited_for_answers > interval:
         found.add("slow")
     return frozenset(found)
 

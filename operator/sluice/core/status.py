@@ -221,7 +221,7 @@ API_TROUBLES = {
     "no_answer": ("NoAnswer", "sent without an answer (timeouts, refused or reset connections)"),
     "server_error": ("ServerErrors", "answered with server errors (5xx)"),
     "throttled": ("Throttled", "throttled (429, waited out as Retry-After said)"),
-    "slow": ("SlowAnswers", "answered so slowly that a pass waited longer than its interval"),
+    "slow": ("SlowAnswers", "answered slowly (one answer past 1 s, or a pass's answers past its interval)"),
 }
 """Trouble kind (`sluice.core.apiretry.TROUBLES`, worst first) -> the condition's reason, and its words."""
 

@@ -327,7 +327,8 @@ def _shares(counts: Mapping[str, float]) -> str:
 def data_plane_seen(scene: Scene, since: float) -> dict[str, str]:
     """Per pool, at the end of a case in which the data plane read no route: what sluice published last (the canary
     pool's revision split, the other pool's ServiceEntry weights), the versions of its objects written since
-    `since`, and the shares the data plane sent meanwhile (from the requests it finished)."""
+    `since`, the routes the data plane held (read before `since`), and the shares it sent meanwhile (from the
+    requests it finished)."""
     out: dict[str, str] = {}
     for traffic in scene.data_plane:
         pool = traffic.pool
@@ -340,15 +341,17 @@ def data_plane_seen(scene: Scene, since: float) -> dict[str, str]:
         split = scene.stack.pool(pool).get("status", {}).get("revisionWeights") or {}
         if len(split) > 1:
             published, sent = _shares(split), _shares(traffic.share(since, key="revision"))
+            held = _shares(dict(traffic.routes[0]))
         else:
             entry = scene.stack.istio("serviceentries", name) or {}
             pod_at = {state.spec.ip: p for p, state in scene.stack.pods.items()}
             endpoints = entry.get("spec", {}).get("endpoints", [])
             published = _shares({pod_at.get(e["address"], e["address"]): e.get("weight", 1) for e in endpoints})
             sent = _shares(traffic.share(since))
+            held = _shares({pod: weight for endpoints in traffic.routes[1].values() for pod, _, weight in endpoints})
         out[pool] = (
             f"published {published} ({len(written)} ServiceEntry/VirtualService versions written meanwhile); "
-            f"the data plane sent {sent}"
+            f"the data plane held {held} and sent {sent}"
         )
     return out
 

@@ -127,6 +127,8 @@ class Tally:
 
     met: dict[Reason, int] = field(default_factory=dict)
     seconds: float = 0.0
+    slowest: float = 0.0
+    """The longest a single send waited for its answer (or its failure)."""
 
 
 _tallies = threading.local()
@@ -206,6 +208,7 @@ def _send(
             _wait_or_raise(error, retries, limit - clock(), retrying)
             retries += 1
         limit = deadline
+        sent = clock()
         try:
             with _within(window) as seconds:
                 if seconds is not None:
@@ -215,6 +218,10 @@ def _send(
             error = failure
         except urllib3.exceptions.HTTPError as failure:  # a timeout, a refused or reset connection
             error = _unanswered(failure)
+        finally:
+            tally = _tally()
+            if tally is not None:
+                tally.slowest = max(tally.slowest, clock() - sent)
 
 
 def _wait_or_raise(error: ApiException, retries: int, left: float, retrying: Retrying) -> None:

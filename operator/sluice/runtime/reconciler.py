@@ -208,7 +208,9 @@ class Reconciler:
         if snapshot.spec is None:
             return
         uid, interval = snapshot.meta.uid or snapshot.meta.name, snapshot.spec.interval
-        episode = next_episode(self._api.get(uid), troubles(tally.met, tally.seconds, interval), at, interval)
+        episode = next_episode(
+            self._api.get(uid), troubles(tally.met, tally.seconds, tally.slowest, interval), at, interval
+        )
         if episode is None:
             self._api.pop(uid, None)
         else:
@@ -274,7 +276,7 @@ class Reconciler:
             synced = self._publish(report, PoolRef(meta.name, meta.namespace, meta.uid), spec, plan)
         earlier = previous.conditions if previous else []
         status = conditions.with_condition(plan.status, synced, meta.generation, earlier, now)
-        met = troubles(tally.met, tally.seconds, spec.interval)
+        met = troubles(tally.met, tally.seconds, tally.slowest, spec.interval)
         episode = next_episode(self._api.get(meta.uid or meta.name), met, now.timestamp(), spec.interval)
         return conditions.with_condition(status, conditions.kube_api(episode), meta.generation, earlier, now)
 
