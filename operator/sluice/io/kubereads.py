@@ -16,6 +16,8 @@ import json
 import logging
 import random
 import re
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +29,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from urllib3.connection import HTTPConnection
 
 from sluice.api.jsontypes import JsonObject, text
 from sluice.api.v1alpha1 import InferencePoolSpec
@@ -59,13 +62,19 @@ Window = Callable[[], AbstractContextManager[float]]
 
 
 def load_api_client(
-    kubeconfig: str | None = None, connections: int | None = None, retries: int | None = None
+    kubeconfig: str | None = None, connections: int | None = None, retries: int | None = None, abortive: bool = False
 ) -> k8s.ApiClient:
     """In-cluster configuration when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config);
     `connections`: keep at least that many open (the client's default is 5 per CPU); `retries`: how often urllib3
     itself sends a request again (None: its default, `Retry(3)`, which also sleeps out a 429's or 503's Retry-After
     for GET, PUT and DELETE, up to six hours, and sends a PUT or DELETE again after a read timeout, which for a
-    fenced write ends with the Lease's validity). The operator passes 0: `send` decides, within the deadlines."""
+    fenced write ends with the Lease's validity). The operator passes 0: `send` decides, within the deadlines.
+
+    `abortive`: connections are closed with a reset (`SO_LINGER` 0), as the operator's are. urllib3 closes a
+    connection whose request timed out; a normal close leaves the request's unacknowledged bytes to the kernel,
+    which retransmits them until they get through, so behind a network partition a write given up on when its
+    shard's Lease ran out reached the API server after the partition healed, and was applied while another replica
+    held the shard (the chaos matrix's replica-partition case; tests/test_late_writes.py). A reset drops them."""
     configuration = k8s.Configuration()
     try:
         k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -75,7 +84,19 @@ def load_api_client(
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
     if retries is not None:
         configuration.retries = retries
+    if abortive:
+        configuration.socket_options = [*HTTPConnection.default_socket_options, ABORT_ON_CLOSE]
     return k8s.ApiClient(configuration)
+
+
+ABORT_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+"""`SO_LINGER` on with a zero timeout: `close` resets the connection and drops what was not yet acknowledged."""
+
+
+def operator_api_client(kubeconfig: str | None = None, connections: int | None = None) -> k8s.ApiClient:
+    """A client of the operator's: urllib3 sends nothing again by itself (`Retrying` decides, within the
+    deadlines), and a connection is aborted when closed, so a write given up on is not delivered later."""
+    return load_api_client(kubeconfig, connections, retries=0, abortive=True)
 
 
 class RetryCounts:

@@ -39,7 +39,7 @@ from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import GROUP, PLURAL, VERSION
 from sluice.core.shards import PoolTurn, after_pass, next_turn
 from sluice.io.kube import KubeCluster
-from sluice.io.kubereads import SIDECARS, load_api_client
+from sluice.io.kubereads import SIDECARS, operator_api_client
 from sluice.io.ports import Cluster, ObjectKey, WriteResult
 from sluice.io.prometheus import PromIO
 from sluice.istio.kinds import ISTIO_KINDS
@@ -133,8 +133,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> No
     settings.peering.lifetime = config.peering_lifetime
     settings.peering.stealth = True
     runtime.workers = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="sluice-pass")
-    # retries=0: urllib3 sends nothing again by itself (past any deadline); the adapter's `Retrying` decides
-    api_client = load_api_client(config.kubeconfig, connections=config.workers + 4, retries=0)
+    # urllib3 sends nothing again by itself (past any deadline): the adapter's `Retrying` decides
+    api_client = operator_api_client(config.kubeconfig, connections=config.workers + 4)
     runtime.cluster = KubeCluster(api_client, resync_seconds=ISTIO_RESYNC_SECONDS)
     runtime.cluster.pod_cache = runtime.pods
     runtime.cluster.namespaces = frozenset(config.namespaces) or None
@@ -144,7 +144,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> No
     runtime.reconciler = Reconciler(runtime.cluster, runtime.prom, refresh)
     if config.shards > 1:
         runtime.shards = ShardLeases(
-            load_api_client(config.kubeconfig, retries=0), config.lease_namespace, config.shards, config.identity
+            operator_api_client(config.kubeconfig), config.lease_namespace, config.shards, config.identity
         )
         runtime.shards.start()
     # No `_created` twin of every counter and histogram on the page.
