@@ -336,3 +336,18 @@ def test_member_leases_are_not_shard_terms() -> None:
         "llm", "sluice", "sluice-member-x", "member", "host-41-ab12cd", "1", 10, "2026-12-05T01:00:00Z", False
     )
     assert lease_records([Version(1.0, "MODIFIED", "leases", "sluice-member-x", body)]) == []
+
+
+def test_a_replica_started_with_an_identity_is_judged_under_it() -> None:
+    """`--identity replica-a`: the holder is not `<host>-<pid>-<tag>`; the audit's writer is mapped to it."""
+    leases = lease_records([lease_version(0.0, "replica-a"), lease_version(5.0, "replica-b")])
+    audit = [
+        (3.0, answered("sluice-operator/node-a-41", "llama")),
+        (6.0, answered("sluice-operator/node-a-41", "llama")),
+    ]
+    writes = audit_writes(
+        audit, ["replica-a", "replica-b"], lambda r, n: "sluice-shard-0-of-2", {"node-a-41": "replica-a"}
+    )
+    assert [w.writer for w in writes] == ["replica-a", "replica-a"]
+    (found,) = writes_outside_terms(writes, leases)
+    assert (found.at, found.detail) == (6.0, "written by replica-a while sluice-shard-0-of-2 was held by replica-b")

@@ -322,11 +322,14 @@ def audit_writes(
     audit: Iterable[tuple[float, Mapping[str, object]]],
     holders: Iterable[str],
     lease_of: Callable[[str, str], str | None],
+    identities: Mapping[str, str] | None = None,
 ) -> list[Write]:
     """The operator's answered writes (ResponseComplete entries of `sluice-operator/<host>-<pid>` user agents),
-    each with the holder identity of its process (`<host>-<pid>-<tag>`) and the Lease `lease_of(resource, name)`
-    names for what it wrote (None: not a shard's object, e.g. the Leases themselves or Events)."""
+    each with the holder identity of its process (`<host>-<pid>-<tag>`, or what `identities` maps `<host>-<pid>`
+    to: replicas started with `--identity`) and the Lease `lease_of(resource, name)` names for what it wrote
+    (None: not a shard's object, e.g. the Leases themselves or Events)."""
     known = sorted(set(holders))
+    named = identities or {}
     writes = []
     for at, entry in audit:
         agent = text(entry, "userAgent").split(" ")[0]
@@ -335,7 +338,7 @@ def audit_writes(
         if not agent.startswith("sluice-operator/") or not text(entry, "code").startswith("2"):
             continue
         process = agent.split("/", 1)[1]
-        writer = next((h for h in known if h.startswith(process + "-")), process)
+        writer = named.get(process) or next((h for h in known if h.startswith(process + "-")), process)
         resource, name = text(entry, "resource"), text(entry, "name")
         lease = lease_of(resource, name)
         if lease is not None:

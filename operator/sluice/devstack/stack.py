@@ -28,6 +28,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -131,14 +132,20 @@ class Stack:
         }
 
     def spawn(
-        self, args: list[str], log: str, kubeconfig: Path | None = None, service: bool = False
+        self,
+        args: list[str],
+        log: str,
+        kubeconfig: Path | None = None,
+        service: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start a process in its own session, output to `log` in the workdir. `service`: a server the others use
-        (the API server, Prometheus), stopped last by `close`. Refused once `close` has begun."""
+        (the API server, Prometheus), stopped last by `close`. `env`: variables set for it besides `kube_env`'s.
+        Refused once `close` has begun."""
         if self._closing:
             raise StackClosing(f"the stack is closing: {args[0]} not started")
         handle = (self.workdir / log).open("ab")
-        env = self.kube_env(kubeconfig)
+        env = {**self.kube_env(kubeconfig), **(env or {})}
         process = subprocess.Popen(
             args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env
         )
