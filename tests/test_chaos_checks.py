@@ -3,6 +3,8 @@ pool showed, the violations counted for the case they happened in, and the repor
 
 from __future__ import annotations
 
+import json
+
 from sluice.api.jsontypes import JsonObject, JsonValue
 from sluice.devstack.chaoschecks import (
     Window,
@@ -277,3 +279,34 @@ def test_the_sharded_run_under_api_pressure_is_reported_as_measured_or_said_not_
         "| 300 | 2 | 16 | 10 s | latency p50 0.3 s, p99 2 s; 429 Retry-After 1 on every 20th request (slow 9000, "
         "apf-429 450) | 120 s | 2.61 intervals | 1.20 | 300 of 300 | 29.1 (30) |"
     ) in text
+
+
+def test_the_sharded_cases_are_reported_in_their_own_section_or_said_not_run() -> None:
+    meta = {"form": "f", "commit": "abc", "started": "now", "cpus": "2", "interval": "2 s", "resumed": "r"}
+    assert "Not run with this report: `make chaos-shards`" in report_markdown([], NOT_RUN, meta)
+    case = CaseResult(
+        name="replica-partition",
+        fault="one replica's proxy drops every packet",
+        held_seconds=15.0,
+        resume_seconds=5.5,
+        interval_seconds=2.0,
+        conditions={"pool-0": []},
+        events={},
+        counters={},
+        served={"connections left hanging": 16},
+        canary=("Progressing step 0 (20%)", "Progressing step 0 (20%)"),
+        canary_steps=[],
+        window=(10.0, 25.0, 33.0),
+        violations={"a": [], "e": ["write-outside-term at 26.00s: inferencepools/pool-1: written by replica-a"]},
+        observed=["Lease hand-overs: sluice-shard-1-of-4 replica-a → replica-b at +10.8 s"],
+    )
+    document = results_json([case], (), {**meta, "load": "1.00 at the start and 2.00 at the end"})
+    assert results_from_json(document)[0] == [case]
+    text = report_markdown([], NOT_RUN, meta, sharded=json.loads(document))
+    assert "## Sharded replicas: a partition and clock skew" in text
+    assert "seen: Lease hand-overs: sluice-shard-1-of-4 replica-a → replica-b at +10.8 s" in text
+    assert "**(e) broken: 1**" in text
+    assert "replica-partition, (e) no write outside a shard term: write-outside-term" in text
+    assert "load average was 1.00 at the start and 2.00 at the end" in text
+    assert NOT_RUN == ()
+    assert "## Not yet run\n\nNone: every case was run" in text

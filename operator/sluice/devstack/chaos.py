@@ -6,7 +6,9 @@ mid-canary (a candidate revision stepped every `CANARY_STEP` seconds), one mid-i
 requests, zeroed) — load on both, and a `Recorder`. Then each case of `sluice.devstack.chaoscases.CASES` in turn:
 inject, hold, clear, wait for the pools to resume (`RESUMED`), and judge the case's evidence
 (`sluice.devstack.chaoschecks`). `--fast` runs the cases marked fast, each held `FAST_HOLD` seconds (CI's form);
-`--case` only the cases named (`make chaos CHAOS_ARGS="--case prom-error"`).
+`--case` only the cases named (`make chaos CHAOS_ARGS="--case prom-error"`). `--sharded` runs the sharded scene's
+cases instead (`sluice.devstack.chaosshards`: two replicas, a partition, clock skew, invariant (e); `make
+chaos-shards`), whose results the whole report shows in their own section (`--shards-results`).
 Writes `DIR/results.json`, `DIR/report.md` (and the report to `--report`); every process started is stopped.
 """
 
@@ -34,7 +36,15 @@ from sluice.devstack.chaoschecks import (
     condition_states,
 )
 from sluice.devstack.chaoschecks import conditions_seen as seen_conditions
-from sluice.devstack.chaosreport import NOT_RUN, CaseResult, report_markdown, results_from_json, results_json
+from sluice.devstack.chaosreport import (
+    NOT_RUN,
+    SHARDED_RESULTS,
+    CaseResult,
+    report_markdown,
+    results_from_json,
+    results_json,
+    sharded_section,
+)
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.loop import Background
 from sluice.devstack.metricspage import operator_page, samples
@@ -435,18 +445,37 @@ def main(argv: list[str] | None = None) -> None:
         help="`make chaos-scale`'s results, reported in their own section when the file exists",
     )
     parser.add_argument(
-        "--case", action="append", default=[], choices=[c.name for c in CASES], help="run only this case (repeatable)"
+        "--shards-results",
+        type=Path,
+        default=ROOT / SHARDED_RESULTS,
+        help="`make chaos-shards`' results, reported in their own section when the file exists",
     )
+    parser.add_argument(
+        "--sharded",
+        action="store_true",
+        help="the sharded scene's cases instead (two replicas, a partition, clock skew: sluice.devstack.chaosshards); "
+        "DIR/report.md is then that section alone",
+    )
+    parser.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
     parser.add_argument(
         "--from-results", action="store_true", help="render the report again from DIR/results.json, without a run"
     )
     args = parser.parse_args(argv)
+    if args.sharded:
+        from sluice.devstack import chaosshards  # noqa: PLC0415 - it reads the pools through this module
+
+        cases, pools, run_cases = [c.name for c in chaosshards.CASES], chaosshards.SCENE, chaosshards.run
+    else:
+        cases, pools, run_cases = [c.name for c in CASES], POOLS, run
+    unknown = sorted(set(args.case) - set(cases))
+    if unknown:
+        parser.error(f"unknown case {', '.join(unknown)}: choose from {', '.join(cases)}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_results:
         results, meta = results_from_json((args.out / "results.json").read_text())
     else:
         began, began_load = datetime.now(UTC), os.getloadavg()[0]
-        results = run(args.out.resolve() / "stack", args.fast, args.case)
+        results = run_cases(args.out.resolve() / "stack", args.fast, args.case)
         meta = {
             "started": began.strftime("%Y-%m-%d %H:%M UTC"),
             "commit": git_commit(),
@@ -454,12 +483,16 @@ def main(argv: list[str] | None = None) -> None:
             "form": f"the cases {', '.join(args.case)}" if args.case else "fast cases" if args.fast else "whole matrix",
             "interval": f"{INTERVAL:g} s",
             "resumed": RESUMED,
-            "pools": POOLS,
+            "pools": pools,
             "load": f"{began_load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end",
         }
-        (args.out / "results.json").write_text(results_json(results, NOT_RUN, meta))
-    scale = json.loads(args.scale_results.read_text()) if args.scale_results.exists() else None
-    text = report_markdown(results, NOT_RUN, meta, scale)
+        (args.out / "results.json").write_text(results_json(results, () if args.sharded else NOT_RUN, meta))
+    if args.sharded:
+        text = sharded_section(json.loads(results_json(results, (), meta)))
+    else:
+        scale = json.loads(args.scale_results.read_text()) if args.scale_results.exists() else None
+        sharded = json.loads(args.shards_results.read_text()) if args.shards_results.exists() else None
+        text = report_markdown(results, NOT_RUN, meta, scale, sharded)
     (args.out / "report.md").write_text(text)
     if args.report is not None:
         args.report.write_text(text)

@@ -17,8 +17,8 @@ window it happened:
   (the ServiceEntry versions up to it were written by blind passes); a stretch not over when the case ends is
   judged to the case's end. With no operator running (`Window.operator_down`) the span is the fault's: there is no
   writer, so that span holds no version by construction and the report says how many versions each check judged.
-(e) (no write outside a shard term) needs sharded replicas: the chaos run has one replica without shards, so it
-has no terms to judge and says so.
+(e) (no write outside a shard term) needs sharded replicas: the single-replica run has no terms to judge; the
+sharded scene (`sluice.devstack.chaosshards`) judges it with `sluice.devstack.shardevidence`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ INVARIANTS = {
     "d": "no canary progress lost or repeated",
     "f": "last weights kept while blind",
 }
+SHARDED_INVARIANTS = {"e": "no write outside a shard term"}
+"""Judged in the sharded scene only (`sluice.devstack.chaosshards`): the single-replica run has no shard terms."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,7 @@ def canary_state(body: JsonObject) -> str:
 __all__ = [
     "INVARIANTS",
     "RECREATION_LIMIT",
+    "SHARDED_INVARIANTS",
     "Judged",
     "Window",
     "blind_spans",

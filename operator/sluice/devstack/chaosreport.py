@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sluice.devstack.chaoschecks import INVARIANTS
+from sluice.devstack.chaoschecks import INVARIANTS, SHARDED_INVARIANTS
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class CaseResult:
     data_plane: Mapping[str, str] = field(default_factory=dict)
     """Pool -> what the data plane sent while it read no route (istiod down), against what sluice published; sluice
     itself cannot see it."""
+    observed: Sequence[str] = field(default_factory=list)
+    """What the run saw besides the columns (the sharded cases: the Leases' hand-overs, when the shards were
+    shared evenly again, the replicas' logged shard transitions, the clock each replica stamps its Leases with)."""
 
     @property
     def held(self) -> bool:
@@ -102,6 +105,7 @@ def _reported(case: CaseResult) -> str:
         parts.append("faults served: " + ", ".join(f"{k} {n}" for k, n in sorted(case.served.items())))
     for pool, seen in case.data_plane.items():
         parts.append(f"data plane, unseen by sluice: {pool}: {seen}")
+    parts += [f"seen: {line}" for line in case.observed]
     return "<br>".join(parts).replace("|", "\\|")
 
 
@@ -142,7 +146,8 @@ def findings(cases: Sequence[CaseResult]) -> str:
     lines = []
     for case in cases:
         for letter, found in case.violations.items():
-            lines += [f"- {case.name}, ({letter}) {INVARIANTS[letter]}: {v}" for v in found]
+            named = {**INVARIANTS, **SHARDED_INVARIANTS}[letter]
+            lines += [f"- {case.name}, ({letter}) {named}: {v}" for v in found]
         if case.resume_seconds is None:
             lines.append(f"- {case.name}: the pools had not resumed when the runner stopped waiting")
         elif case.resume_seconds > RESUME_TARGET * case.interval_seconds:
@@ -156,28 +161,47 @@ def findings(cases: Sequence[CaseResult]) -> str:
 
 
 def not_run_list(not_run: Sequence[NotRun]) -> str:
+    if not not_run:
+        return "None: every case was run (the sharded scene's in the section above, when its results exist).\n"
     return "".join(f"- **{n.name}** — not yet run: {n.reason}\n" for n in not_run)
 
 
-NOT_RUN = (
-    NotRun(
-        "clock skew between replicas",
-        "needs two replicas (sharded) one of which runs with a shifted clock (the operator has no clock-offset "
-        "option; the matrix runs one replica and shifts no clock). The shard fence's decision "
-        "(`core.shards.Fence.deadline`) is tested on given times (tests/test_fence_decisions.py), not on processes "
-        "whose clocks disagree",
-    ),
-    NotRun(
-        "network partition",
-        "a replica cut off from the API server while another keeps it needs sharded replicas and a proxy per "
-        "replica; `api-blackout` covers the operator's side of it (every request it sends answered 503)",
-    ),
-    NotRun(
-        "(e) no write outside a shard term",
-        "the matrix runs one replica without `--shards` (the chart's default): there are no shard Leases whose "
-        "terms could be judged; test_sharding.py checks (e) on three sharded replicas",
-    ),
-)
+NOT_RUN: tuple[NotRun, ...] = ()
+"""Every case runs: istiod down in the matrix, clock skew, a partition and (e) in the sharded scene
+(`sharded_section`)."""
+
+
+SHARDED_RESULTS = "out/chaos-shards/results.json"
+
+
+def sharded_section(document: Mapping[str, Any] | None) -> str:
+    """The sharded scene's cases (`make chaos-shards`: `python -m sluice.devstack.chaos --sharded`), from that
+    run's results.json; a paragraph saying it was not run without them."""
+    heading = "## Sharded replicas: a partition and clock skew\n\n"
+    if not document or not document.get("cases"):
+        return heading + (
+            f"Not run with this report: `make chaos-shards` writes {SHARDED_RESULTS}. Without it, clock skew between "
+            "replicas, a replica partitioned from the API server and (e) no write outside a shard term are not run "
+            "(this run's single replica has no shard Leases).\n"
+        )
+    cases, meta = results_from_json(json.dumps(document))
+    letters = "; ".join(f"({k}) {v}" for k, v in {**INVARIANTS, **SHARDED_INVARIANTS}.items())
+    return (
+        heading + f"`make chaos-shards` (`python -m sluice.devstack.chaos --sharded`, {meta['form']}) at commit "
+        f"{meta['commit']}, {meta['started']}, on a {meta['cpus']}-core machine{_load(meta)}. Every figure below "
+        "was measured by that run.\n\n"
+        f"One local stack: {meta.get('pools', '')}. The replicas are the only ones sharing the pools; the runner "
+        "and the recorder reach the API emulator directly. The cases run in sequence; each is cleared before the "
+        "next, and the next begins once the shards are shared evenly again. The columns as in the matrix above "
+        f'(time to resume: {meta["resumed"]}, summed over both replicas\' /metrics); "seen" lines: the shard '
+        "Leases' hand-overs and when the shards were shared evenly again (from the Lease versions the recorder "
+        "saw), the shard transitions each replica logged, and each replica's `renewTime` minus the moment the "
+        "recorder saw it on the emulator's clock (the same machine's; a little under 0 is the watch's delivery), "
+        f"so a shifted clock shows as its offset. Invariants: {letters}; (e) judges every write of a replica to "
+        "a pool (its status, Events, Istio objects) answered 2xx in the audit log against the last version of "
+        "the pool's shard Lease seen before it: another holder, none, or a renewal older than the Lease's "
+        "duration is a violation.\n\n" + report_table(cases) + "\n" + findings(cases)
+    )
 
 
 def scale_section(scale: Mapping[str, Any] | None) -> str:
@@ -224,9 +248,10 @@ def report_markdown(
     not_run: Sequence[NotRun],
     meta: Mapping[str, str],
     scale: Mapping[str, Any] | None = None,
+    sharded: Mapping[str, Any] | None = None,
 ) -> str:
     """The whole report: how it was run, what the columns mean, the table, the findings, the sharded replicas under
-    API pressure (`scale_section`), what was not run."""
+    API pressure (`scale_section`), the sharded scene's cases (`sharded_section`), what was not run."""
     letters = "; ".join(f"({k}) {v}" for k, v in INVARIANTS.items())
     return (
         "# Chaos report\n\n"
@@ -254,6 +279,8 @@ def report_markdown(
         + findings(cases)
         + "\n"
         + scale_section(scale)
+        + "\n"
+        + sharded_section(sharded)
         + "\n## Not yet run\n\n"
         + not_run_list(not_run)
     )
@@ -270,4 +297,5 @@ __all__ = [
     "results_from_json",
     "results_json",
     "scale_section",
+    "sharded_section",
 ]
