@@ -60,7 +60,7 @@ def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while
         first = io.read_signals(pool, "llm", ["a"], PromAuth(), now)
         prometheus.wait_for(2 * QUERIES)
         clock.advance(0.1)
-        after = io.read_signals(pool, "llm", ["a"], PromAuth(), now + timedelta(seconds=0.2))
+        after = io.read_signals(pool, "llm", ["a"], PromAuth(), now + timedelta(seconds=0.1))
     finally:
         io.close()
     for snapshot in (first, after):
@@ -68,7 +68,7 @@ def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while
         assert snapshot.pods["a"].queue_length == 3.0
         assert snapshot.collected_at == T0  # the time that answer was asked, not this pass's
         assert snapshot.sampled_at["a"] <= T0  # its samples keep their own time
-    verdict = judge_metrics(pool, after, now + timedelta(seconds=0.2))
+    verdict = judge_metrics(pool, after, now + timedelta(seconds=0.1))
     assert verdict.usable
 
 
@@ -226,3 +226,19 @@ def test_passes_reading_a_failed_shared_answer_do_not_grow_its_traceback(prometh
     finally:
         io.close()
     assert after == before
+
+
+def test_a_step_of_the_wall_clock_does_not_age_an_answer_asked_just_before_it(prometheus: _Prometheus) -> None:
+    """The operator's wall clock stepped 30 s forward (an NTP step, a skewed node put right) between asking and
+    the next pass: the answer is as old as the process's monotonic clock says, not 30 s."""
+    io, clock = stepped(preflight=False)
+    pool = spec(metrics={"prometheusUrl": prometheus.url, "staleAfter": "15s"}, interval="2s")
+    try:
+        io.read_signals(pool, "llm", ["a"], PromAuth(), T0)
+        clock.advance(0.5)  # within the answer's time to live: the next pass reads the same answer
+        stepped_now = T0 + timedelta(seconds=30.5)
+        snapshot = io.read_signals(pool, "llm", ["a"], PromAuth(), stepped_now)
+    finally:
+        io.close()
+    assert snapshot.collected_at == stepped_now - timedelta(seconds=0.5)
+    assert "were read" not in judge_metrics(pool, snapshot, stepped_now).message

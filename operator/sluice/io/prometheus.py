@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -53,6 +53,14 @@ IDLE_CLIENT_SECONDS = 600.0
 CA bundle or a changed timeout leaves behind."""
 
 
+def _asked_before(now: datetime, at: float, answer: Answer) -> datetime:
+    """When `answer` was asked, on the clock of the pass whose `now` is read at monotonic `at`: its age by the
+    monotonic clock. Its own `asked_at` is on the wall clock of the pass that asked, and a step of the wall clock
+    since (an NTP step, a skewed node put right) would age it by the step: 30 s forward made every pool's
+    signals read as 30 s old, stale, their weights frozen (the chaos matrix's clock-skew cases)."""
+    return now - timedelta(seconds=max(0.0, at - answer.monotonic))
+
+
 def _outcome(done: Future[dict[str, float]], timeout: float) -> dict[str, float] | BaseException:
     """A shared answer, or its failure as a value, waiting up to `timeout`.
 
@@ -69,10 +77,12 @@ def _outcome(done: Future[dict[str, float]], timeout: float) -> dict[str, float]
 
 
 class _Got(NamedTuple):
-    """A query's answer as a pass reads it: when it was asked, and pod -> value."""
+    """A query's answer as a pass reads it: when it was asked (the asking pass's `now`: which answer it is), pod
+    -> value, and when it was asked on this pass's clock (`_asked_before`: how old it is)."""
 
     asked_at: datetime
     values: dict[str, float]
+    aged_from: datetime
 
 
 _Part = TypeVar("_Part", bound=Hashable)
@@ -324,10 +334,11 @@ class PromIO:
         asked = {part: self._shared(reading, now) for part, reading in readings.items()}
         got: dict[_Part, _Got] = {}
         failed: dict[_Part, str] = {}
+        at = self.clock.now()
         for part, answer in asked.items():
             outcome = _outcome(answer.done, timeout + 2)
             if not isinstance(outcome, BaseException):
-                got[part] = _Got(answer.asked_at, outcome)
+                got[part] = _Got(answer.asked_at, outcome, _asked_before(now, at, answer))
                 continue
             if not isinstance(outcome, QUERY_FAILURES):
                 raise RuntimeError(f"{fault.format(part)}: {outcome!r}") from outcome
@@ -335,7 +346,7 @@ class PromIO:
             if fallback is None:
                 failed[part] = describe_failure(outcome)
             else:
-                got[part] = _Got(fallback.asked_at, fallback.done.result())
+                got[part] = _Got(fallback.asked_at, fallback.done.result(), _asked_before(now, at, fallback))
         return got, failed
 
     def read_signals(
@@ -352,7 +363,7 @@ class PromIO:
         }
         got, failed = self._read_all(readings, now, spec.metrics.timeout, "reading {} failed")
         answers = {signal: {pod: g.values[pod] for pod in pod_names if pod in g.values} for signal, g in got.items()}
-        collected_at = min([now, *(g.asked_at for g in got.values())])
+        collected_at = min([now, *(g.aged_from for g in got.values())])
         freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness else None
         if plan.freshness and freshness is None:
             freshness = {}  # the freshness query failed: it is in `failed`, which freezes the pool
@@ -388,7 +399,7 @@ class PromIO:
             for name in plan.series
         ]
         return CheckAnswers(
-            asked_at=min([now, *(g.asked_at for g in got.values())]),
+            asked_at=min([now, *(g.aged_from for g in got.values())]),
             series=series,
             samples_per_window=values.get(("", "samples"), {}),
             failed=failed.get(("", "samples")),
