@@ -70,8 +70,9 @@ from sluice.io.kubereads import load_api_client
 
 SHARDS = 4
 REPLICAS = ("a", "b")
-RATE = 3.0
-"""Requests per second of load on each pool."""
+RATE, CANARY_RATE = 3.0, 6.0
+"""Requests per second of load on each pool, and on the canary's (the single-replica scene's canary rate: at 3
+requests/s its candidate's share at 25 % made too few requests in an analysis interval for a check to pass)."""
 WARM_UP = 20.0
 BALANCE_WAIT = 60.0
 """Seconds the runner waits after a case for the shards to be shared evenly again."""
@@ -85,11 +86,11 @@ FAILING_RATE = 0.6
 SCENE = (
     f"{len(POOLS)} pools, one per shard of {SHARDS} (`--shards {SHARDS}`), at a {INTERVAL:g} s interval, each with "
     f"an A100 and an RTX 4090 pod under {RATE:g} requests/s; `{CANARY}` mid-canary (and a v2 pod, stepped by 5 % "
-    f"every {CANARY_STEP:g} s from 20 %), `{INCIDENT}` mid-incident (and a second A100; its 4090 fails "
-    f"{FAILING_RATE:.0%} of its requests); replicas `replica-a` and `replica-b` (`--shards {SHARDS} --lease-namespace "
-    f"{NAMESPACE} --identity replica-X`), each through its own TCP proxy to the API emulator and under libfaketime "
-    "(clock offset `+0` but in the skew cases). Each case acts on the replica holding the canary's shard when it "
-    "begins, so that its canary's progress is judged across the case"
+    f"every {CANARY_STEP:g} s from 20 %, {CANARY_RATE:g} requests/s), `{INCIDENT}` mid-incident (and a second "
+    f"A100; its 4090 fails {FAILING_RATE:.0%} of its requests); replicas `replica-a` and `replica-b` (`--shards "
+    f"{SHARDS} --lease-namespace {NAMESPACE} --identity replica-X`), each through its own TCP proxy to the API "
+    "emulator and under libfaketime (clock offset `+0` but in the skew cases). Each case acts on the replica holding "
+    "the canary's shard when it begins, so that its canary's progress is judged across the case"
 )
 
 
@@ -467,7 +468,8 @@ def setup(scene: ShardScene, background: Background, warm_up: float) -> None:
     for pool in POOLS:
         stack.kubectl("apply", "-f", "-", stdin=pool_manifest(pool, stack.prometheus_url, canary=pool == CANARY))
     for pool in POOLS:
-        background.start(Traffic(stack, pool, rate=RATE).run(stack.remaining()))
+        rate = CANARY_RATE if pool == CANARY else RATE
+        background.start(Traffic(stack, pool, rate=rate).run(stack.remaining()))
 
     def healthy() -> bool:
         states = [condition_states(stack.pool(p)) for p in POOLS]
