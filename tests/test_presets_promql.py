@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -297,7 +297,8 @@ def test_each_preset_reads_the_expected_signals_from_real_prometheus(prometheus:
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "triton", "tgi"])
 def test_sample_times_are_the_samples_own_timestamps(prometheus: str, engine: str) -> None:
     """The newest sample at or before the query, by its own timestamp (a multiple of the step), not the query's
-    time."""
+    time: placed on the operator's clock from when it asked (`FRESHNESS`: the sample's time less the evaluation's),
+    so within the request's latency of the multiple."""
     before = time.time()
     snapshot = read(prometheus, engine)
     after = time.time()
@@ -307,8 +308,30 @@ def test_sample_times_are_the_samples_own_timestamps(prometheus: str, engine: st
     assert snapshot.collected_at is not None
     # A sample time is capped at the time the queries were asked (`values_snapshot`): when Prometheus evaluates
     # the query just past a step boundary asked just before it, the newest sample is that cap, not a step multiple.
-    assert stamp % STEP == 0 or stamp == snapshot.collected_at.timestamp()
+    off_step = min(stamp % STEP, STEP - stamp % STEP)
+    assert off_step < 0.5 or stamp == snapshot.collected_at.timestamp()
     assert before - STEP - 1 < stamp <= after
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+def test_an_operator_whose_clock_is_off_prometheus_reads_the_samples_age_on_prometheus_clock(
+    prometheus: str, skew: float
+) -> None:
+    """A replica 30 s ahead of Prometheus (or behind) reads the newest sample as old as it is on Prometheus'
+    clock (at most a step here), on its own clock: judged against an absolute `timestamp()`, the one ahead read
+    every sample 30 s older, stale, and froze every pool it held (the chaos matrix's clock-skew case)."""
+    io = PromIO()
+    try:
+        pool = spec(
+            engine="vllm", metrics={"prometheusUrl": prometheus, "window": "1m", "extraLabels": {"engine": "vllm"}}
+        )
+        now = datetime.now(UTC) + timedelta(seconds=skew)
+        snapshot = io.read_signals(pool, NAMESPACE, list(PODS), PromAuth(), now)
+    finally:
+        io.close()
+    assert set(snapshot.sampled_at) == set(PODS)
+    ages = {pod: (now - at).total_seconds() for pod, at in snapshot.sampled_at.items()}
+    assert all(0.0 <= age <= STEP + 1 for age in ages.values()), ages
 
 
 def test_an_override_is_run_as_written(prometheus: str) -> None:

@@ -27,13 +27,14 @@ class _Prometheus(FakePrometheus):
 
     def __init__(self, port: int = 0) -> None:
         self.failing = False
-        self.sample_time = T0.timestamp() - 1
+        self.sample_age = 1.0
+        """The newest sample's age when a query is evaluated (`timestamp(...) - time()` answers its negative)."""
         super().__init__(self._respond, port=port)
 
     def _respond(self, query: str) -> tuple[int, Any]:
         if self.failing:
             return 500, {"status": "error", "errorType": "internal", "error": "query failed"}
-        value = str(self.sample_time) if "(timestamp(" in query else "3"
+        value = str(-self.sample_age) if "(timestamp(" in query else "3"
         return 200, vector([{"metric": {"pod": "a"}, "value": [0, value]}])
 
 

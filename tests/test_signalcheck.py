@@ -50,7 +50,7 @@ def answers(
             SeriesAnswer(
                 name=key,
                 per_identity={p: (duplicated or {}).get(key, {}).get(p, 1.0) for p in have},
-                newest={p: (NOW - timedelta(seconds=age)).timestamp() for p in have},
+                newest=dict.fromkeys(have, -float(age)),  # the sample's time less the evaluation's
             )
         )
     return CheckAnswers(asked_at=NOW, series=series, samples_per_window=dict.fromkeys(pods, samples))
@@ -210,7 +210,7 @@ SGLANG_KEYS = {
 
 def sglang_answers(busy: bool) -> CheckAnswers:
     """An SGLang pod "a": its scheduler gauges, and its tokenizer and HTTP series only once it served requests."""
-    newest = {"a": (NOW - timedelta(seconds=2)).timestamp()}
+    newest = {"a": -2.0}
     series = [
         SeriesAnswer(
             name=key, per_identity={"a": 1.0} if busy or not lazy else {}, newest=newest if busy or not lazy else {}

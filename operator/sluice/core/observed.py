@@ -67,7 +67,10 @@ class SeriesAnswer(ApiModel):
         description="Pod -> the most raw series sharing one identity (the engine labels the preset tells apart): 1 "
         "as expected; more when the pod is scraped twice or a label the preset does not expect splits it.",
     )
-    newest: dict[str, float] = Field(default_factory=dict, description="Pod -> Unix time of its newest sample.")
+    newest: dict[str, float] = Field(
+        default_factory=dict,
+        description="Pod -> its newest sample's time less the query's evaluation time, on Prometheus' clock (<= 0).",
+    )
     failed: str | None = Field(default=None, description="Why a check query failed.")
 
 

@@ -36,9 +36,13 @@ OPTIONAL_SIGNALS: frozenset[SignalName] = frozenset({"sleeping", "loraFailureRat
 awake, and a pod that loaded no adapter has no LoRA failure rate."""
 
 FRESHNESS: dict[Engine, str] = {
-    engine: " or ".join(f"max by ($podLabel) (timestamp({s.name}{{$selector{s.matchers}}}))" for s in series)
+    engine: " or ".join(f"max by ($podLabel) (timestamp({s.name}{{$selector{s.matchers}}})) - time()" for s in series)
     for engine, series in FRESHNESS_SERIES.items()
 }
+"""Per pod, its newest sample's time less the query's evaluation time (<= 0), both on Prometheus' clock: the
+operator places it on its own clock from when it asked (`sluice.io.promanswers.values_snapshot`), so a replica
+whose clock is off Prometheus' by 30 s does not read every sample as 30 s old (an absolute `timestamp()` judged
+against the operator's clock did: the chaos matrix's clock-skew case froze every pool of the skewed replica)."""
 
 
 def overridden(spec: InferencePoolSpec, signal: str) -> bool:
@@ -90,7 +94,8 @@ class QueryPlan:
     unsupported: tuple[SignalName, ...]
     filters_pods_client_side: bool
     freshness: str | None = None
-    """`timestamp()` of a gauge per pod; None for engines without a preset (custom)."""
+    """Per pod, `timestamp()` of a gauge less the evaluation time (`FRESHNESS`); None for engines without a preset
+    (custom)."""
 
 
 def build_queries(
@@ -180,14 +185,15 @@ def preset_series(spec: InferencePoolSpec) -> dict[str, Series]:
 def check_queries(spec: InferencePoolSpec, namespace: str) -> CheckPlan:
     """The preflight's PromQL for the pool's namespace: per raw series the preset reads, the most series per
     pod that share the identity the preset expects (`count by (pod, <identity>)`: 1 unless duplicated) and the
-    time of the pod's newest sample; the samples per rate window of the freshness gauge."""
+    age of the pod's newest sample when the query was evaluated (<= 0, as `FRESHNESS`); the samples per rate
+    window of the freshness gauge."""
     values = _values(spec, namespace, [], by_pod=False)
     queries: dict[str, tuple[str, str]] = {}
     for key, series in preset_series(spec).items():
         selected = f"{series.name}{{$selector{series.matchers}}}"
         by = ", ".join(("$podLabel", *series.identity))
         identity = f"max by ($podLabel) (count by ({by}) ({selected}))"
-        newest = f"max by ($podLabel) (timestamp({selected}))"
+        newest = f"max by ($podLabel) (timestamp({selected})) - time()"  # on Prometheus' clock (`FRESHNESS`)
         queries[key] = (Template(identity).substitute(values), Template(newest).substitute(values))
     # Prometheus' own `up` has a sample per scrape of each target, whatever the engine exports; the freshness
     # gauge answers where `up` is not kept (a federated or remote-written copy)

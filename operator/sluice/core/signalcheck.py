@@ -205,7 +205,7 @@ def _tally(
                 tally.found["Missing"].append(pod)
                 tally.fixes += [s.fix for s in lacking if s.fix and s.fix not in tally.fixes]
             continue
-        ages = [asked_at.timestamp() - answers[s.key].newest[pod] for s in present]
+        ages = [-answers[s.key].newest[pod] for s in present]  # on Prometheus' clock
         if ages:
             age = min(ages) if reading.any_of else max(ages)
             tally.oldest = max(tally.oldest, age)

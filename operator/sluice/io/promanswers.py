@@ -13,7 +13,7 @@ import functools
 import json
 import math
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 
 from sluice.api.jsontypes import JsonValue, members
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
@@ -102,13 +102,11 @@ def plain_vector_values(text: str, pod_label: str) -> dict[str, float] | None:
     return out
 
 
-def sample_times(series: list[JsonValue] | None, pods: set[str], pod_label: str) -> dict[str, datetime]:
-    """Pod -> time of its newest sample, from the answer of the freshness query (`timestamp()` values)."""
-    return _times(pod_values(series, pod_label), pods)
-
-
-def _times(stamps: dict[str, float], pods: set[str]) -> dict[str, datetime]:
-    return {pod: datetime.fromtimestamp(stamp, UTC) for pod, stamp in stamps.items() if pod in pods}
+def _times(offsets: dict[str, float], pods: set[str], asked_at: datetime) -> dict[str, datetime]:
+    """Pod -> time of its newest sample on the operator's clock: the freshness answer's values are each sample's
+    time less the query's evaluation (`sluice.core.presets.FRESHNESS`, Prometheus' clock), and Prometheus
+    evaluated it when it was asked, `asked_at` (on the operator's clock, give or take the request's latency)."""
+    return {pod: asked_at + timedelta(seconds=offset) for pod, offset in offsets.items() if pod in pods}
 
 
 def to_snapshot(
@@ -142,8 +140,10 @@ def values_snapshot(
     pods: set[str],
     collected_at: datetime,
     freshness: dict[str, float] | None = None,
+    freshness_asked_at: datetime | None = None,
 ) -> SignalSnapshot:
-    """`to_snapshot` over answers already split by pod (`pod_values`). Pure."""
+    """`to_snapshot` over answers already split by pod (`pod_values`); `freshness_asked_at`: when the freshness
+    answer was asked (`collected_at` by default). Pure."""
     values: dict[str, dict[str, float]] = {}
     for signal, by_pod in answers.items():
         field = SIGNAL_FIELD[signal]
@@ -156,7 +156,10 @@ def values_snapshot(
         unsupported=list(unsupported),
         pods={pod: PodSignals.model_validate(fields) for pod, fields in values.items()},
         # No sample is newer than the oldest answer read (a fallback answer is older than the others).
-        sampled_at={pod: min(stamp, collected_at) for pod, stamp in _times(freshness or {}, pods).items()},
+        sampled_at={
+            pod: min(stamp, collected_at)
+            for pod, stamp in _times(freshness or {}, pods, freshness_asked_at or collected_at).items()
+        },
         freshness_known=freshness is not None,
     )
 
@@ -166,7 +169,6 @@ __all__ = [
     "parse_value",
     "plain_vector_values",
     "pod_values",
-    "sample_times",
     "to_snapshot",
     "values_snapshot",
     "vector_values",

@@ -367,8 +367,11 @@ class PromIO:
         freshness = answers.pop(FRESHNESS_KEY, None) if plan.freshness else None
         if plan.freshness and freshness is None:
             freshness = {}  # the freshness query failed: it is in `failed`, which freezes the pool
+        fresh_at = got[FRESHNESS_KEY].aged_from if FRESHNESS_KEY in got else collected_at
         signal_answers = {signal: answers[signal] for signal in plan.signals if signal in answers}
-        snapshot = values_snapshot(signal_answers, failed, plan.unsupported, set(pod_names), collected_at, freshness)
+        snapshot = values_snapshot(
+            signal_answers, failed, plan.unsupported, set(pod_names), collected_at, freshness, fresh_at
+        )
         answered_at = {signal: g.asked_at for signal, g in got.items() if signal != FRESHNESS_KEY}
         checks = self._read_checks(spec, namespace, pod_names, auth, now)
         return snapshot.model_copy(update={"answered_at": answered_at, "checks": checks})
