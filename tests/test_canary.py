@@ -246,3 +246,19 @@ def test_stale_candidate_signals_hold_a_live_step_inconclusive():
     assert (final.phase, final.step_index) == ("Progressing", 0)
     assert final.last_check == "Inconclusive"
     assert "stale signals for pod v2-a" in final.last_check_reason
+
+
+def test_a_step_stamped_by_a_replica_whose_clock_is_ahead_is_not_held_until_this_clock_catches_up():
+    """`stepStartedAt` and `lastCheckAt` written 30 s in the future (a replica 30 s ahead ran the last pass): this
+    replica takes them as its own now, so the 60 s step lasts 60 s from here, not 90 (the chaos matrix's
+    clock-skew case stepped 58 s late)."""
+    s = spec(canary=CANARY)
+    first = run(s, STABLE + CAND, signals(), 0, None).status
+    assert first.canary is not None
+    ahead = first.canary.model_copy(update={"step_started_at": at(30), "last_check_at": at(30)})
+    status = first.model_copy(update={"canary": ahead})
+    weights = {}
+    for t in range(10, 101, 10):
+        status = run(s, STABLE + CAND, signals(), t, status).status
+        weights[t] = status.canary.weight
+    assert weights[70] == 25, weights  # 60 s after it was read (at 10 s), not 60 s after the stamp (at 90 s)

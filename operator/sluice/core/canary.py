@@ -47,6 +47,21 @@ def pick_stable(spec: CanarySpec, previous: CanaryStatus | None, revisions: dict
 STEERED_PHASES: tuple[CanaryPhase, ...] = ("Shadow", "Progressing", "Paused")
 
 
+def not_ahead(previous: CanaryStatus | None, now: datetime) -> CanaryStatus | None:
+    """The rollout's stamps no later than `now`: `stepStartedAt` and `lastCheckAt` are written by the replica that
+    ran the pass and read by whichever runs the next, and one stamped by a replica whose clock is ahead would hold
+    the step (or the next check) until this one's clock caught up: the chaos matrix's replica 30 s ahead made a
+    step 58 s late. Taken as now, such a stamp costs at most the time since it was written."""
+    if previous is None:
+        return None
+    update = {
+        name: now
+        for name in ("step_started_at", "last_check_at")
+        if (stamp := getattr(previous, name)) is not None and stamp > now
+    }
+    return previous.model_copy(update=update) if update else previous
+
+
 def step_canary(
     spec: CanarySpec | None,
     previous: CanaryStatus | None,
@@ -60,6 +75,7 @@ def step_canary(
     rollout is in flight (shadow and paused included) and the candidate has a routable pod.
     `target_utilisation` (`scoring.targetUtilization`): how much of its capacity the candidate may carry at the
     last step (`spec.canary.comparableLoad`)."""
+    previous = not_ahead(previous, now)
     ab = spec.ab_test if spec is not None else None
     if spec is not None and ab is not None:
         # an A/B test is one step at 0 % on the weighted route, held for its duration: the candidate's users come
