@@ -1,8 +1,10 @@
 """The operator with one defect put in on purpose: `python -m tests.e2e.broken_operator DEFECT [sluice arguments]`.
 
 For showing that each invariant checker of `sluice.devstack.invariants` fails when the operator breaks the rule it
-checks (`tests/e2e/test_broken_operator.py`): a green fault matrix then means something. Each defect patches the
-Kubernetes adapter (`sluice.io.kube`) before the operator starts; nothing in the operator knows of them.
+checks (`tests/e2e/test_broken_operator.py`; (e), which needs sharded replicas, in
+`tests/e2e/test_broken_operator_shards.py`): a green fault matrix then means something. Each defect patches the
+Kubernetes adapter (`sluice.io.kube`) or the runtime (`sluice.runtime`) before the operator starts; nothing in the
+operator knows of them.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from sluice.api.jsontypes import JsonObject
 from sluice.api.snapshot import PoolSnapshot
 from sluice.core.observed import ObservedPod
 from sluice.io import kube
-from sluice.io.ports import WriteResult
+from sluice.io.ports import Cluster, WriteResult
 from sluice.istio.ownership import Decision
 from sluice.istio.rendered import Rendered
-from sluice.runtime import snapshots
+from sluice.runtime import fence, snapshots
 
 
 def pods_never_forgotten() -> None:
@@ -78,11 +80,24 @@ def canary_forgotten() -> None:
     snapshots.parse_snapshot = parse_snapshot
 
 
+def fence_removed() -> None:
+    """(e) A pass's writes not fenced (`sluice.runtime.fence`): each goes whatever the term of the pool's shard or its
+    Lease's validity, with no timeout, as an unsharded operator's writes go. The replica still stops passing a pool
+    once its shard lapsed on its own clock; a write it sent before that but after the API server became unreachable
+    waits, and lands once the network heals, while another replica holds the shard; the pass then goes on writing."""
+
+    def around(self: fence.PassFence, cluster: Cluster) -> Cluster:
+        return cluster
+
+    fence.PassFence.around = around  # type: ignore[method-assign,assignment]
+
+
 DEFECTS: dict[str, Callable[[], None]] = {
     "pods-never-forgotten": pods_never_forgotten,
     "foreign-taken": foreign_taken,
     "recreated-each-pass": recreated_each_pass,
     "canary-forgotten": canary_forgotten,
+    "fence-removed": fence_removed,
 }
 
 
