@@ -461,6 +461,7 @@ def main(argv: list[str] | None = None) -> None:
         "--from-results", action="store_true", help="render the report again from DIR/results.json, without a run"
     )
     args = parser.parse_args(argv)
+    run_cases: Callable[[Path, bool, Collection[str]], list[CaseResult]]
     if args.sharded:
         from sluice.devstack import chaosshards  # noqa: PLC0415 - it reads the pools through this module
 

@@ -13,6 +13,8 @@ case writes `+30s` or `-30s` into it: the running process sees its clock step, a
 and monotonic time is left alone (`FAKETIME_DONT_FAKE_MONOTONIC`). Each case: inject, hold, clear, wait for the
 pools to resume (`sluice.devstack.chaos.RESUMED`, over both replicas' /metrics) and for the shards to be shared
 evenly again, then judge (a)–(d), (f) (`sluice.devstack.chaoschecks`) and (e) (`sluice.devstack.shardevidence`).
+`run`'s `broken` runs replica `a` by another command (an operator with a defect put in, as
+`tests/e2e/broken_operator.py` runs one) and makes every case act on it: a checker is then shown to find the defect.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -122,6 +124,8 @@ class Replica:
     log: Path
     clock_file: Path
     """The file its wall clock's offset is read from (libfaketime)."""
+    program: tuple[str, ...] = (sys.executable, "-m", "sluice")
+    """The command that runs it, its arguments after it: the operator, or one with a defect put in."""
     processes: list[int] = field(default_factory=list)
 
     @property
@@ -139,7 +143,9 @@ class ShardScene:
     identities: dict[str, str] = field(default_factory=dict)
     """The process part of a replica's user agent (`<HOSTNAME>-<pid>`) -> its identity, for the audit."""
     target: str = ""
-    """The replica the case acts on (the canary's holder when it began)."""
+    """The replica the case acts on (the canary's holder when it began, or `acts_on`)."""
+    acts_on: str | None = None
+    """The replica every case acts on (the one with a defect put in); None: the canary's holder."""
 
 
 def proxy_kubeconfig(source: Path, target: Path, port: int) -> Path:
@@ -154,7 +160,7 @@ def proxy_kubeconfig(source: Path, target: Path, port: int) -> Path:
 
 def start_replica(scene: ShardScene, name: str) -> None:
     replica = scene.replicas[name]
-    command = [sys.executable, "-m", "sluice", "operator", "-n", NAMESPACE, "--kubeconfig", str(replica.kubeconfig)]
+    command = [*replica.program, "operator", "-n", NAMESPACE, "--kubeconfig", str(replica.kubeconfig)]
     command += ["--shards", str(SHARDS), "--lease-namespace", NAMESPACE, "--identity", replica.identity]
     command += ["--metrics-port", str(replica.port), "--metrics-address", "127.0.0.1"]
     env = {"HOSTNAME": f"node-{name}"}  # its user agent: sluice-operator/node-<name>-<pid>
@@ -230,12 +236,17 @@ def canary_holder(scene: ShardScene) -> str:
     return next(name for name, r in scene.replicas.items() if r.identity == holder)
 
 
+def acted_on(scene: ShardScene) -> str:
+    """The replica a case acts on: `acts_on` if set, else the one holding the canary's shard now."""
+    return scene.acts_on or canary_holder(scene)
+
+
 def other(scene: ShardScene) -> str:
     return next(name for name in scene.replicas if name != scene.target)
 
 
 def partition(scene: ShardScene) -> None:
-    scene.target = canary_holder(scene)
+    scene.target = acted_on(scene)
     scene.replicas[scene.target].proxy.partition()
 
 
@@ -247,7 +258,7 @@ def heal(scene: ShardScene) -> dict[str, int]:
 
 def skew(seconds: float) -> Callable[[ShardScene], None]:
     def inject(scene: ShardScene) -> None:
-        scene.target = canary_holder(scene)
+        scene.target = acted_on(scene)
         set_clock(scene, f"{seconds:+.0f}s")
 
     return inject
@@ -484,8 +495,10 @@ def setup(scene: ShardScene, background: Background, warm_up: float) -> None:
         raise RuntimeError(f"{INCIDENT} did not show Degraded=True within 60 s: the run would not be mid-incident")
 
 
-def run(workdir: Path, fast: bool, only: Collection[str] = ()) -> list[CaseResult]:
-    """The sharded cases (the fast ones, or those named in `only`) on one stack; the results in order."""
+def run(workdir: Path, fast: bool, only: Collection[str] = (), broken: Sequence[str] = ()) -> list[CaseResult]:
+    """The sharded cases (the fast ones, or those named in `only`) on one stack; the results in order. `broken`:
+    the command that runs replica `a` in place of `python -m sluice` (an operator with a defect put in), every case
+    then acting on `a`."""
     cases = [c for c in CASES if (c.fast or not fast) and (not only or c.name in only)]
     seconds = 300 + sum((c.fast_hold if fast else c.hold) + RESUME_WAIT / 2 + BALANCE_WAIT / 2 for c in cases)
     background = Background()
@@ -502,10 +515,15 @@ def run(workdir: Path, fast: bool, only: Collection[str] = ()) -> list[CaseResul
             clock = workdir / f"clock-{name}"
             clock.write_text("+0\n")
             config = proxy_kubeconfig(stack.kubeconfig, workdir / f"kubeconfig-{name}", proxy.port)
-            replicas[name] = Replica(name, proxy, config, free_port(), workdir / f"operator-{name}.log", clock)
+            replica = Replica(name, proxy, config, free_port(), workdir / f"operator-{name}.log", clock)
+            if broken and name == "a":
+                replica.program = tuple(broken)
+            replicas[name] = replica
         api = load_api_client(str(stack.kubeconfig))
         with Recorder(api, NAMESPACE, workdir / "audit.jsonl", seconds) as recorder:
-            scene = ShardScene(stack, recorder, replicas, time.time() - time.monotonic())
+            scene = ShardScene(
+                stack, recorder, replicas, time.time() - time.monotonic(), acts_on="a" if broken else None
+            )
             setup(scene, background, WARM_UP / 2 if fast else WARM_UP)
             results = [run_case(scene, c, c.fast_hold if fast else c.hold) for c in cases]
             evidence = workdir.parent / "evidence.jsonl"
