@@ -5,8 +5,8 @@ against the real operator in `test_prom_faults.py`, so a green run there means s
 
 Covered: (a) a pod cache that never drops a deleted pod, (b) an ownership check that reads a foreign object as
 absent, (c) objects deleted and created again on each write, (d) the stored canary progress not read after a
-restart. Bounded: the recorder stops by itself; the module
-takes about a minute and a half.
+restart; (e), a replica's writes without its shard fence, needs sharded replicas: `test_broken_operator_shards.py`.
+Bounded: the recorder stops by itself; the module takes about a minute and a half.
 """
 
 from __future__ import annotations

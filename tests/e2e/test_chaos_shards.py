@@ -2,7 +2,8 @@
 `--shards`, each through its own TCP proxy; the replica holding the canary's shard is partitioned from the API
 server. Asserted, from the recorded evidence: its shards were taken over by the other replica during the partition
 and shared evenly again after it, and every invariant held, (e) no write outside a shard term among them, judged
-over writes of both replicas. The times are reported by `make chaos-shards`, not asserted here.
+over writes of both replicas. The times are reported by `make chaos-shards`, not asserted here. The same scene with
+the partitioned replica's fence removed, in which (e) must find its writes: `test_broken_operator_shards.py`.
 """
 
 from __future__ import annotations
