@@ -12,15 +12,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from sluice.api.jsontypes import JsonObject
 from sluice.api.snapshot import PoolSnapshot
 from sluice.core.observed import ObservedPod
+from sluice.core.reconcile import Plan
 from sluice.io import kube
 from sluice.io.ports import Cluster, WriteResult
 from sluice.istio.ownership import Decision
 from sluice.istio.rendered import Rendered
-from sluice.runtime import fence, snapshots
+from sluice.runtime import fence, reconciler, snapshots
 
 
 def pods_never_forgotten() -> None:
@@ -92,12 +94,27 @@ def fence_removed() -> None:
     fence.PassFence.around = around  # type: ignore[method-assign,assignment]
 
 
+def reweighted_while_blind() -> None:
+    """(f) A pass blind to its metrics (`MetricsAvailable=False`) re-weights anyway: every endpoint at the same
+    weight, as a controller that falls back to an even split when it cannot see would."""
+    real = reconciler.plan_pass
+
+    def plan_pass(*args: Any, **kwargs: Any) -> Plan:
+        plan = real(*args, **kwargs)
+        if not any(c.type == "MetricsAvailable" and c.status == "False" for c in plan.status.conditions):
+            return plan
+        return replace(plan, endpoints=tuple(replace(e, weight=1) for e in plan.endpoints))
+
+    reconciler.plan_pass = plan_pass
+
+
 DEFECTS: dict[str, Callable[[], None]] = {
     "pods-never-forgotten": pods_never_forgotten,
     "foreign-taken": foreign_taken,
     "recreated-each-pass": recreated_each_pass,
     "canary-forgotten": canary_forgotten,
     "fence-removed": fence_removed,
+    "reweighted-while-blind": reweighted_while_blind,
 }
 
 

@@ -5,12 +5,14 @@ against the real operator in `test_prom_faults.py`, so a green run there means s
 
 Covered: (a) a pod cache that never drops a deleted pod, (b) an ownership check that reads a foreign object as
 absent, (c) objects deleted and created again on each write, (d) the stored canary progress not read after a
-restart; (e), a replica's writes without its shard fence, needs sharded replicas: `test_broken_operator_shards.py`.
+restart, (f) a pass blind to its metrics that re-weights anyway (an even split); (e), a replica's writes without its
+shard fence, needs sharded replicas: `test_broken_operator_shards.py`.
 Bounded: the recorder stops by itself; the module takes about a minute and a half.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.devstack.chaoschecks import blind_spans, weights_kept
 from sluice.devstack.invariants import (
     canary_records,
     canary_regressions,
@@ -35,6 +38,7 @@ from tests.e2e.conftest import (
     BASE_PODS,
     FOREIGN_DR,
     Background,
+    condition,
     module_stack,
     pool_manifest,
     running_traffic,
@@ -62,6 +66,14 @@ CANARY = {
     "analysis": {"maxTtftP95": "10s", "maxTtftRatioToStable": 20},  # loose: this is about progress, not capacity
     "comparableLoad": False,
 }
+
+
+DEAD_PROMETHEUS = "http://127.0.0.1:9"
+"""Nothing listens there: every query of the pool is refused at once, and its next pass is blind."""
+
+
+def metrics_available(stack: Stack) -> str:
+    return str(condition(stack.pool("llama"), "MetricsAvailable")["status"])
 
 
 def step_index(stack: Stack) -> int | None:
@@ -108,6 +120,15 @@ def test_each_checker_finds_the_defect_it_guards_against(stack: Stack, backgroun
             start_broken(stack, "canary-forgotten")
             wait_until(lambda: step_index(stack) == 0, 30, "the canary begun again")
             stack.stop_operator()
+
+            start_broken(stack, "reweighted-while-blind")
+            url = stack.pool("llama")["spec"]["metrics"]["prometheusUrl"]
+            stack.patch_pool("llama", {"spec": {"metrics": {"prometheusUrl": DEAD_PROMETHEUS}}})
+            wait_until(lambda: metrics_available(stack) == "False", 30, "the pool blind")
+            time.sleep(2 * ONE_PASS)  # blind passes, each writing its even split
+            stack.patch_pool("llama", {"spec": {"metrics": {"prometheusUrl": url}}})
+            wait_until(lambda: metrics_available(stack) == "True", 30, "the pool seeing again")
+            stack.stop_operator()
         finally:
             next(traffic, None)  # stops the load
     evidence = recorder.snapshot()
@@ -118,6 +139,12 @@ def test_each_checker_finds_the_defect_it_guards_against(stack: Stack, backgroun
     assert f"pod {SPARE.name} " in kept[0].detail
     assert [v.subject for v in foreign_writes(evidence)] == ["destinationrules/llm/sluice-llama"]
     assert {v.invariant for v in recreation_loops(evidence, limit=2, window=60.0)} == {"recreation-loop"}
+    spans = blind_spans(evidence, "llama", 0.0, math.inf)
+    assert len(spans) == 1, spans  # the dead Prometheus, and nothing else, made the pool blind
+    reweighted, judged = weights_kept(evidence, "sluice-llama", *spans[0], gone)
+    assert judged >= 1
+    assert reweighted
+    assert all("weights changed while blind" in v.detail for v in reweighted), reweighted
     repeated = canary_regressions(canary_records(evidence))
     assert [(v.subject, v.detail) for v in repeated] == [
         ("inferencepools/llama", "stepIndex went back from 1 to 0 without a rollback")
