@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -265,3 +266,17 @@ class FakePrometheus:
         deadline = time.monotonic() + seconds
         while len(self.seen) < count and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+def loopback_kubeconfig(path: Path, port: int) -> Path:
+    """A kubeconfig at `path` for an API server on 127.0.0.1:`port` over plain HTTP, with a bearer token."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path.write_text(json.dumps(config))
+    return path

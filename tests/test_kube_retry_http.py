@@ -17,6 +17,7 @@ from sluice.api.v1alpha1 import InferencePoolStatus
 from sluice.io.kube import KubeCluster
 from sluice.io.kubereads import get_istio_object, load_api_client, tallied
 from sluice.io.ports import ClusterError
+from tests.helpers import loopback_kubeconfig
 from tests.test_kube_cluster import SteppedTime
 
 OBJECT = {
@@ -61,19 +62,7 @@ def server(tmp_path: Path) -> Iterator[Path]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Throttling)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{httpd.server_port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+    kubeconfig = loopback_kubeconfig(tmp_path / "kubeconfig", httpd.server_port)
     try:
         yield kubeconfig
     finally:

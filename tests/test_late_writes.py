@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 import urllib3
-import yaml
 from kubernetes import client as k8s
 
 from sluice.devstack.tcpproxy import TcpProxy
 from sluice.io.kubereads import operator_api_client
+from tests.helpers import loopback_kubeconfig
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
@@ -63,24 +63,11 @@ def api_server() -> Iterator[tuple[str, int]]:
     server.server_close()
 
 
-def kubeconfig(path: Path, port: int) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def test_a_write_given_up_during_a_partition_does_not_reach_the_api_server_after_it(
     api_server: tuple[str, int], tmp_path: Path
 ) -> None:
     with TcpProxy(api_server, lifetime=30) as proxy:
-        api = k8s.CoreV1Api(operator_api_client(str(kubeconfig(tmp_path / "kubeconfig", proxy.port))))
+        api = k8s.CoreV1Api(operator_api_client(str(loopback_kubeconfig(tmp_path / "kubeconfig", proxy.port))))
         api.read_namespace("llm", _request_timeout=2)  # the connection the write will use is open
         assert Recorder.seen == ["GET /api/v1/namespaces/llm"]
         proxy.partition()

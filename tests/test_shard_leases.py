@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import socket
 import threading
 import time
@@ -17,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from sluice.core.shards import Fence
 from sluice.io.kubereads import load_api_client
 from sluice.runtime.sharding import ShardLeases, _Stopping
+from tests.helpers import loopback_kubeconfig
 from tests.test_sharding_runtime import Clock, FakeLeaseApi, faked
 
 SHARD = "sluice-shard-{}-of-4"
@@ -335,19 +335,7 @@ def test_a_lease_call_without_an_answer_is_sent_once(tmp_path: Path) -> None:
     listener.listen(16)
     listener.settimeout(0.2)
     port = listener.getsockname()[1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+    kubeconfig = loopback_kubeconfig(tmp_path / "kubeconfig", port)
     accepted: list[socket.socket] = []
     done = threading.Event()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from sluice.devstack.tcpproxy import TcpProxy
+from sluice.io.kubereads import ABORT_ON_CLOSE
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_bytes_of_a_connection_aborted_during_the_partition_are_never_delivered(
         proxy.partition()
         client.sendall(b"PATCH status")
         time.sleep(0.3)
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.setsockopt(*ABORT_ON_CLOSE)  # as the operator's API clients close
         client.close()  # RST: its kernel drops what was not acknowledged
         time.sleep(0.5)
         proxy.heal()

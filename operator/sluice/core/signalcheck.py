@@ -105,16 +105,15 @@ def check_signal(
     pods: list[str],
     snapshot: SignalSnapshot,
     refused: dict[str, dict[SignalName, str]],
-    asked_at: datetime,
 ) -> SignalCheck:
     """One signal over the pool's ready pods: the worst state any pod is in, the pods in it and the fix. Ages are
-    the samples' at the time the check was asked."""
+    the samples' when Prometheus evaluated the check (`SeriesAnswer.newest`)."""
     names = [series.key for series in reading.series]
     failure = _query_failure(reading, answers)
     if failure is not None:
         return SignalCheck(signal=signal, state="Failed", series=names, message=f"the check query failed: {failure}")
     needed = [series for series in reading.series if series.needed]
-    tally = _tally(spec, signal, reading, answers, pods, snapshot, refused, asked_at)
+    tally = _tally(spec, signal, reading, answers, pods, snapshot, refused)
     state: SignalCheckState = next((s for s in (*SEVERITY, "NotProvided") if tally.found[s]), "Ok")
     affected = tally.found.get(state, [])
     fix: str | None
@@ -183,7 +182,6 @@ def _tally(
     pods: list[str],
     snapshot: SignalSnapshot,
     refused: dict[str, dict[SignalName, str]],
-    asked_at: datetime,
 ) -> _Tally:
     """Each pod's state for the signal: refused (duplicated or out of range), missing, not provided, stale or ok."""
     needed = [series for series in reading.series if series.needed]
@@ -261,9 +259,7 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
             why = NOT_PROVIDED.get(spec.engine, {}).get(signal, f"not provided by {spec.engine}")
             entries.append(SignalCheck(signal=signal, state="NotProvided", message=why))
         else:
-            entries.append(
-                check_signal(spec, signal, reading, answers, judged.present, snapshot, refused, checks.asked_at)
-            )
+            entries.append(check_signal(spec, signal, reading, answers, judged.present, snapshot, refused))
     status, reason, message = _verdict(spec, checks, judged, entries)
     block = SignalChecks(
         checked_at=checks.asked_at,

@@ -19,7 +19,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +45,7 @@ from sluice.devstack.chaosreport import (
     results_json,
     sharded_section,
 )
+from sluice.devstack.invariants import Version
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.loop import Background
 from sluice.devstack.metricspage import operator_page, samples
@@ -136,7 +137,7 @@ QUIET = ("sluice_events_total", "sluice_kube_retry_wait_seconds_total", "sluice_
 """Counters the report leaves out: the Events are listed on their own, the rest says nothing a reader needs."""
 
 
-def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+def moved(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """The `_total` counters that went up, summed over pools (`name{result}` style keys). After a restart the
     counters start again from 0: the case reads them from 0."""
     restarted = sum(v for k, v in after.items() if k.startswith("sluice_reconcile_total")) < sum(
@@ -186,6 +187,8 @@ class Before:
     counters: dict[str, float]
     events: dict[str, int]
     canary: str
+    logs: dict[str, int] = field(default_factory=dict)
+    """Per replica, the size of its log (the sharded scene: what it logs during the case is read from there)."""
 
 
 def read_before(scene: Scene, port: int) -> Before:
@@ -238,15 +241,19 @@ def conditions_back(before: Mapping[str, tuple[str, str]], now: Mapping[str, tup
 
 def resumed(scene: Scene, port: int, before: Before, resumption: Resumption) -> bool:
     """`RESUMED`, read once (every pool's reading taken, so each pool's first post-clear pass is seen on time)."""
-    now = counters(port)
-    counted = [resumption.passed(pool, now) for pool in (CANARY, INCIDENT)]  # both read, no short cut
+    return back(scene.stack, (CANARY, INCIDENT), counters(port), before, resumption)
+
+
+def back(stack: Stack, pools: Sequence[str], now: Mapping[str, float], before: Before, resumption: Resumption) -> bool:
+    """`RESUMED` for `pools` from the operators' counters `now`: each pool's pass counted (every pool's reading
+    taken, no short cut, so each pool's first post-clear pass is seen on time), its watched conditions back, and
+    every object published before the case there again with its DestinationRule's spec."""
+    counted = [resumption.passed(pool, now) for pool in pools]
     if not all(counted):
         return False
-    if not all(
-        conditions_back(before.conditions[p], condition_states(scene.stack.pool(p))) for p in (CANARY, INCIDENT)
-    ):
+    if not all(conditions_back(before.conditions[p], condition_states(stack.pool(p))) for p in pools):
         return False
-    objects = published(scene.stack)
+    objects = published(stack)
     if any(key not in objects for key in before.objects):
         return False
     return all(objects[k] == spec for k, spec in before.objects.items() if k[0] == "destinationrules")
@@ -309,23 +316,55 @@ def run_case(scene: Scene, case: FaultCase, hold: float, port: int) -> CaseResul
     window = Window(started, cleared, ended, operator_down=case.operator_down)
     entries = {p: f"sluice-{p}" for p in (CANARY, INCIDENT)}
     violations, judged = case_violations(evidence, window, entries, ONE_PASS)
-    after_events = events(scene.stack)
+    return case_result(
+        (case.name, case.fault),
+        scene.stack,
+        before,
+        evidence,
+        window,
+        resume,
+        counters(port),
+        served,
+        (violations, judged),
+        data_plane=plane,
+    )
+
+
+def case_result(
+    named: tuple[str, str],
+    stack: Stack,
+    before: Before,
+    evidence: Sequence[Version],
+    window: Window,
+    resume: float | None,
+    now: Mapping[str, float],
+    served: Mapping[str, int],
+    judged: tuple[Mapping[str, Sequence[str]], Mapping[str, int]],
+    canary: str = CANARY,
+    **extra: Any,
+) -> CaseResult:
+    """A case's row from what was read before it (`before`), its evidence and window, the seconds it took to
+    resume, the operators' counters `now`, what the injector served and the invariants judged (violations, and
+    the ServiceEntry versions (f) judged); `canary`: the pool mid-canary; `extra`: the scene's own columns."""
+    started, cleared, ended = window.started, window.cleared, window.ended
+    after_events = events(stack)
+    violations, blind = judged
     return CaseResult(
-        name=case.name,
-        fault=case.fault,
+        name=named[0],
+        fault=named[1],
         held_seconds=round(cleared - started, 1),
         resume_seconds=None if resume is None else round(resume, 1),
         interval_seconds=INTERVAL,
-        conditions={p: seen_conditions(evidence, p, before.conditions[p], started, ended) for p in entries},
+        conditions={p: seen_conditions(evidence, p, c, started, ended) for p, c in before.conditions.items()},
         events={k: n - before.events.get(k, 0) for k, n in after_events.items() if n > before.events.get(k, 0)},
-        counters=moved(before.counters, counters(port)),
+        counters=moved(before.counters, now),
         served=served,
-        canary=(before.canary, canary_state(scene.stack.pool(CANARY))),
-        canary_steps=canary_changes(evidence, CANARY, started, ended, started),
+        canary=(before.canary, canary_state(stack.pool(canary))),
+        canary_steps=canary_changes(evidence, canary, started, ended, started),
         window=(round(started, 3), round(cleared, 3), round(ended, 3)),
         violations=violations,
-        blind_versions=judged,
-        data_plane=plane,
+        blind_versions=blind,
+        **extra,
     )
 
 

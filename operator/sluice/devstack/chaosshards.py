@@ -38,17 +38,17 @@ from sluice.devstack.chaos import (
     ONE_PASS,
     RESUME_WAIT,
     WATCHED,
+    Before,
     Resumption,
-    conditions_back,
+    back,
+    case_result,
     counters,
     events,
-    moved,
     pool_manifest,
     published,
     wait,
 )
-from sluice.devstack.chaoschecks import Window, canary_changes, canary_state, case_violations, condition_states
-from sluice.devstack.chaoschecks import conditions_seen as seen_conditions
+from sluice.devstack.chaoschecks import Window, canary_state, case_violations, condition_states
 from sluice.devstack.chaosreport import CaseResult
 from sluice.devstack.invariants import audit_writes, lease_records
 from sluice.devstack.kubelet import PodSpec
@@ -303,16 +303,6 @@ CASES = (
 )
 
 
-@dataclass
-class Before:
-    conditions: dict[str, dict[str, tuple[str, str]]]
-    objects: dict[tuple[str, str], object]
-    counters: dict[str, float]
-    events: dict[str, int]
-    canary: str
-    logs: dict[str, int]
-
-
 def read_before(scene: ShardScene) -> Before:
     pools = {p: scene.stack.pool(p) for p in POOLS}
     return Before(
@@ -327,16 +317,7 @@ def read_before(scene: ShardScene) -> Before:
 
 def resumed(scene: ShardScene, before: Before, resumption: Resumption) -> bool:
     """`sluice.devstack.chaos.RESUMED` for every pool, over both replicas' /metrics."""
-    now = readings(scene)
-    counted = [resumption.passed(pool, now) for pool in POOLS]
-    if not all(counted):
-        return False
-    if not all(conditions_back(before.conditions[p], condition_states(scene.stack.pool(p))) for p in POOLS):
-        return False
-    objects = published(scene.stack)
-    if any(key not in objects for key in before.objects):
-        return False
-    return all(objects[k] == spec for k, spec in before.objects.items() if k[0] == "destinationrules")
+    return back(scene.stack, POOLS, readings(scene), before, resumption)
 
 
 def hold(scene: ShardScene, case: ShardCase, seconds: float) -> None:
@@ -426,25 +407,20 @@ def run_case(scene: ShardScene, case: ShardCase, seconds: float) -> CaseResult:
         "e": outside,
         **({"f": violations["f"]} if "f" in violations else {}),
     }
-    after_events = events(scene.stack)
     notes = [f"acted on replica-{scene.target}", *observed(scene, before, started, cleared, ended)]
     notes.append(f"(e) judged {writes} pool writes of the replicas against the shard Leases")
     notes.append(target_writes(scene, audit, lease_of, started, cleared, ended))
-    return CaseResult(
-        name=case.name,
-        fault=case.fault,
-        held_seconds=round(cleared - started, 1),
-        resume_seconds=None if resume is None else round(resume, 1),
-        interval_seconds=INTERVAL,
-        conditions={p: seen_conditions(evidence, p, before.conditions[p], started, ended) for p in POOLS},
-        events={k: n - before.events.get(k, 0) for k, n in after_events.items() if n > before.events.get(k, 0)},
-        counters=moved(before.counters, readings(scene)),
-        served=served,
-        canary=(before.canary, canary_state(scene.stack.pool(CANARY))),
-        canary_steps=canary_changes(evidence, CANARY, started, ended, started),
-        window=(round(started, 3), round(cleared, 3), round(ended, 3)),
-        violations=violations,
-        blind_versions=judged,
+    return case_result(
+        (case.name, case.fault),
+        scene.stack,
+        before,
+        evidence,
+        window,
+        resume,
+        readings(scene),
+        served,
+        (violations, judged),
+        CANARY,
         observed=notes,
     )
 
