@@ -143,3 +143,49 @@ def test_no_errors_on_either_side_is_equal_not_an_infinite_ratio() -> None:
     zero = (0.0, 0.0, 0.0)
     result = _failing_result({"least-request": [((100.0,) * 3, zero)] * 2, "sluice": [((105.0,) * 3, zero)] * 2})
     assert _row(result, "failing pod: P99 TTFT ≤ 1.1 × and errors")["sluice"] == ("1.00x", "yes")
+
+
+class _PeakActive(Simulation):
+    """Records the most requests any one pod held at once (what its sidecar lets through to the engine)."""
+
+    peak = 0
+
+    def _track(self, server: str, sidecar: int, delta: int) -> None:
+        super()._track(server, sidecar, delta)
+        self.peak = max(self.peak, self.global_active[server])
+
+
+def _overloaded(limit: int | None, retries: int, load: float = 1.5) -> tuple[dict[str, float], int]:
+    scenario = Scenario.model_validate(
+        {
+            "name": "overloaded",
+            "seed": 5,
+            "servers": [{"name": f"a100-{i}", "hardware": "a100"} for i in range(3)],
+            "workload": {"prompt_tokens": 512, "output_tokens": 128, "duration": 90, "warm_up": 0},
+            "dataplane": {"inbound_max_requests": limit, "refusal_retries": retries, "outlier_detection": False},
+        }
+    )
+    trace = make_trace(scenario.workload, load * fleet_capacity(scenario), 90, 5, scenario.dataplane.sidecars)
+    sim = _PeakActive(scenario, "least-request", trace)
+    return summarise(sim.run()), sim.peak
+
+
+def test_a_pods_inbound_limit_refuses_past_it_and_the_caller_retries_the_refusal_on_another_pod() -> None:
+    unbounded, unbounded_peak = _overloaded(None, 2)
+    bounded, peak = _overloaded(8, 0)
+    # At 150 % of capacity and no limit, every request is admitted and the engines queue: nothing refused.
+    assert unbounded["refused"] == 0
+    assert unbounded_peak > 8
+    # With 8 at most per pod, no engine ever holds more, what found its pod full failed at once, and the
+    # admitted requests wait less.
+    assert peak <= 8
+    assert bounded["refused"] > 0.2
+    assert bounded["retried"] == 0
+    assert bounded["ttft_p99_ms"] < unbounded["ttft_p99_ms"]
+    # Where a pod is full while another has room (80 %, 64 a pod), a refusal the route retries on another pod is
+    # served there: fewer are refused for good. (At 150 % every pod is full and a retry finds no room.)
+    alone, _ = _overloaded(64, 0, load=0.8)
+    retried, retried_peak = _overloaded(64, 2, load=0.8)
+    assert retried_peak <= 64
+    assert 0 < retried["refused"] < alone["refused"]
+    assert retried["retried"] > 0

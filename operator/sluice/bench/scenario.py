@@ -96,6 +96,14 @@ class DataPlaneSpec(_Model):
     Envoy's jittered back-off (25 ms base) on a host not tried before where Envoy picks the host
     (`retryIgnorePreviousHosts`, 5 host selections), through the router where one does. 0: none, as Istio's
     default route, whose retryOn never matches an HTTP 500."""
+    inbound_max_requests: int | None = Field(default=None, gt=0)
+    """Requests each pod's sidecar lets through to its engine at once (Istio's `Sidecar.inboundConnectionPool`, a
+    circuit breaker on the inbound cluster); past it the sidecar answers 503 with `x-envoy-overloaded` at once,
+    which the caller's Envoy counts as a 5xx and may retry on another pod (`refusal_retries`). None: no limit."""
+    refusal_retries: int = Field(default=2, ge=0, le=10)
+    """Retries of a refused request on another pod: Istio's default route policy retries a 503 twice on hosts not
+    tried before (istio/istio `pilot/pkg/networking/core/route/retry/retry.go`, `DefaultPolicy`), and so does
+    `routing.retries` under gateway-error (`tests/test_envoy_refusals.py`: real Envoy does)."""
     outlier_detection: bool = True
     """Every client sidecar ejects hosts on consecutive 5xx as the pool's DestinationRule says
     (`protection.outlierDetection` of the benchmark's pool), for every strategy where Envoy picks the host."""

@@ -88,6 +88,8 @@ class Outcome:
     e2e: float | None = None
     ok: bool = False
     failed: bool = False
+    refused: bool = False
+    """Failed because every pod tried refused it (`inbound_max_requests`)."""
     attempts: int = 1
 
 
@@ -298,6 +300,10 @@ class Simulation:
         else:
             outcome = self.retrying.pop(arrival.index)
             outcome.server, outcome.attempts = name, attempt + 1
+        limit = self.scenario.dataplane.inbound_max_requests
+        if limit is not None and self.global_active[name] >= limit:
+            self._refuse(arrival, outcome, name, sidecar, attempt, tried)
+            return
         draw = arrival.draw if attempt == 0 else self._draw(arrival, attempt)
         if draw < server.error_rate:
             # an HTTP 500 (injected) at once: active for ~0 s; Envoy counts it and may retry it elsewhere
@@ -325,6 +331,22 @@ class Simulation:
         server.engine.submit(arrival.index, self.now, arrival.prompt, arrival.output)
         server.peak_kv = max(server.peak_kv, server.engine.kv_usage)
         server.peak_waiting = max(server.peak_waiting, server.engine.num_waiting)
+
+    def _refuse(
+        self, arrival: Arrival, outcome: Outcome, name: str, sidecar: int, attempt: int, tried: frozenset[str]
+    ) -> None:
+        """The pod's sidecar is at its inbound limit: a 503 at once, a 5xx to the caller's outlier detection, and
+        retried on a pod not tried before while the route's retries last."""
+        if self.outliers is not None:
+            self.outliers[sidecar].result(name, self.now, True)
+        if attempt < self.scenario.dataplane.refusal_retries:
+            back_off = self._draw(arrival, attempt, "back-off") * RETRY_BACK_OFF * 2**attempt
+            self.retrying[arrival.index] = outcome
+            heapq.heappush(
+                self.queue, (self.now + back_off, 3, next(self.order), "retry", (arrival, attempt + 1, tried | {name}))
+            )
+        else:
+            outcome.failed = outcome.refused = True
 
     def _draw(self, arrival: Arrival, attempt: int, what: str = "fails") -> float:
         """A uniform draw owned by this request's attempt: the same for every strategy."""
@@ -458,6 +480,8 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "output_tokens_per_s": sum(o.arrival.output for o in ok) / span if span > 0 else 0.0,
         "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
         "retried": sum(1 for o in measured if o.attempts > 1) / len(measured) if measured else 0.0,
+        "refused": sum(1 for o in measured if o.refused) / len(measured) if measured else 0.0,
+        "served_per_s": len(ok) / span if span > 0 else 0.0,
         "unfinished": sum(1 for t in ttfts if not math.isfinite(t)),
         "share": {c: n / len(measured) for c, n in sorted(per_class.items())} if measured else {},
         "peak_kv": max((p["kv"] for p in result.peaks.values()), default=0.0),
