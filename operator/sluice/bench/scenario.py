@@ -59,6 +59,8 @@ class ServerSpec(_Model):
     hardware: Hardware
     revision: str = "v1"
     error_rate: float = Field(default=0.0, ge=0, le=1)
+    inbound_max_requests: int | None = Field(default=None, gt=0)
+    """This pod's sidecar's inbound limit, in place of the data plane's (`DataPlaneSpec.inbound_max_requests`)."""
 
 
 class EngineSpec(_Model):

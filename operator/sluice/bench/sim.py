@@ -300,7 +300,7 @@ class Simulation:
         else:
             outcome = self.retrying.pop(arrival.index)
             outcome.server, outcome.attempts = name, attempt + 1
-        limit = self.scenario.dataplane.inbound_max_requests
+        limit = server.spec.inbound_max_requests or self.scenario.dataplane.inbound_max_requests
         if limit is not None and self.global_active[name] >= limit:
             self._refuse(arrival, outcome, name, sidecar, attempt, tried)
             return
