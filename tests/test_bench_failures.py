@@ -149,25 +149,37 @@ class _PeakActive(Simulation):
     """Records the most requests any one pod held at once (what its sidecar lets through to the engine)."""
 
     peak = 0
+    peaks: dict[str, int]
 
     def _track(self, server: str, sidecar: int, delta: int) -> None:
         super()._track(server, sidecar, delta)
         self.peak = max(self.peak, self.global_active[server])
+        self.peaks = getattr(self, "peaks", {})
+        self.peaks[server] = max(self.peaks.get(server, 0), self.global_active[server])
 
 
-def _overloaded(limit: int | None, retries: int, load: float = 1.5) -> tuple[dict[str, float], int]:
+def _overloaded(
+    limit: int | None, retries: int, load: float = 1.5, own: dict[str, int] | None = None
+) -> tuple[dict[str, float], int]:
+    sim = _overloaded_run(limit, retries, load, own or {})
+    return summarise(sim.run()), sim.peak
+
+
+def _overloaded_run(limit: int | None, retries: int, load: float, own: dict[str, int]) -> _PeakActive:
     scenario = Scenario.model_validate(
         {
             "name": "overloaded",
             "seed": 5,
-            "servers": [{"name": f"a100-{i}", "hardware": "a100"} for i in range(3)],
+            "servers": [
+                {"name": f"a100-{i}", "hardware": "a100", "inbound_max_requests": own.get(f"a100-{i}")}
+                for i in range(3)
+            ],
             "workload": {"prompt_tokens": 512, "output_tokens": 128, "duration": 90, "warm_up": 0},
             "dataplane": {"inbound_max_requests": limit, "refusal_retries": retries, "outlier_detection": False},
         }
     )
     trace = make_trace(scenario.workload, load * fleet_capacity(scenario), 90, 5, scenario.dataplane.sidecars)
-    sim = _PeakActive(scenario, "least-request", trace)
-    return summarise(sim.run()), sim.peak
+    return _PeakActive(scenario, "least-request", trace)
 
 
 def test_a_pods_inbound_limit_refuses_past_it_and_the_caller_retries_the_refusal_on_another_pod() -> None:
@@ -189,3 +201,11 @@ def test_a_pods_inbound_limit_refuses_past_it_and_the_caller_retries_the_refusal
     assert retried_peak <= 64
     assert 0 < retried["refused"] < alone["refused"]
     assert retried["retried"] > 0
+
+
+def test_a_pods_own_inbound_limit_takes_the_place_of_the_data_planes() -> None:
+    sim = _overloaded_run(64, 2, 1.5, {"a100-0": 4})
+    figures = summarise(sim.run())
+    assert sim.peaks["a100-0"] <= 4
+    assert max(sim.peaks["a100-1"], sim.peaks["a100-2"]) == 64  # the others fill up to the data plane's limit
+    assert figures["refused"] > 0
