@@ -26,7 +26,7 @@ from sluice.api.rollout import CanarySpec
 from sluice.api.routing import RoutingSpec
 from sluice.api.rules import Rule
 from sluice.api.signals import MetricsSpec, QueryOverrides
-from sluice.api.weighting import CapacitySpec, ProtectionSpec, ScoringSpec
+from sluice.api.weighting import AdmissionSpec, CapacitySpec, ProtectionSpec, ScoringSpec
 
 LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE)]
 
@@ -111,3 +111,7 @@ class InferencePoolSpec(ApiModel):
     )
     canary: CanarySpec | None = Field(default=None, description="Staged rollout of a candidate revision.")
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="How weights reach Istio.")
+    admission: AdmissionSpec = Field(
+        default_factory=AdmissionSpec,
+        description="Per-pod inbound limits from what each engine runs at once when saturated (Report: shown only).",
+    )

@@ -96,6 +96,16 @@ class EndpointStatus(StatusModel):
         "probed up to while it carried most of what it was believed to take with no load shown (the reason says "
         "which), and remembered; absent while only a prior is known.",
     )
+    saturated_batch: float | None = Field(
+        default=None,
+        description="admission: the requests the pod's engine ran at once while at least 3 waited (its batch at "
+        "capacity), learned from those readings only and held between them; absent until one is seen.",
+    )
+    inbound_limit: int | None = Field(
+        default=None,
+        description="admission: the requests the pod's sidecar would let through at once (admission.batchShare of "
+        "its saturated batch, moved only past 10 %); absent without a saturated batch. Report mode: not enforced.",
+    )
     consecutive_failures: int = Field(default=0, description="Passes in a row below every health band.")
     restarts: int = Field(default=0, description="Container restarts last seen.")
     last_incident_at: datetime | None = Field(default=None, description="Last zeroing incident.")

@@ -86,6 +86,8 @@ from sluice.api.status import (
     read_status,
 )
 from sluice.api.weighting import (
+    AdmissionMode,
+    AdmissionSpec,
     CapacitySpec,
     HealthBand,
     OutlierDetectionSpec,
@@ -169,6 +171,8 @@ __all__ = [
     "QUERY_PLACEHOLDERS",
     "VERSION",
     "AbTestSpec",
+    "AdmissionMode",
+    "AdmissionSpec",
     "AnalysisSpec",
     "ApiModel",
     "CanaryPhase",

@@ -273,3 +273,24 @@ class ProtectionSpec(ApiModel):
     def _bands_in_order(cls, bands: list[HealthBand]) -> list[HealthBand]:
         """The first band a pod fits applies, so bands are kept sorted by maxErrorRate."""
         return sorted(bands, key=lambda band: band.max_error_rate)
+
+
+AdmissionMode = Literal["Off", "Report"]
+
+
+class AdmissionSpec(ApiModel):
+    """Per-pod inbound limits sized from what each engine runs at once when saturated."""
+
+    mode: AdmissionMode = Field(
+        default="Off",
+        description="Off: no limits. Report: each pod's limit is learned and shown in "
+        "status.endpoints[].inboundLimit, and not enforced (no object is rendered for it).",
+    )
+    batch_share: float = Field(
+        default=0.75,
+        gt=0,
+        le=2,
+        description="A pod's limit as a share of its saturated batch: the requests its engine ran at once while "
+        "at least 3 waited (status.endpoints[].saturatedBatch). A pod never seen saturated has no limit. 0.75 met "
+        "the overload targets on four of five simulated fleets (docs/benchmarks.md).",
+    )

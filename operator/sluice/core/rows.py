@@ -11,6 +11,7 @@ from typing import TypedDict
 from sluice.api.v1alpha1 import EndpointState, EndpointStatus, InferencePoolSpec
 from sluice.core.allocation import Allocation
 from sluice.core.headroom import PodHeadroom
+from sluice.core.inbound import inbound_limit, learn_batch
 from sluice.core.observed import PodSignals, SignalName
 from sluice.core.verdicts import PodVerdict, VerdictKind
 
@@ -69,6 +70,8 @@ class StatusRow(TypedDict):
     idle_ttft_seconds: float | None
     learned_capacity: float | None
     idle_ttft_samples: int | None
+    saturated_batch: float | None
+    inbound_limit: int | None
     consecutive_failures: int
     restarts: int
     last_incident_at: datetime | None
@@ -112,6 +115,7 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
             spec, allocation, lambda h: h.learned, prev.learned_capacity if prev is not None else None
         ),
         "idle_ttft_samples": _idle_samples(spec, allocation, prev.idle_ttft_samples if prev is not None else None),
+        **_admission(spec, verdict, prev),
         "consecutive_failures": verdict.assessment.consecutive_failures,
         "restarts": verdict.pod.restarts,
         "last_incident_at": verdict.memory.last_incident_at,
@@ -125,6 +129,26 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         else (now if allocation.capacity_held else None),
         "missing_signals": list(verdict.missing),
         "class_known": verdict.class_known,
+    }
+
+
+class _Admission(TypedDict):
+    saturated_batch: float | None
+    inbound_limit: int | None
+
+
+def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None) -> _Admission:
+    """The pod's saturated batch (moved only by this pass's fresh reading, `learn_batch`) and the limit it gives
+    (`inbound_limit`); nothing while admission is off."""
+    if spec.admission.mode == "Off":
+        return {"saturated_batch": None, "inbound_limit": None}
+    kept = prev.saturated_batch if prev is not None else None
+    signals = verdict.signals
+    batch = learn_batch(kept, signals.running_requests, signals.queue_length) if verdict.evidence else kept
+    shown = prev.inbound_limit if prev is not None else None
+    return {
+        "saturated_batch": None if batch is None else round(batch, 3),
+        "inbound_limit": inbound_limit(batch, spec.admission.batch_share, shown),
     }
 
 

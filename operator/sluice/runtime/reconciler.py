@@ -62,6 +62,7 @@ OBSERVATIONS = frozenset(
         "idle_ttft_seconds",
         "idle_ttft_samples",
         "learned_capacity",
+        "saturated_batch",
     }
 )
 """A row's fields that move with every reading; a change of these alone waits for `status_refresh`."""
