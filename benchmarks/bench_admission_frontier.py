@@ -1,8 +1,8 @@
 """What a per-pod inbound limit can do past capacity: admitted P99 TTFT, served rate and refusals of fixed limits.
 
     python benchmarks/bench_admission_frontier.py --scenario benchmarks/scenarios/seed-000.yaml \
-        [--loads 0.8,1.1,1.5,2] [--limits none,16,32,64] [--batches 1,1.5] [--strategies least-request,sluice] \
-        [--retries 2]
+        [--loads 0.8,1.1,1.5,2] [--limits none,16,32,64] [--batches 1,1.5] [--learned 0.75] \
+        [--strategies least-request,sluice] [--retries 2]
 
 Each variant replays the scenario's traces (its seeds) through the routing simulation (`sluice.bench.sim`) with
 every pod's sidecar letting at most `limit` requests through to its engine at once (Istio's
@@ -12,7 +12,9 @@ each refusal is a 5xx to the caller's outlier detection, which ejects a pod afte
 count (`--no-outlier-detection`: without it).
 The limits are fixed: the same on every pod (`--limits`), or each pod's at `b` times its engine's batch at
 saturation (`--batches`: the requests it runs at once when its queue never empties, measured alone on the
-scenario's lengths, the median over the second half of a 240 s overload) — oracle sweeps, not what sluice sets.
+scenario's lengths, the median over the second half of a 240 s overload) — oracle sweeps — or, with `--learned
+s`, the limits sluice itself reports (`admission: {mode: Report, batchShare: s}`, learned from its pods' running
+counts while requests wait) enforced by the simulated sidecars from the pass that reports them.
 Per load and variant it prints, median [min-max] over the seeds: P99 TTFT of the admitted (served) requests, the
 rate served within the SLO (TTFT) as a share of the fleet's capacity (`sluice.bench.capacity.fleet_capacity`), the
 share refused for good and the share retried. The header gives what the pods can serve within the SLO at all:
@@ -66,6 +68,9 @@ def main() -> None:
     parser.add_argument("--loads", default="0.8,1.1,1.5,2", help="comma-separated shares of capacity")
     parser.add_argument("--limits", default="none,16,32,64", help="comma-separated per-pod limits (none: no limit)")
     parser.add_argument("--batches", default="", help="comma-separated multiples of each pod's saturated batch")
+    parser.add_argument(
+        "--learned", default="", help="comma-separated batchShare values: sluice's own reported limits, enforced"
+    )
     parser.add_argument("--strategies", default="least-request", help="comma-separated strategies")
     parser.add_argument(
         "--no-outlier-detection", action="store_true", help="the callers do not eject pods on consecutive 5xx"
@@ -75,15 +80,17 @@ def main() -> None:
     scenario = load(args.scenario)
     capacity = fleet_capacity(scenario)
     seeds = [scenario.seed + i for i in range(scenario.seeds)]
-    variants: list[tuple[str, int | None, dict[str, int]]] = [
-        (f"limit {x}", None if x == "none" else int(x), {}) for x in args.limits.split(",") if x
+    variants: list[tuple[str, int | None, dict[str, int], float | None]] = [
+        (f"limit {x}", None if x == "none" else int(x), {}, None) for x in args.limits.split(",") if x
     ]
     if args.batches:
         batch = {hw: saturated_batch(scenario, hw) for hw in {s.hardware for s in scenario.servers}}
         print("engine batch at saturation: " + ", ".join(f"{hw} {b:g}" for hw, b in sorted(batch.items())))
         for factor in (float(x) for x in args.batches.split(",")):
             per_pod = {s.name: max(1, round(factor * batch[s.hardware])) for s in scenario.servers}
-            variants.append((f"{factor:g} x batch", None, per_pod))
+            variants.append((f"{factor:g} x batch", None, per_pod, None))
+    for share in (float(x) for x in args.learned.split(",") if x):
+        variants.append((f"learned {share:g}", None, {}, share))
     strategies = args.strategies.split(",")
     plane_detection = scenario.dataplane.outlier_detection and not args.no_outlier_detection
     slo = scenario.slo.ttft_p99_ms
@@ -97,7 +104,9 @@ def main() -> None:
         print(f"\nload {fraction:.0%} ({fraction * capacity:.1f} req/s)")
         print("  variant                        admitted P99 ms          in SLO / capacity      refused       retried")
         for strategy in strategies:
-            for name, limit, per_pod in variants:
+            for name, limit, per_pod, learned in variants:
+                if learned is not None and not strategy.startswith("sluice"):
+                    continue  # only sluice reports limits
                 figures = []
                 servers = [s.model_copy(update={"inbound_max_requests": per_pod.get(s.name)}) for s in scenario.servers]
                 for seed in seeds:
@@ -106,9 +115,16 @@ def main() -> None:
                             "inbound_max_requests": limit,
                             "refusal_retries": args.retries,
                             "outlier_detection": plane_detection,
+                            "reported_limits": learned is not None,
                         }
                     )
-                    seeded = scenario.model_copy(update={"seed": seed, "dataplane": plane, "servers": servers})
+                    loop = scenario.sluice
+                    if learned is not None:
+                        admission = {"admission": {"mode": "Report", "batchShare": learned}}
+                        loop = loop.model_copy(update={"pool": {**loop.pool, **admission}})
+                    seeded = scenario.model_copy(
+                        update={"seed": seed, "dataplane": plane, "servers": servers, "sluice": loop}
+                    )
                     trace = make_trace(
                         seeded.workload, fraction * capacity, seeded.workload.duration, seed, plane.sidecars
                     )

@@ -209,3 +209,25 @@ def test_a_pods_own_inbound_limit_takes_the_place_of_the_data_planes() -> None:
     assert sim.peaks["a100-0"] <= 4
     assert max(sim.peaks["a100-1"], sim.peaks["a100-2"]) == 64  # the others fill up to the data plane's limit
     assert figures["refused"] > 0
+
+
+def _reporting(mode: str, enforced: bool) -> dict[str, float]:
+    scenario = Scenario.model_validate(
+        {
+            "name": "reporting",
+            "seed": 5,
+            "servers": [{"name": f"a100-{i}", "hardware": "a100"} for i in range(3)],
+            "workload": {"prompt_tokens": 512, "output_tokens": 128, "duration": 40, "warm_up": 0},
+            "dataplane": {"reported_limits": enforced, "outlier_detection": False},
+            "sluice": {"pool": {"admission": {"mode": mode}}},
+        }
+    )
+    trace = make_trace(scenario.workload, 1.5 * fleet_capacity(scenario), 40, 5, scenario.dataplane.sidecars)
+    return summarise(Simulation(scenario, "sluice", trace).run())
+
+
+def test_the_sidecars_enforce_the_limits_sluice_reports_only_when_the_data_plane_is_told_to() -> None:
+    # Saturated from the start, every pod gets a limit in its status row within a pass or two.
+    assert _reporting("Report", enforced=True)["refused"] > 0
+    assert _reporting("Report", enforced=False)["refused"] == 0  # reported, not enforced: Report mode
+    assert _reporting("Off", enforced=True)["refused"] == 0  # nothing reported, nothing to enforce

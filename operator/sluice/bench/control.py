@@ -106,6 +106,8 @@ class Published:
 
     weights: dict[str, int]
     split: dict[str, int]
+    limits: dict[str, int] = field(default_factory=dict)
+    """Per-pod inbound limits the pass reported (`admission.mode: Report`, status `inboundLimit`)."""
 
 
 class SnapshotSource:
@@ -182,7 +184,9 @@ class SluiceControl:
             subset = route["destination"].get("subset")
             if subset:
                 split[revision_of.get(subset, subset)] = int(route.get("weight", 100))
-        return Published(weights, split)
+        rows = self.status.endpoints if self.status is not None else []
+        limits = {row.pod: row.inbound_limit for row in rows if row.inbound_limit is not None}
+        return Published(weights, split, limits)
 
     @property
     def active_request_bias(self) -> float:

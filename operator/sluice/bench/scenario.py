@@ -102,6 +102,9 @@ class DataPlaneSpec(_Model):
     """Requests each pod's sidecar lets through to its engine at once (Istio's `Sidecar.inboundConnectionPool`, a
     circuit breaker on the inbound cluster); past it the sidecar answers 503 with `x-envoy-overloaded` at once,
     which the caller's Envoy counts as a 5xx and may retry on another pod (`refusal_retries`). None: no limit."""
+    reported_limits: bool = False
+    """The sidecars enforce the inbound limits sluice reports (`admission.mode: Report` in the pool, status
+    `inboundLimit`) as an inbound limit would, from the pass that reports them: what enforcing them would do."""
     refusal_retries: int = Field(default=2, ge=0, le=10)
     """Retries of a refused request on another pod: Istio's default route policy retries a 503 twice on hosts not
     tried before (istio/istio `pilot/pkg/networking/core/route/retry/retry.go`, `DefaultPolicy`), and so does

@@ -300,7 +300,9 @@ class Simulation:
         else:
             outcome = self.retrying.pop(arrival.index)
             outcome.server, outcome.attempts = name, attempt + 1
-        limit = server.spec.inbound_max_requests or self.scenario.dataplane.inbound_max_requests
+        plane = self.scenario.dataplane
+        reported = self.published.limits.get(name) if plane.reported_limits and self.published else None
+        limit = reported or server.spec.inbound_max_requests or plane.inbound_max_requests
         if limit is not None and self.global_active[name] >= limit:
             self._refuse(arrival, outcome, name, sidecar, attempt, tried)
             return
