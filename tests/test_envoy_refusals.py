@@ -240,7 +240,7 @@ def binary(request: pytest.FixtureRequest) -> Path:
     return path
 
 
-def test_a_pods_inbound_overflow_answers_503_overloaded_and_is_retried_on_another_pod_under_gateway_error(
+def test_a_pods_inbound_overflow_answers_503_overloaded_and_is_retried_on_another_pod_under_gateway_error_or_5xx(
     binary: Path, tmp_path: Path
 ) -> None:
     # Without a retry policy half the requests (every first pick of pod a) come back refused, marked overloaded.
@@ -250,6 +250,8 @@ def test_a_pods_inbound_overflow_answers_503_overloaded_and_is_retried_on_anothe
     retried = scene(binary, tmp_path, "overflow", "gateway-error", [])
     assert {status for status, _, _ in retried} == {200}
     assert retried[(200, "2", "")] >= REQUESTS // 2
+    # and so does 5xx (routing.retries.retryOn allows it too).
+    assert {status for status, _, _ in scene(binary, tmp_path, "overflow", "5xx", [])} == {200}
 
 
 def test_a_local_rate_limit_answers_429_without_the_ratelimited_header_and_is_retried_as_a_retriable_code(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sluice.core.inbound import BATCH_GAIN, inbound_limit, learn_batch
 from sluice.core.observed import PodSignals
 from sluice.core.podload import QUEUE_EVIDENCE
-from tests.helpers import pod, run, sig, spec
+from tests.helpers import at, pod, run, sig, spec
 
 
 def test_a_running_count_is_the_batch_only_while_requests_wait() -> None:
@@ -77,8 +77,8 @@ def test_the_batch_never_leaves_the_running_counts_seen_while_requests_waited(
             assert batch is None
 
 
-def _row(signals: PodSignals, mode: str = "Report", previous=None):  # type: ignore[no-untyped-def]
-    plan = run(spec(admission={"mode": mode}), [pod("a")], {"a": signals}, 100, previous)
+def _row(signals: PodSignals, mode: str = "Report", previous=None, **snapshot):  # type: ignore[no-untyped-def]
+    plan = run(spec(admission={"mode": mode}), [pod("a")], {"a": signals}, 100, previous, **snapshot)
     return plan.status, plan.status.endpoints[0]
 
 
@@ -101,3 +101,12 @@ def test_a_pod_never_seen_saturated_has_no_limit_and_admission_off_shows_none() 
     assert (row.saturated_batch, row.inbound_limit) == (None, None)
     _, row = _row(_queued(40, 5), mode="Off")
     assert (row.saturated_batch, row.inbound_limit) == (None, None)
+
+
+def test_passes_between_two_scrapes_count_the_scrape_once() -> None:
+    # A 5 s pass reads a 15 s scrape's gauges three times: the engine says when the sample was taken.
+    status, _ = _row(_queued(40, 5), sampled_at={"a": at(75)}, freshness_known=True)
+    status, row = _row(_queued(80, 9), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
+    assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)
+    _, row = _row(_queued(80, 9), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
+    assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)  # the same sample: one step, not two

@@ -34,6 +34,8 @@ MEMORY_FIELDS = (
     "hardware_class",
     "idle_ttft_seconds",
     "learned_capacity",
+    "saturated_batch",
+    "inbound_limit",
 )
 
 
@@ -171,6 +173,15 @@ def test_memory_round_trip_is_exact(policy: str) -> None:
     assert [tuple(getattr(r, f) for f in MEMORY_FIELDS) for r in back] == [
         tuple(getattr(r, f) for f in MEMORY_FIELDS) for r in rows
     ]
+
+
+def test_a_reported_admission_limit_survives_the_compact_form() -> None:
+    s = spec(admission={"mode": "Report"})
+    pods, signals = fleet(100, seed=5)
+    queued = {n: v.model_copy(update={"queue_length": 5.0, "running_requests": 40.0}) for n, v in signals.items()}
+    rows = plan_pass(s, 1, observed(pods, queued, at(0)), None, at(0)).status.endpoints
+    back = decode(encode(rows))
+    assert {(r.saturated_batch, r.inbound_limit) for r in back} == {(40.0, 30)}
 
 
 @pytest.mark.parametrize("stored", ["x9:abc", "z1:not-base64!!", "z1:" + "eJzLSM3JyQcABiwCFQ=="])

@@ -2,12 +2,12 @@
 
 The next pass needs, of every pod, what its previous row held: weight (hysteresis, frozen weights), smoothed
 score, state and since, the TTFT estimate, restarts (restart detection), the failing-band streak, the floor mark
-and the last incident (quiet period, ramp), the learned idle TTFT and learned capacity (the headroom
-policy); revision and class feed the summary. For the pods without a row that
-is one short array each, trailing defaults dropped, the whole list as zlib-compressed JSON in base64: pod names
-of one Deployment share their prefix and compress well. Times are kept exactly (ISO strings), so an incident or
-a ramp reads back the same instant. The format carries its version (`z1:`); anything else is refused with a
-reason, never guessed.
+and the last incident (quiet period, ramp), the learned idle TTFT and learned capacity (the headroom policy), the
+saturated batch and inbound limit (admission); revision and class feed the summary. For the pods without a row
+that is one short array each, trailing defaults dropped, the whole list as zlib-compressed JSON in base64: pod
+names of one Deployment share their prefix and compress well. Times are kept exactly (ISO strings), so an
+incident or a ramp reads back the same instant. The format carries its version (`z1:`); anything else is refused
+with a reason, never guessed.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ FIELDS: tuple[tuple[str, int | float | None], ...] = (
     ("idle_ttft_seconds", None),
     ("learned_capacity", None),
     ("idle_ttft_samples", None),
+    ("saturated_batch", None),
+    ("inbound_limit", None),
 )
 _ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
 
@@ -78,6 +80,8 @@ def _pack(row: EndpointStatus) -> list[JsonValue]:
         row.idle_ttft_seconds,
         row.learned_capacity,
         row.idle_ttft_samples,
+        row.saturated_batch,
+        row.inbound_limit,
     ]
     while values and values[-1] == FIELDS[len(values) - 1][1]:
         values.pop()

@@ -108,7 +108,8 @@ class DataPlaneSpec(_Model):
     refusal_retries: int = Field(default=2, ge=0, le=10)
     """Retries of a refused request on another pod: Istio's default route policy retries a 503 twice on hosts not
     tried before (istio/istio `pilot/pkg/networking/core/route/retry/retry.go`, `DefaultPolicy`), and so does
-    `routing.retries` under gateway-error (`tests/test_envoy_refusals.py`: real Envoy does)."""
+    `routing.retries` under gateway-error (`tests/test_envoy_refusals.py`: real Envoy does). Counted apart from
+    `retries` (a route has one `num_retries`: a scenario setting both models two routes' policies at once)."""
     outlier_detection: bool = True
     """Every client sidecar ejects hosts on consecutive 5xx as the pool's DestinationRule says
     (`protection.outlierDetection` of the benchmark's pool), for every strategy where Envoy picks the host."""

@@ -138,13 +138,15 @@ class _Admission(TypedDict):
 
 
 def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None) -> _Admission:
-    """The pod's saturated batch (moved only by this pass's fresh reading, `learn_batch`) and the limit it gives
-    (`inbound_limit`); nothing while admission is off."""
+    """The pod's saturated batch (moved only by a fresh scrape sample, `learn_batch`: passes between two scrapes
+    read the same gauges, and one sample counts once where the engine says when it was taken) and the limit it
+    gives (`inbound_limit`); nothing while admission is off."""
     if spec.admission.mode == "Off":
         return {"saturated_batch": None, "inbound_limit": None}
     kept = prev.saturated_batch if prev is not None else None
     signals = verdict.signals
-    batch = learn_batch(kept, signals.running_requests, signals.queue_length) if verdict.evidence else kept
+    seen = prev is not None and verdict.sampled_at is not None and prev.signals_sampled_at == verdict.sampled_at
+    batch = learn_batch(kept, signals.running_requests, signals.queue_length) if verdict.evidence and not seen else kept
     shown = prev.inbound_limit if prev is not None else None
     return {
         "saturated_batch": None if batch is None else round(batch, 3),
