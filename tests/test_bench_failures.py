@@ -211,6 +211,20 @@ def test_a_pods_own_inbound_limit_takes_the_place_of_the_data_planes() -> None:
     assert figures["refused"] > 0
 
 
+class _Admitted(Simulation):
+    """Records every admission past the limit in force for its pod (the one sluice last published)."""
+
+    over: int = 0
+    limited: int = 0
+
+    def _track(self, server: str, sidecar: int, delta: int) -> None:
+        super()._track(server, sidecar, delta)
+        limit = self.published.limits.get(server) if delta > 0 and self.published is not None else None
+        if limit is not None:
+            self.limited += 1
+            self.over += self.global_active[server] > limit
+
+
 def _reporting(mode: str, enforced: bool) -> dict[str, float]:
     scenario = Scenario.model_validate(
         {
@@ -223,11 +237,18 @@ def _reporting(mode: str, enforced: bool) -> dict[str, float]:
         }
     )
     trace = make_trace(scenario.workload, 1.5 * fleet_capacity(scenario), 40, 5, scenario.dataplane.sidecars)
-    return summarise(Simulation(scenario, "sluice", trace).run())
+    sim = _Admitted(scenario, "sluice", trace)
+    return {**summarise(sim.run()), "admitted_under_a_limit": sim.limited, "admitted_past_it": sim.over}
 
 
 def test_the_sidecars_enforce_the_limits_sluice_reports_only_when_the_data_plane_is_told_to() -> None:
-    # Saturated from the start, every pod gets a limit in its status row within a pass or two.
-    assert _reporting("Report", enforced=True)["refused"] > 0
-    assert _reporting("Report", enforced=False)["refused"] == 0  # reported, not enforced: Report mode
+    # Saturated from the start, every pod gets a limit in its status row within a pass or two, and from the pass
+    # that publishes it no pod is given a request past it.
+    enforced = _reporting("Report", enforced=True)
+    assert enforced["refused"] > 0
+    assert enforced["admitted_under_a_limit"] > 0
+    assert enforced["admitted_past_it"] == 0
+    reported = _reporting("Report", enforced=False)  # reported, not enforced: Report mode
+    assert reported["refused"] == 0
+    assert reported["admitted_past_it"] > 0
     assert _reporting("Off", enforced=True)["refused"] == 0  # nothing reported, nothing to enforce
