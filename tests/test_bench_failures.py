@@ -8,7 +8,7 @@ checkHostForUneject, onIntervalTimer's back-off count-down) with what Istio writ
 from __future__ import annotations
 
 from sluice.bench import targets
-from sluice.bench.capacity import fleet_capacity
+from sluice.bench.capacity import fleet_capacity, saturated_throughput
 from sluice.bench.dataplane import OutlierDetector
 from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
@@ -145,6 +145,12 @@ def test_no_errors_on_either_side_is_equal_not_an_infinite_ratio() -> None:
     assert _row(result, "failing pod: P99 TTFT ≤ 1.1 × and errors")["sluice"] == ("1.00x", "yes")
 
 
+def _capacity(scenario: Scenario) -> float:
+    """The fleet's capacity as `fleet_capacity` measures it (each server's saturated throughput), without the
+    TTFT curves it also draws."""
+    return sum(saturated_throughput(scenario, s.hardware) for s in scenario.servers)
+
+
 class _PeakActive(Simulation):
     """Records the most requests any one pod held at once (what its sidecar lets through to the engine)."""
 
@@ -174,11 +180,11 @@ def _overloaded_run(limit: int | None, retries: int, load: float, own: dict[str,
                 {"name": f"a100-{i}", "hardware": "a100", "inbound_max_requests": own.get(f"a100-{i}")}
                 for i in range(3)
             ],
-            "workload": {"prompt_tokens": 512, "output_tokens": 128, "duration": 90, "warm_up": 0},
+            "workload": {"prompt_tokens": 512, "output_tokens": 128, "duration": 45, "warm_up": 0},
             "dataplane": {"inbound_max_requests": limit, "refusal_retries": retries, "outlier_detection": False},
         }
     )
-    trace = make_trace(scenario.workload, load * fleet_capacity(scenario), 90, 5, scenario.dataplane.sidecars)
+    trace = make_trace(scenario.workload, load * _capacity(scenario), 45, 5, scenario.dataplane.sidecars)
     return _PeakActive(scenario, "least-request", trace)
 
 
@@ -236,7 +242,7 @@ def _reporting(mode: str, enforced: bool) -> dict[str, float]:
             "sluice": {"pool": {"admission": {"mode": mode}}},
         }
     )
-    trace = make_trace(scenario.workload, 1.5 * fleet_capacity(scenario), 40, 5, scenario.dataplane.sidecars)
+    trace = make_trace(scenario.workload, 1.5 * _capacity(scenario), 40, 5, scenario.dataplane.sidecars)
     sim = _Admitted(scenario, "sluice", trace)
     return {**summarise(sim.run()), "admitted_under_a_limit": sim.limited, "admitted_past_it": sim.over}
 
