@@ -64,16 +64,25 @@ def test_no_ejection_takes_the_ejected_share_past_max_ejection_percent() -> None
     assert d.ejections == 1
 
 
+def _three_a100s(
+    name: str, output_tokens: int, duration: float, own: dict[str, int] | None = None, **fields: object
+) -> Scenario:
+    """Three A100s on 512-token prompts (seed 5); `own`: per-pod inbound limits; `fields`: the scenario's others."""
+    servers = [
+        {"name": f"a100-{i}", "hardware": "a100", "inbound_max_requests": (own or {}).get(f"a100-{i}")}
+        for i in range(3)
+    ]
+    workload = {"prompt_tokens": 512, "output_tokens": output_tokens, "duration": duration, "warm_up": 0}
+    return Scenario.model_validate({"name": name, "seed": 5, "servers": servers, "workload": workload, **fields})
+
+
 def _failing_fleet(retries: int, detection: bool) -> dict[str, float]:
-    scenario = Scenario.model_validate(
-        {
-            "name": "failing",
-            "seed": 5,
-            "servers": [{"name": f"a100-{i}", "hardware": "a100"} for i in range(3)],
-            "workload": {"prompt_tokens": 512, "output_tokens": 32, "duration": 90, "warm_up": 0},
-            "dataplane": {"retries": retries, "outlier_detection": detection},
-            "events": [{"at": 0, "server": "a100-2", "error_rate": 0.5}],
-        }
+    scenario = _three_a100s(
+        "failing",
+        output_tokens=32,
+        duration=90,
+        dataplane={"retries": retries, "outlier_detection": detection},
+        events=[{"at": 0, "server": "a100-2", "error_rate": 0.5}],
     )
     trace = make_trace(scenario.workload, 0.3 * fleet_capacity(scenario), 90, 5, scenario.dataplane.sidecars)
     figures = summarise(Simulation(scenario, "least-request", trace).run())
@@ -172,17 +181,12 @@ def _overloaded(
 
 
 def _overloaded_run(limit: int | None, retries: int, load: float, own: dict[str, int]) -> _PeakActive:
-    scenario = Scenario.model_validate(
-        {
-            "name": "overloaded",
-            "seed": 5,
-            "servers": [
-                {"name": f"a100-{i}", "hardware": "a100", "inbound_max_requests": own.get(f"a100-{i}")}
-                for i in range(3)
-            ],
-            "workload": {"prompt_tokens": 512, "output_tokens": 128, "duration": 45, "warm_up": 0},
-            "dataplane": {"inbound_max_requests": limit, "refusal_retries": retries, "outlier_detection": False},
-        }
+    scenario = _three_a100s(
+        "overloaded",
+        output_tokens=128,
+        duration=45,
+        own=own,
+        dataplane={"inbound_max_requests": limit, "refusal_retries": retries, "outlier_detection": False},
     )
     trace = make_trace(scenario.workload, load * _capacity(scenario), 45, 5, scenario.dataplane.sidecars)
     return _PeakActive(scenario, "least-request", trace)
@@ -232,15 +236,12 @@ class _Admitted(Simulation):
 
 
 def _reporting(mode: str, enforced: bool) -> dict[str, float]:
-    scenario = Scenario.model_validate(
-        {
-            "name": "reporting",
-            "seed": 5,
-            "servers": [{"name": f"a100-{i}", "hardware": "a100"} for i in range(3)],
-            "workload": {"prompt_tokens": 512, "output_tokens": 128, "duration": 40, "warm_up": 0},
-            "dataplane": {"reported_limits": enforced, "outlier_detection": False},
-            "sluice": {"pool": {"admission": {"mode": mode}}},
-        }
+    scenario = _three_a100s(
+        "reporting",
+        output_tokens=128,
+        duration=40,
+        dataplane={"reported_limits": enforced, "outlier_detection": False},
+        sluice={"pool": {"admission": {"mode": mode}}},
     )
     trace = make_trace(scenario.workload, 1.5 * _capacity(scenario), 40, 5, scenario.dataplane.sidecars)
     sim = _Admitted(scenario, "sluice", trace)

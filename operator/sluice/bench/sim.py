@@ -310,17 +310,7 @@ class Simulation:
         if draw < server.error_rate:
             # an HTTP 500 (injected) at once: active for ~0 s; Envoy counts it and may retry it elsewhere
             server.scraped.observe_outcome(self.now, False)
-            if self.outliers is not None:
-                self.outliers[sidecar].result(name, self.now, True)
-            if attempt < self.scenario.dataplane.retries:
-                back_off = self._draw(arrival, attempt, "back-off") * RETRY_BACK_OFF * 2**attempt
-                self.retrying[arrival.index] = outcome
-                heapq.heappush(
-                    self.queue,
-                    (self.now + back_off, 3, next(self.order), "retry", (arrival, attempt + 1, tried | {name})),
-                )
-            else:
-                outcome.failed = True
+            outcome.failed = self._server_error(arrival, outcome, name, sidecar, (attempt, plane.retries), tried)
             return
         if not server.engine.fits(arrival.prompt, arrival.output):
             outcome.failed = True  # an HTTP 400 (too long): not a 5xx, never retried
@@ -337,18 +327,34 @@ class Simulation:
     def _refuse(
         self, arrival: Arrival, outcome: Outcome, name: str, sidecar: int, attempt: int, tried: frozenset[str]
     ) -> None:
-        """The pod's sidecar is at its inbound limit: a 503 at once, a 5xx to the caller's outlier detection, and
-        retried on a pod not tried before while the route's retries last."""
+        """The pod's sidecar is at its inbound limit: a 503 at once, retried as any server error
+        (`refusal_retries`)."""
+        budget = (attempt, self.scenario.dataplane.refusal_retries)
+        if self._server_error(arrival, outcome, name, sidecar, budget, tried):
+            outcome.failed = outcome.refused = True
+
+    def _server_error(
+        self,
+        arrival: Arrival,
+        outcome: Outcome,
+        name: str,
+        sidecar: int,
+        budget: tuple[int, int],
+        tried: frozenset[str],
+    ) -> bool:
+        """A 5xx answered by `name`: counted by the caller's outlier detection and retried after Envoy's jittered
+        back-off on a pod not tried before while `budget` (attempt, retries allowed) lasts. True: given up."""
+        attempt, retries = budget
         if self.outliers is not None:
             self.outliers[sidecar].result(name, self.now, True)
-        if attempt < self.scenario.dataplane.refusal_retries:
-            back_off = self._draw(arrival, attempt, "back-off") * RETRY_BACK_OFF * 2**attempt
-            self.retrying[arrival.index] = outcome
-            heapq.heappush(
-                self.queue, (self.now + back_off, 3, next(self.order), "retry", (arrival, attempt + 1, tried | {name}))
-            )
-        else:
-            outcome.failed = outcome.refused = True
+        if attempt >= retries:
+            return True
+        back_off = self._draw(arrival, attempt, "back-off") * RETRY_BACK_OFF * 2**attempt
+        self.retrying[arrival.index] = outcome
+        heapq.heappush(
+            self.queue, (self.now + back_off, 3, next(self.order), "retry", (arrival, attempt + 1, tried | {name}))
+        )
+        return False
 
     def _draw(self, arrival: Arrival, attempt: int, what: str = "fails") -> float:
         """A uniform draw owned by this request's attempt: the same for every strategy."""
