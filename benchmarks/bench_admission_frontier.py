@@ -1,7 +1,7 @@
 """What a per-pod inbound limit can do past capacity: admitted P99 TTFT, served rate and refusals of fixed limits.
 
     python benchmarks/bench_admission_frontier.py --scenario benchmarks/scenarios/seed-000.yaml \
-        [--loads 0.8,1.1,1.5,2] [--limits none,16,32,64] [--batches 1,1.5] [--learned 0.75] \
+        [--loads 0.8,1.1,1.5,2] [--limits none,16,32,64] [--batches 1,1.5] [--learned 0.6] \
         [--strategies least-request,sluice] [--retries 2]
 
 Each variant replays the scenario's traces (its seeds) through the routing simulation (`sluice.bench.sim`) with
@@ -14,7 +14,8 @@ The limits are fixed: the same on every pod (`--limits`), or each pod's at `b` t
 saturation (`--batches`: the requests it runs at once when its queue never empties, measured alone on the
 scenario's lengths, the median over the second half of a 240 s overload) — oracle sweeps — or, with `--learned
 s`, the limits sluice itself reports (`admission: {mode: Report, batchShare: s}`, learned from its pods' running
-counts while requests wait) enforced by the simulated sidecars from the pass that reports them.
+counts over their KV-cache usage, one per hardware class) enforced by the simulated sidecars from the pass that
+reports them (what `mode: Enforce` renders on real sidecars).
 Per load and variant it prints, median [min-max] over the seeds: P99 TTFT of the admitted (served) requests, the
 rate served within the SLO (TTFT) as a share of the fleet's capacity (`sluice.bench.capacity.fleet_capacity`), the
 share refused for good and the share retried. The header gives what the pods can serve within the SLO at all:

@@ -9,26 +9,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.core.inbound import BATCH_GAIN, inbound_limit, learn_batch
+from sluice.core.inbound import BATCH_GAIN, KV_EVIDENCE, PodBatch, inbound_limit, learn_batch, pod_limits
+from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import PodSignals
-from sluice.core.podload import QUEUE_EVIDENCE
 from tests.helpers import at, pod, run, sig, spec
 
 
-def test_a_running_count_is_the_batch_only_while_requests_wait() -> None:
-    assert learn_batch(None, running=40, queue=0) is None  # room left: nothing says what it can hold
-    assert learn_batch(None, running=40, queue=QUEUE_EVIDENCE - 1) is None
-    assert learn_batch(None, running=40, queue=QUEUE_EVIDENCE) == 40  # the first reading, as it is
-    assert learn_batch(40.0, running=10, queue=0) == 40.0  # held between readings
-    assert learn_batch(40.0, running=60, queue=5) == pytest.approx(40 + BATCH_GAIN * 20)
+def test_the_batch_is_what_a_full_cache_holds_read_once_the_cache_is_used_enough() -> None:
+    assert learn_batch(None, running=2, kv_usage=KV_EVIDENCE - 0.01) is None  # too little of the cache to tell
+    assert learn_batch(None, running=20, kv_usage=0.5) == 40  # the first reading, as it is
+    assert learn_batch(40.0, running=1, kv_usage=0.1) == 40.0  # held between readings
+    assert learn_batch(40.0, running=30, kv_usage=0.5) == pytest.approx(40 + BATCH_GAIN * 20)
+    assert learn_batch(40.0, running=30, kv_usage=1.0) == pytest.approx(40 - BATCH_GAIN * 10)
+    # a reading the engine never gives (usage past 1) counts as a full cache
+    assert learn_batch(None, running=30, kv_usage=1.2) == 30
 
 
 @pytest.mark.parametrize(
-    ("running", "queue"), [(None, 5.0), (40.0, None), (math.nan, 5.0), (40.0, math.inf), (0.0, 5.0)]
+    ("running", "kv_usage"), [(None, 0.5), (40.0, None), (math.nan, 0.5), (40.0, math.inf), (0.0, 0.5)]
 )
-def test_a_missing_or_non_finite_reading_is_no_evidence(running: float | None, queue: float | None) -> None:
-    assert learn_batch(40.0, running, queue) == 40.0
-    assert learn_batch(None, running, queue) is None
+def test_a_missing_or_non_finite_reading_is_no_evidence(running: float | None, kv_usage: float | None) -> None:
+    assert learn_batch(40.0, running, kv_usage) == 40.0
+    assert learn_batch(None, running, kv_usage) is None
 
 
 def test_the_limit_is_a_share_of_the_batch_and_moves_only_past_the_hysteresis() -> None:
@@ -44,69 +46,142 @@ def test_the_limit_is_a_share_of_the_batch_and_moves_only_past_the_hysteresis() 
     st.lists(
         st.tuples(
             st.one_of(st.none(), st.just(math.nan), st.floats(min_value=0, max_value=500)),
-            st.one_of(st.none(), st.just(math.nan), st.floats(min_value=0, max_value=50)),
+            st.one_of(st.none(), st.just(math.nan), st.floats(min_value=0, max_value=1)),
         ),
         max_size=40,
     )
 )
-def test_the_batch_never_leaves_the_running_counts_seen_while_requests_waited(
-    readings: list[tuple[float | None, float | None]],
-) -> None:
+def test_the_batch_never_leaves_the_readings_taken(readings: list[tuple[float | None, float | None]]) -> None:
     batch: float | None = None
     seen: list[float] = []
-    for running, queue in readings:
+    for running, kv_usage in readings:
         before = batch
-        batch = learn_batch(batch, running, queue)
-        evidence = (
-            running is not None
-            and queue is not None
-            and math.isfinite(running)
-            and math.isfinite(queue)
-            and queue >= QUEUE_EVIDENCE
-            and running >= 1
-        )
-        if evidence:
-            assert running is not None
-            seen.append(running)
+        batch = learn_batch(batch, running, kv_usage)
+        if running is not None and kv_usage is not None and running >= 1 and kv_usage >= KV_EVIDENCE:
+            seen.append(running / kv_usage)
         else:
             assert batch == before
         if seen:
             assert batch is not None
-            assert min(seen) - 1e-9 <= batch <= max(seen) + 1e-9
+            assert min(seen) * (1 - 1e-9) <= batch <= max(seen) * (1 + 1e-9)
         else:
             assert batch is None
 
 
 def _row(signals: PodSignals, mode: str = "Report", previous=None, **snapshot):  # type: ignore[no-untyped-def]
-    plan = run(spec(admission={"mode": mode}), [pod("a")], {"a": signals}, 100, previous, **snapshot)
+    plan = run(
+        spec(admission={"mode": mode, "batchShare": 0.75}), [pod("a")], {"a": signals}, 100, previous, **snapshot
+    )
     return plan.status, plan.status.endpoints[0]
 
 
-def _queued(running: float, queue: float) -> PodSignals:
-    return sig(queue=queue).model_copy(update={"running_requests": running})
+def _holding(batch: float) -> PodSignals:
+    """Signals whose reading is `batch`: half of it running in half the cache."""
+    return sig(kv=0.5).model_copy(update={"running_requests": batch / 2})
 
 
-def test_a_pool_reporting_admission_shows_each_pods_batch_and_limit_and_holds_them_between_saturations() -> None:
-    status, row = _row(_queued(40, 5))
+def _light(running: float = 2) -> PodSignals:
+    """Too little of the cache used to read a batch."""
+    return sig(kv=0.1).model_copy(update={"running_requests": running})
+
+
+def test_a_pool_reporting_admission_shows_each_pods_batch_and_limit_and_holds_them_while_idle() -> None:
+    status, row = _row(_holding(40))
     assert (row.saturated_batch, row.inbound_limit) == (40, 30)
-    status, row = _row(_queued(12, 0), previous=status)  # idle again: what it held when saturated stands
+    status, row = _row(_light(), previous=status)  # nearly idle: what it read before stands
     assert (row.saturated_batch, row.inbound_limit) == (40, 30)
-    _, row = _row(_queued(80, 9), previous=status)
+    _, row = _row(_holding(80), previous=status)
     assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)
     assert row.inbound_limit == math.floor(0.75 * (40 + BATCH_GAIN * 40))
 
 
-def test_a_pod_never_seen_saturated_has_no_limit_and_admission_off_shows_none() -> None:
-    _, row = _row(_queued(40, 0))
+def test_a_pod_never_read_has_no_limit_and_admission_off_shows_none() -> None:
+    _, row = _row(_light())
     assert (row.saturated_batch, row.inbound_limit) == (None, None)
-    _, row = _row(_queued(40, 5), mode="Off")
+    _, row = _row(_holding(40), mode="Off")
     assert (row.saturated_batch, row.inbound_limit) == (None, None)
 
 
 def test_passes_between_two_scrapes_count_the_scrape_once() -> None:
     # A 5 s pass reads a 15 s scrape's gauges three times: the engine says when the sample was taken.
-    status, _ = _row(_queued(40, 5), sampled_at={"a": at(75)}, freshness_known=True)
-    status, row = _row(_queued(80, 9), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
+    status, _ = _row(_holding(40), sampled_at={"a": at(75)}, freshness_known=True)
+    status, row = _row(_holding(80), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
     assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)
-    _, row = _row(_queued(80, 9), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
+    _, row = _row(_holding(80), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
     assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)  # the same sample: one step, not two
+
+
+def test_pods_of_one_class_share_its_median_batch_from_their_first_pass() -> None:
+    s = spec(admission={"mode": "Report", "batchShare": 0.75})
+    pods = [pod("a1"), pod("a2"), pod("a3"), pod("l1", hw="l40s"), pod("x", hw="")]
+    signals = {
+        "a1": _holding(40),
+        "a2": _holding(80),
+        "a3": _light(),  # not read yet: its class says what it can hold
+        "l1": _light(),  # nor this one, and no pod of its class was
+        "x": _holding(16),  # no class: its own batch
+    }
+    plan = run(s, pods, signals, 100)
+    rows = {r.pod: r for r in plan.status.endpoints}
+    assert {name: r.saturated_batch for name, r in rows.items()} == {
+        "a1": 40,
+        "a2": 80,
+        "a3": None,
+        "l1": None,
+        "x": 16,
+    }
+    assert {name: r.inbound_limit for name, r in rows.items()} == {"a1": 45, "a2": 45, "a3": 45, "l1": None, "x": 12}
+
+
+def test_a_class_limit_moves_only_past_the_hysteresis_of_each_pods_shown_limit() -> None:
+    s = spec(admission={"mode": "Report", "batchShare": 0.75})
+    pods = [pod("a1"), pod("a2")]
+    first = run(s, pods, {"a1": _holding(40), "a2": _holding(40)}, 100)
+    assert {r.inbound_limit for r in first.status.endpoints} == {30}
+    # a2 reads 50 (batch 40 + 0.3 x 10 = 43): the median 41.5 gives 31, within 10 % of the 30 shown
+    second = run(s, pods, {"a1": _holding(40), "a2": _holding(50)}, 105, first.status)
+    assert {r.inbound_limit for r in second.status.endpoints} == {30}
+
+
+def test_a_pod_joining_a_class_takes_the_limit_its_class_shows() -> None:
+    pods = [PodBatch("a1", "a100", 40.0), PodBatch("a2", "a100", 43.0), PodBatch("a3", "a100", None)]
+    # the class shows 30; its batch now gives 31 (within 10 %): every pod, the new one too, keeps 30
+    assert pod_limits(pods, 0.75, {"a1": 30, "a2": 30}) == {"a1": 30, "a2": 30, "a3": 30}
+    # pods that showed different limits (one had its own before): the class takes the one most of them showed
+    assert pod_limits(pods, 0.75, {"a1": 30, "a2": 33, "a3": 30}) == {"a1": 30, "a2": 30, "a3": 30}
+
+
+def test_enforcing_pools_say_in_events_when_their_sidecars_limits_move() -> None:
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
+    pods = [
+        p.model_copy(update={"labels": {**p.labels, TLS_MODE_LABEL: "istio"}})
+        for p in (pod("a1"), pod("r1", hw="rtx4090"))
+    ]
+    first = run(s, pods, {"a1": _holding(40), "r1": _light()}, 100)
+    assert {(e.type, e.reason) for e in first.events} >= {
+        ("Warning", "AdmissionPartlyEnforced"),
+        ("Normal", "AdmissionLimits"),
+    }
+    assert "a100 30 (new)" in next(e.message for e in first.events if e.reason == "AdmissionLimits")
+    second = run(s, pods, {"a1": _holding(40), "r1": _holding(12)}, 115, first.status)
+    reasons = {e.reason: e.message for e in second.events}
+    assert reasons["AdmissionEnforced"].startswith("every pod's sidecar has its class's limit")
+    assert reasons["AdmissionLimits"] == "sidecar limits per hardware class: rtx4090 9 (new)"
+    third = run(s, pods, {"a1": _holding(40), "r1": _holding(12)}, 130, second.status)
+    assert not [e for e in third.events if e.reason.startswith("Admission")]  # nothing moved: nothing said
+
+
+def test_a_limit_read_low_rises_while_it_binds_without_the_engine_ever_queueing() -> None:
+    # The first reading (a burst) says 20: limit 15. The sidecar then lets 15 through at once and the engine never
+    # queues; its cache, a quarter full with those 15, shows it holds 60. The limit follows the cache, not the queue.
+    s = spec(admission={"mode": "Report", "batchShare": 0.75})
+    status = run(s, [pod("a")], {"a": _holding(20)}, 100).status
+    assert status.endpoints[0].inbound_limit == 15
+    at_limit = sig(kv=0.25, queue=0).model_copy(update={"running_requests": 15})
+    for k in range(1, 11):
+        status = run(s, [pod("a")], {"a": at_limit}, 100 + 15 * k, status).status
+    row = status.endpoints[0]
+    assert row.saturated_batch is not None
+    assert row.saturated_batch > 55
+    assert row.inbound_limit is not None
+    assert row.inbound_limit >= 41

@@ -185,3 +185,16 @@ def test_a_canary_that_goes_takes_its_series_with_it() -> None:
     metrics.record(gone)
     assert value(metrics, "sluice_canary_weight", pool="llm/llama") is None
     assert value(metrics, "sluice_canary_phase", pool="llm/llama", phase="Progressing") is None
+
+
+def test_a_pods_admission_limit_is_a_series_while_it_has_one() -> None:
+    metrics = OperatorMetrics()
+    row = {"pod": "a", "weight": 5, "state": "Routable"}
+    metrics.record(report([{**row, "inboundLimit": 30}, {"pod": "b", "weight": 7, "state": "Routable"}]))
+    assert value(metrics, "sluice_endpoint_inbound_limit", pool="llm/llama", pod="a") == 30
+    assert value(metrics, "sluice_endpoint_inbound_limit", pool="llm/llama", pod="b") is None  # none: no series
+    metrics.record(report([row, {"pod": "b", "weight": 7, "state": "Routable"}]))  # admission turned off
+    assert value(metrics, "sluice_endpoint_inbound_limit", pool="llm/llama", pod="a") is None
+    metrics.record(report([{**row, "inboundLimit": 33}]))
+    metrics.forget("llm/llama")
+    assert value(metrics, "sluice_endpoint_inbound_limit", pool="llm/llama", pod="a") is None

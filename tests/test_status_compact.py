@@ -176,9 +176,9 @@ def test_memory_round_trip_is_exact(policy: str) -> None:
 
 
 def test_a_reported_admission_limit_survives_the_compact_form() -> None:
-    s = spec(admission={"mode": "Report"})
+    s = spec(admission={"mode": "Report", "batchShare": 0.75})
     pods, signals = fleet(100, seed=5)
-    queued = {n: v.model_copy(update={"queue_length": 5.0, "running_requests": 40.0}) for n, v in signals.items()}
+    queued = {n: v.model_copy(update={"kv_cache_usage": 0.5, "running_requests": 20.0}) for n, v in signals.items()}
     rows = plan_pass(s, 1, observed(pods, queued, at(0)), None, at(0)).status.endpoints
     back = decode(encode(rows))
     assert {(r.saturated_batch, r.inbound_limit) for r in back} == {(40.0, 30)}

@@ -98,8 +98,9 @@ class EndpointStatus(StatusModel):
     )
     saturated_batch: float | None = Field(
         default=None,
-        description="admission: the requests the pod's engine ran at once while at least 3 waited (its batch at "
-        "capacity), learned from those readings only and held between them; absent until one is seen.",
+        description="admission: the requests the pod's engine holds at once when its KV cache is full (running "
+        "requests / KV-cache usage, read while the cache is at least a quarter full, moved 0.3 of the way by each "
+        "scrape and held between them); absent until one is read.",
     )
     inbound_limit: int | None = Field(
         default=None,

@@ -275,7 +275,7 @@ class ProtectionSpec(ApiModel):
         return sorted(bands, key=lambda band: band.max_error_rate)
 
 
-AdmissionMode = Literal["Off", "Report"]
+AdmissionMode = Literal["Off", "Report", "Enforce"]
 
 
 class AdmissionSpec(ApiModel):
@@ -284,14 +284,18 @@ class AdmissionSpec(ApiModel):
     mode: AdmissionMode = Field(
         default="Off",
         description="Off: no limits. Report: each pod's limit is learned and shown in "
-        "status.endpoints[].inboundLimit, and not enforced (no object is rendered for it).",
+        "status.endpoints[].inboundLimit, and not enforced (no object is rendered for it). Enforce: also rendered, "
+        "one EnvoyFilter per hardware class on its pods' sidecars (inbound cluster circuit breaker on targetPort): "
+        "past the limit a pod's sidecar answers 503, which the callers' retries send to another pod. Pods of one "
+        "class share its limit; a pod of a class with no batch read yet, without a class label or without a "
+        "sidecar has none, named in the AdmissionEnforced condition.",
     )
     batch_share: float = Field(
-        default=0.75,
+        default=0.6,
         gt=0,
         le=2,
-        description="A pod's limit as a share of its saturated batch: the requests its engine ran at once while "
-        "at least 3 waited (status.endpoints[].saturatedBatch). A pod never seen saturated has no limit. 0.75 met "
-        "the overload targets on three of five simulated fleets, and on a fourth but at 150 % of capacity "
-        "(docs/benchmarks.md). A change of batchShare moves a limit shown only past 10 %, as any other.",
+        description="A pod's limit as a share of its batch: the requests its engine holds at once when its KV cache "
+        "is full (status.endpoints[].saturatedBatch). Pods of one hardware class share their class's median. 0.6 "
+        'was chosen among 0.5, 0.6 and 0.75 on two simulated fleets (docs/benchmarks.md, "The limits sluice '
+        'learns"). A change of batchShare moves a limit shown only past 10 %, as any other.',
     )

@@ -7,7 +7,7 @@ say something the status does not, and replaying a pass with the same inputs emi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -70,7 +70,30 @@ def _condition_events(
     before, after = became("IstioSynced")
     if after is not None and after.status == "False" and (before is None or before.reason != after.reason):
         yield Event("Warning", after.reason, after.message)
+    before, after = became("AdmissionEnforced")
+    if after is not None:
+        if before is None or (before.status, before.reason) != (after.status, after.reason):
+            yield Event("Normal" if after.status == "True" else "Warning", f"Admission{after.reason}", after.message)
+        yield from _limit_events(rows, next_)
     yield from _class_events(rows, next_)
+
+
+def _class_limits(rows: Iterable[EndpointStatus]) -> dict[str, int]:
+    return {r.hardware_class: r.inbound_limit for r in rows if r.hardware_class and r.inbound_limit is not None}
+
+
+def _limit_events(before: Mapping[str, EndpointStatus], next_: InferencePoolStatus) -> Iterator[Event]:
+    """The limits per hardware class moved (`admission.mode: Enforce`: its sidecars' EnvoyFilter rewritten)."""
+    old, new = _class_limits(before.values()), _class_limits(next_.endpoints)
+    if old == new:
+        return
+    moved = [
+        f"{name} {old[name]} -> {new[name]}" if name in old and name in new else f"{name} {new[name]} (new)"
+        for name in sorted(new)
+        if old.get(name) != new[name]
+    ]
+    moved += [f"{name} {old[name]} (gone)" for name in sorted(set(old) - set(new))]
+    yield Event("Normal", "AdmissionLimits", "sidecar limits per hardware class: " + "; ".join(moved))
 
 
 def _class_events(before: Mapping[str, EndpointStatus], next_: InferencePoolStatus) -> Iterator[Event]:

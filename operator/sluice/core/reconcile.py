@@ -27,10 +27,11 @@ from sluice.core.canarycheck import RevisionStats, enabled_gates
 from sluice.core.canaryround import CanaryOutcome, Mirror
 from sluice.core.events import Event, derive_events
 from sluice.core.evidence import MetricsVerdict, judge_metrics
+from sluice.core.inbound import Enforcement, PodAdmission, enforced_limits
 from sluice.core.mesh import TLS_MODE_LABEL, MeshPlan, PoolId, assess
-from sluice.core.observed import Observed
+from sluice.core.observed import Observed, ObservedPod
 from sluice.core.presets import supported_signals
-from sluice.core.rows import render_row
+from sluice.core.rows import StatusRow, render_row, with_inbound_limits
 from sluice.core.signalcheck import Screened, screen
 from sluice.core.status import Want
 from sluice.core.verdicts import PodVerdict, judge_pod, not_routable_because, selects
@@ -69,6 +70,8 @@ class Plan:
     """What the mesh side allows to render (`sluice.core.mesh`); a refusal there means nothing is published."""
     before: Mapping[str, EndpointStatus] = field(default_factory=dict, repr=False)
     """Every pod `previous` remembers (`remembered`, its podMemory decoded once per pass)."""
+    admission: Enforcement | None = None
+    """`admission.mode: Enforce`: the limit per hardware class to render on its pods' sidecars."""
 
     @property
     def revision_weights(self) -> dict[str, int]:
@@ -102,12 +105,15 @@ def plan_pass(
     verdicts = [judge_pod(spec, p, before.get(p.name), signals, metrics.usable, now) for p in pods]
     allocations = allocate(spec.scoring, spec.protection, verdicts, _bias(spec), spec.metrics.window)
     canary = _step_canary(spec, previous, verdicts, allocations, metrics.usable, now, operation)
-    rows = [render_row(spec, v, allocations[v.name], now) for v in verdicts]
+    rows = with_inbound_limits(spec, [render_row(spec, v, allocations[v.name], now) for v in verdicts], before)
     eligible = [v for v in verdicts if v.eligible]
     routable = [v for v in eligible if allocations[v.name].routable]
     mesh = assess(spec, pool, observed.mesh, bool(canary.weights))
     publish = bool(routable) and mesh.refusal is None
     wants = _wants(spec, len(routable), len(eligible), metrics, screened, mesh, canary.status)
+    admission = _enforcement(spec, pods, rows, mesh)
+    if admission is not None:
+        wants.append(conditions.admission_enforced(admission, mesh.refusal))
     before_conditions = previous.conditions if previous else []
     status = InferencePoolStatus.model_validate(
         {
@@ -133,6 +139,21 @@ def plan_pass(
         mirror=canary.mirror,
         steer=canary.steer,
         mesh=mesh,
+        admission=admission,
+    )
+
+
+def _enforcement(
+    spec: InferencePoolSpec, pods: list[ObservedPod], rows: list[StatusRow], mesh: MeshPlan
+) -> Enforcement | None:
+    """The limits to render (`admission.mode: Enforce`), from the limits the rows show."""
+    if spec.admission.mode != "Enforce":
+        return None
+    sidecars = {
+        p.name for p in pods if p.labels.get(TLS_MODE_LABEL) == "istio" and mesh.dataplane != "ambient-waypoint"
+    }
+    return enforced_limits(
+        [PodAdmission(r["pod"], r["hardware_class"], r["inbound_limit"], r["pod"] in sidecars) for r in rows]
     )
 
 

@@ -4,14 +4,14 @@ weight in words, its score, and what the headroom policy remembers of it. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TypedDict
 
 from sluice.api.v1alpha1 import EndpointState, EndpointStatus, InferencePoolSpec
 from sluice.core.allocation import Allocation
 from sluice.core.headroom import PodHeadroom
-from sluice.core.inbound import inbound_limit, learn_batch
+from sluice.core.inbound import PodBatch, learn_batch, pod_limits
 from sluice.core.observed import PodSignals, SignalName
 from sluice.core.verdicts import PodVerdict, VerdictKind
 
@@ -138,20 +138,36 @@ class _Admission(TypedDict):
 
 
 def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None) -> _Admission:
-    """The pod's saturated batch (moved only by a fresh scrape sample, `learn_batch`: passes between two scrapes
-    read the same gauges, and one sample counts once where the engine says when it was taken) and the limit it
-    gives (`inbound_limit`); nothing while admission is off."""
+    """The pod's batch at a full cache (moved only by a fresh scrape sample, `learn_batch`: passes between two scrapes
+    read the same gauges, and one sample counts once where the engine says when it was taken); its limit is set
+    once every row has its batch (`with_inbound_limits`); nothing while admission is off."""
     if spec.admission.mode == "Off":
         return {"saturated_batch": None, "inbound_limit": None}
     kept = prev.saturated_batch if prev is not None else None
     signals = verdict.signals
     seen = prev is not None and verdict.sampled_at is not None and prev.signals_sampled_at == verdict.sampled_at
-    batch = learn_batch(kept, signals.running_requests, signals.queue_length) if verdict.evidence and not seen else kept
-    shown = prev.inbound_limit if prev is not None else None
-    return {
-        "saturated_batch": None if batch is None else round(batch, 3),
-        "inbound_limit": inbound_limit(batch, spec.admission.batch_share, shown),
-    }
+    batch = (
+        learn_batch(kept, signals.running_requests, signals.kv_cache_usage) if verdict.evidence and not seen else kept
+    )
+    return {"saturated_batch": None if batch is None else round(batch, 3), "inbound_limit": None}
+
+
+def with_inbound_limits(
+    spec: InferencePoolSpec, rows: list[StatusRow], before: Mapping[str, EndpointStatus]
+) -> list[StatusRow]:
+    """Every row's limit, from its class's batch or its own (`pod_limits`), moved past the hysteresis from the one
+    the previous status showed."""
+    if spec.admission.mode == "Off":
+        return rows
+    batches = [PodBatch(r["pod"], r["hardware_class"], r["saturated_batch"]) for r in rows]
+    shown = {pod: row.inbound_limit for pod, row in before.items()}
+    limits = pod_limits(batches, spec.admission.batch_share, shown)
+    out: list[StatusRow] = []
+    for row in rows:
+        limited = row.copy()
+        limited["inbound_limit"] = limits[row["pod"]]
+        out.append(limited)
+    return out
 
 
 def _idle_samples(spec: InferencePoolSpec, allocation: Allocation, kept: int | None) -> int | None:

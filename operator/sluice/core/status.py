@@ -19,6 +19,7 @@ from sluice.api.v1alpha1 import (
     InferencePoolStatus,
 )
 from sluice.core.apiretry import TROUBLES, Episode
+from sluice.core.inbound import Enforcement
 
 # A condition message names at most this many pods per finding (a 4,096-pod pool must not list them all).
 NAMED_PODS = 20
@@ -33,6 +34,7 @@ CONDITION_TYPES = (
     "MeshReach",
     "IstioSynced",
     "KubeApiHealthy",
+    "AdmissionEnforced",
 )
 
 
@@ -176,6 +178,20 @@ def degraded(rows: list[EndpointStatus], class_label: str, metrics_usable: bool)
 def _named(pods: list[str]) -> str:
     more = f" and {len(pods) - NAMED_PODS} more" if len(pods) > NAMED_PODS else ""
     return ", ".join(pods[:NAMED_PODS]) + more
+
+
+def admission_enforced(enforcement: Enforcement, refusal: str | None) -> Want:
+    """`admission.mode: Enforce`: which hardware classes have a limit on their sidecars, and which pods are
+    admitted without one, and why."""
+    if refusal is not None:
+        return Want("AdmissionEnforced", "False", "NotRendered", f"no limit rendered: {refusal}")
+    rendered = ", ".join(f"{name} {limit}" for name, limit in sorted(enforcement.limits.items()))
+    unlimited = "; ".join(f"{why}: {_named(list(pods))}" for why, pods in sorted(enforcement.unlimited.items()))
+    if not enforcement.unlimited:
+        return Want("AdmissionEnforced", "True", "Enforced", f"every pod's sidecar has its class's limit ({rendered})")
+    message = f"admitted without a limit ({unlimited})" + (f"; enforced: {rendered}" if rendered else "")
+    reason = "PartlyEnforced" if enforcement.limits else "NoLimits"
+    return Want("AdmissionEnforced", "False", reason, message[:1000])
 
 
 def progressing(canary: CanaryStatus) -> Want:

@@ -1,8 +1,13 @@
 """The EnvoyFilters: the split as an HTTP_ROUTE patch where the VirtualService belongs to someone else, and the
 least-request or bounded-load tuning as a CLUSTER patch, rendered only when asked for (an EnvoyFilter change
-pushes to every proxy of its namespace). One copy in each namespace whose proxies it must reach. Pure."""
+pushes to every proxy of its namespace). One copy in each namespace whose proxies it must reach. And, under
+`admission.mode: Enforce`, each hardware class's inbound limit on its pods' sidecars. Pure."""
 
 from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
 
 from sluice.api.jsontypes import JsonObject, JsonValue
 from sluice.api.v1alpha1 import InferencePoolSpec
@@ -109,3 +114,68 @@ def cluster_patch_value(spec: InferencePoolSpec) -> JsonObject:
 def render_cluster_envoy_filters(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> list[Rendered]:
     match: JsonObject = {"cluster": {"service": destination_host(pool, spec), "portNumber": destination_port(spec)}}
     return _envoy_filters(pool, spec, plan, "-lb", "CLUSTER", match, cluster_patch_value(spec))
+
+
+INBOUND_ROUTE = "default"
+"""The one route of a sidecar's inbound HTTP route configuration (istio/istio pilot/pkg/networking/core/route/
+route.go `BuildDefaultHTTPInboundRoute`, `DefaultRouteName`), in the configuration named after the inbound
+cluster, `inbound|<port>||` (httproute.go `buildSidecarInboundHTTPRouteConfig`)."""
+UNBOUNDED = 4_294_967_295
+"""What istiod sets every inbound circuit-breaker threshold to (cluster_traffic_policy.go
+`getDefaultCircuitBreakerThresholds`, math.MaxUint32): the limit sluice adds bounds requests alone."""
+
+
+def inbound_patches(spec: InferencePoolSpec, limit: int) -> list[JsonValue]:
+    """The two patches that put `limit` on the requests a pod's sidecar lets through to its engine at once.
+
+    istiod gives every inbound cluster one DEFAULT-priority circuit-breaker threshold (all unbounded), and Istio
+    1.30's MERGE appends to a repeated field (pkg/proto/merge), while Envoy reads the first threshold of a priority
+    (source/common/upstream/upstream_impl.cc, `ResourceManagers::load`, `std::find_if`): a DEFAULT threshold
+    merged in would never be read. So the limit is a HIGH-priority threshold, the only one of its priority, and
+    the inbound route sends its requests at HIGH priority; tests/test_envoy_inbound_limit.py holds real Envoy to
+    it. (Istio 1.31's MERGE_AND_REPLACE_LIST could replace the list instead; 1.30 refuses that operation.)"""
+    port = spec.target_port
+    threshold: JsonObject = {
+        "priority": "HIGH",
+        "max_requests": limit,
+        "max_connections": UNBOUNDED,
+        "max_pending_requests": UNBOUNDED,
+        "max_retries": UNBOUNDED,
+        "track_remaining": True,
+    }
+    return [
+        {
+            "applyTo": "CLUSTER",
+            "match": {"context": "SIDECAR_INBOUND", "cluster": {"portNumber": port}},
+            "patch": {"operation": "MERGE", "value": {"circuit_breakers": {"thresholds": [threshold]}}},
+        },
+        {
+            "applyTo": "HTTP_ROUTE",
+            "match": {
+                "context": "SIDECAR_INBOUND",
+                "routeConfiguration": {"portNumber": port, "vhost": {"route": {"name": INBOUND_ROUTE}}},
+            },
+            "patch": {"operation": "MERGE", "value": {"route": {"priority": "HIGH"}}},
+        },
+    ]
+
+
+def class_suffix(hardware_class: str) -> str:
+    """`-inbound-<class>` as a DNS label part (a class is a label value: upper case and '_' allowed); a short hash
+    keeps classes that clean to one name apart."""
+    cleaned = re.sub(r"[^a-z0-9-]", "-", hardware_class.lower()).strip("-") or "x"
+    if cleaned == hardware_class and len(cleaned) <= 40:
+        return f"-inbound-{cleaned}"
+    digest = hashlib.sha256(hardware_class.encode()).hexdigest()[:6]
+    return f"-inbound-{cleaned[:33].strip('-')}-{digest}"
+
+
+def render_inbound_envoy_filters(pool: PoolRef, spec: InferencePoolSpec, limits: Mapping[str, int]) -> list[Rendered]:
+    """One EnvoyFilter per hardware class with a limit, in the pool's namespace, selecting the class's pods (the
+    pool's labels and the class label)."""
+    objects = []
+    for hardware_class, limit in sorted(limits.items()):
+        selector: JsonObject = {**spec.selector.match_labels, spec.capacity.class_label: hardware_class}
+        body: JsonObject = {"workloadSelector": {"labels": selector}, "configPatches": inbound_patches(spec, limit)}
+        objects.append(istio_object(ENVOY_FILTER, pool, body, class_suffix(hardware_class)))
+    return objects

@@ -8,7 +8,8 @@ across one DestinationRule subset per revision. Where the VirtualService belongs
 into an EnvoyFilter HTTP_ROUTE patch instead. A shadow canary adds a request mirror to the candidate's subset on
 that same route (VirtualService `mirrors[]`, or the route's `request_mirror_policies`), only while the plan has
 one: the next render after the shadow ends has none. Envoy least-request tuning is an EnvoyFilter CLUSTER patch,
-rendered only when asked for (an EnvoyFilter change pushes to every proxy of its namespace).
+rendered only when asked for (an EnvoyFilter change pushes to every proxy of its namespace). Admission limits
+(`admission.mode: Enforce`) are one EnvoyFilter per hardware class on its pods' sidecars.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from sluice.core.mesh import (
     needs_route,
 )
 from sluice.core.reconcile import Plan
-from sluice.istio.envoyfilters import render_cluster_envoy_filters, render_route_envoy_filters
+from sluice.istio.envoyfilters import (
+    render_cluster_envoy_filters,
+    render_inbound_envoy_filters,
+    render_route_envoy_filters,
+)
 from sluice.istio.kinds import DESTINATION_RULE, SERVICE_ENTRY
 from sluice.istio.objects import PoolRef, destination_host, endpoints_host, istio_object, subset_name
 from sluice.istio.ownership import POOL_LABEL
@@ -133,4 +138,6 @@ def render(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> list[Rendered]
         objects += render_route_envoy_filters(pool, spec, plan)
     if "lb" in kinds:
         objects += render_cluster_envoy_filters(pool, spec, plan)
+    if plan.admission is not None:
+        objects += render_inbound_envoy_filters(pool, spec, plan.admission.limits)
     return objects

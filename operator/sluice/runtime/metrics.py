@@ -16,6 +16,7 @@ Series (labelled by `pool` = namespace/name unless marked operator-wide; see doc
 | `sluice_metrics_available` | gauge | 1 when signals are fresh, 0 when weights are frozen |
 | `sluice_endpoint_weight{pod,revision}` | gauge | published endpoint weight (0 = removed) |
 | `sluice_endpoints{state}` | gauge | pods per state: Routable, Zeroed, Recovering |
+| `sluice_endpoint_inbound_limit{pod}` | gauge | the pod's admission limit (admission Report or Enforce, if any) |
 | `sluice_canary_weight` / `sluice_canary_step` | gauge | candidate traffic % / step index (-1 without a rollout) |
 | `sluice_canary_phase{phase}` | gauge | 1 for the current phase (the canary series: pools with `status.canary` only) |
 | `sluice_istio_writes_total{kind,action}` | counter | Istio writes: created, updated, unchanged (skipped), |
@@ -95,7 +96,7 @@ class _Recorded(NamedTuple):
     """What `_record_status` last set for a pool."""
 
     available: float | None
-    rows: tuple[tuple[str, str, int], ...]
+    rows: tuple[tuple[str, str, int, int | None], ...]
     states: tuple[int, ...]
     canary_weight: int
     canary_step: int
@@ -111,6 +112,8 @@ class OperatorMetrics:
         self._routing_series(r)
         self._write_series(r)
         self._pods: dict[str, set[tuple[str, str]]] = {}
+        self._limited: dict[str, set[str]] = {}
+        """Pool -> the pods with an admission limit on the page."""
         self._recorded: dict[str, _Recorded] = {}
         """Pool -> what `_record_status` last set: a pass that changed none of it sets nothing (the labelled
         children cost ~30 lookups a pass, ~5 % of a 1000-pool operator's CPU)."""
@@ -176,6 +179,12 @@ class OperatorMetrics:
             "sluice_endpoint_weight", "Published endpoint weight (0: removed).", ["pool", "pod", "revision"], registry=r
         )
         self.endpoints = Gauge("sluice_endpoints", "Pods per state.", ["pool", "state"], registry=r)
+        self.inbound_limit = Gauge(
+            "sluice_endpoint_inbound_limit",
+            "The pod's admission limit (status.endpoints[].inboundLimit): requests its sidecar lets through at once.",
+            ["pool", "pod"],
+            registry=r,
+        )
         self.canary_weight = Gauge("sluice_canary_weight", "Candidate traffic percentage.", ["pool"], registry=r)
         self.canary_step = Gauge("sluice_canary_step", "Canary step index (-1: no rollout).", ["pool"], registry=r)
         self.canary_phase = Gauge(
@@ -213,7 +222,11 @@ class OperatorMetrics:
     def _record_status(self, pool: str, status: InferencePoolStatus) -> None:
         metrics = next((c for c in status.conditions if c.type == "MetricsAvailable"), None)
         available = None if metrics is None else 1.0 if metrics.status == "True" else 0.0
-        rows = tuple((row.pod, row.revision or "", row.weight) for row in status.endpoints) if self.pod_series else ()
+        rows = (
+            tuple((row.pod, row.revision or "", row.weight, row.inbound_limit) for row in status.endpoints)
+            if self.pod_series
+            else ()
+        )
         states = tuple(sum(1 for row in status.endpoints if row.state == state) for state in STATES)
         canary = status.canary
         step = canary.step_index if canary else None
@@ -230,12 +243,18 @@ class OperatorMetrics:
         self._recorded[pool] = recorded
         if available is not None:
             self.metrics_available.labels(pool).set(available)
-        seen = {(pod, revision) for pod, revision, _ in rows}
+        seen = {(pod, revision) for pod, revision, _, _ in rows}
         for pod, revision in self._pods.get(pool, set()) - seen:
             self.weight.remove(pool, pod, revision)
         self._pods[pool] = seen
-        for pod, revision, weight in rows:
+        for pod, revision, weight, _ in rows:
             self.weight.labels(pool, pod, revision).set(weight)
+        limited = {pod: limit for pod, _, _, limit in rows if limit is not None}
+        for pod in self._limited.get(pool, set()) - set(limited):
+            self.inbound_limit.remove(pool, pod)
+        self._limited[pool] = set(limited)
+        for pod, limit in limited.items():
+            self.inbound_limit.labels(pool, pod).set(limit)
         for state, count in zip(STATES, states, strict=True):
             self.endpoints.labels(pool, state).set(count)
         if canary is None:  # no canary (or no longer): no canary series, 9 per pool
@@ -272,6 +291,8 @@ class OperatorMetrics:
         """Drop the pool's gauges (its counters and histograms stay: rates over them stay right)."""
         for pod, revision in self._pods.pop(pool, set()):
             self.weight.remove(pool, pod, revision)
+        for pod in self._limited.pop(pool, set()):
+            self.inbound_limit.remove(pool, pod)
         self._recorded.pop(pool, None)
         self._behind.discard(pool)
         self.behind.set(len(self._behind))
