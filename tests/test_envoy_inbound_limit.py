@@ -256,6 +256,7 @@ def test_enforce_renders_one_valid_envoy_filter_per_class_and_names_the_pods_lef
         _with_sidecar(pod("r1", hw="rtx4090")),  # not read yet, nor any pod of its class
         _with_sidecar(_unlabelled(pod("x"))),  # no class label
         _with_sidecar(pod("a3"), sidecar=False),  # its class has a limit, but no sidecar to hold it
+        _with_sidecar(pod("e", hw="")),  # a class label with an empty value: no class to select it by
     ]
     signals = {
         "a1": _saturated(40),
@@ -264,6 +265,7 @@ def test_enforce_renders_one_valid_envoy_filter_per_class_and_names_the_pods_lef
         "r1": sig(kv=0.1),  # too little of its cache used to read
         "x": _saturated(16),
         "a3": _saturated(44),
+        "e": _saturated(20),
     }
     plan = run(s, pods, signals, 100)
     filters = {o.name: o.body for o in render(POOL, s, plan) if o.name.startswith("sluice-llama-inbound-")}
@@ -276,11 +278,22 @@ def test_enforce_renders_one_valid_envoy_filter_per_class_and_names_the_pods_lef
     # 0.75 x the median of 40, 48 and 44 (a3 has no sidecar, but its batch is its class's evidence)
     assert cluster_patch["circuit_breakers"]["thresholds"][0]["max_requests"] == 33
     rows = {r.pod: r.inbound_limit for r in plan.status.endpoints}
-    assert rows["a1"] == rows["a2"] == 33  # the status shows what the sidecars were given
+    # the status shows what the sidecars were given, and no limit where none was rendered
+    assert rows == {"a1": 33, "a2": 33, "l1": 15, "r1": None, "x": None, "a3": None, "e": None}
     condition = next(c for c in plan.status.conditions if c.type == "AdmissionEnforced")
     assert (condition.status, condition.reason) == ("False", "PartlyEnforced")
-    for why, who in ((NOT_MEASURED, "r1"), (NO_CLASS, "x"), (NO_SIDECAR, "a3")):
+    for why, who in ((NOT_MEASURED, "r1"), (NO_CLASS, "e, x"), (NO_SIDECAR, "a3")):
         assert f"{why}: {who}" in condition.message
+
+
+def test_a_pass_that_publishes_nothing_says_the_limits_were_not_rendered() -> None:
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
+    unready = _with_sidecar(pod("a1")).model_copy(update={"ready": False})
+    plan = run(s, [unready], {"a1": _saturated(40)}, 100)
+    assert not plan.publish
+    condition = next(c for c in plan.status.conditions if c.type == "AdmissionEnforced")
+    assert (condition.status, condition.reason) == ("False", "NotRendered")
+    assert not [e for e in plan.events if e.reason == "AdmissionLimits"]
 
 
 def _digest(value: str) -> str:

@@ -113,13 +113,15 @@ def test_passes_between_two_scrapes_count_the_scrape_once() -> None:
 
 def test_pods_of_one_class_share_its_median_batch_from_their_first_pass() -> None:
     s = spec(admission={"mode": "Report", "batchShare": 0.75})
-    pods = [pod("a1"), pod("a2"), pod("a3"), pod("l1", hw="l40s"), pod("x", hw="")]
+    unlabelled = pod("x").model_copy(update={"labels": {"app": "llama"}})
+    pods = [pod("a1"), pod("a2"), pod("a3"), pod("l1", hw="l40s"), unlabelled, pod("e", hw="")]
     signals = {
         "a1": _holding(40),
         "a2": _holding(80),
         "a3": _light(),  # not read yet: its class says what it can hold
         "l1": _light(),  # nor this one, and no pod of its class was
         "x": _holding(16),  # no class: its own batch
+        "e": _holding(24),  # a class label with an empty value is no class either
     }
     plan = run(s, pods, signals, 100)
     rows = {r.pod: r for r in plan.status.endpoints}
@@ -129,8 +131,10 @@ def test_pods_of_one_class_share_its_median_batch_from_their_first_pass() -> Non
         "a3": None,
         "l1": None,
         "x": 16,
+        "e": 24,
     }
-    assert {name: r.inbound_limit for name, r in rows.items()} == {"a1": 45, "a2": 45, "a3": 45, "l1": None, "x": 12}
+    limits = {name: r.inbound_limit for name, r in rows.items()}
+    assert limits == {"a1": 45, "a2": 45, "a3": 45, "l1": None, "x": 12, "e": 18}
 
 
 def test_a_class_limit_moves_only_past_the_hysteresis_of_each_pods_shown_limit() -> None:

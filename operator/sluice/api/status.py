@@ -104,8 +104,10 @@ class EndpointStatus(StatusModel):
     )
     inbound_limit: int | None = Field(
         default=None,
-        description="admission: the requests the pod's sidecar would let through at once (admission.batchShare of "
-        "its saturated batch, moved only past 10 %); absent without a saturated batch. Report mode: not enforced.",
+        description="admission: the requests the pod's sidecar lets through at once: admission.batchShare of its "
+        "hardware class's median batch (of its own batch where it has no class label), moved only past 10 %; "
+        "absent without a batch. Report: not enforced. Enforce: what its sidecar is given; absent for a pod the "
+        "AdmissionEnforced condition names (no sidecar, no class label).",
     )
     consecutive_failures: int = Field(default=0, description="Passes in a row below every health band.")
     restarts: int = Field(default=0, description="Container restarts last seen.")

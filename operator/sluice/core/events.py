@@ -74,7 +74,8 @@ def _condition_events(
     if after is not None:
         if before is None or (before.status, before.reason) != (after.status, after.reason):
             yield Event("Normal" if after.status == "True" else "Warning", f"Admission{after.reason}", after.message)
-        yield from _limit_events(rows, next_)
+        if after.reason != "NotRendered":
+            yield from _limit_events(rows, next_)
     yield from _class_events(rows, next_)
 
 

@@ -9,7 +9,7 @@ through to the engine at once, refusing the rest with a 503 the caller's Envoy r
 Why not the running count while requests wait (what an engine holds when saturated, read directly; built first):
 once a limit below the batch is enforced, the engine's queue no longer forms — the sidecar refuses first — so the
 reading that would raise a low limit never comes, and a burst that queued for the prefill budget before the cache
-was full reads low. Enforced in the simulation, such limits refused 10-39 % at 80 % load on a fleet of five
+was full reads low. Enforced in the simulation, such limits refused 10.0-39.7 % at 80 % load on a fleet of five
 identical pods (docs/benchmarks.md). The cache's fill is read whether or not the limit binds.
 
 Pods of one hardware class share one limit (`pod_limits`: their class's median batch): a sidecar's limit is
@@ -68,6 +68,7 @@ def inbound_limit(batch: float | None, share: float, shown: int | None) -> int |
 class PodBatch:
     pod: str
     hardware_class: str | None
+    """None, or "" (a label with an empty value, which no EnvoyFilter selector should rely on): no class."""
     batch: float | None
     """The pod's own learned batch (`learn_batch`)."""
 
@@ -76,7 +77,7 @@ def class_batches(pods: Sequence[PodBatch]) -> dict[str, float]:
     """Each hardware class's batch: the median of its pods' learned batches (classes with none are absent)."""
     batches: dict[str, list[float]] = {}
     for p in pods:
-        if p.hardware_class is not None and p.batch is not None:
+        if p.hardware_class and p.batch is not None:
             batches.setdefault(p.hardware_class, []).append(p.batch)
     return {name: statistics.median(values) for name, values in batches.items()}
 
@@ -93,7 +94,7 @@ def pod_limits(pods: Sequence[PodBatch], share: float, shown: Mapping[str, int |
     class_limits = {name: inbound_limit(batch, share, class_shown[name]) for name, batch in by_class.items()}
     out: dict[str, int | None] = {}
     for p in pods:
-        if p.hardware_class is not None and p.hardware_class in class_limits:
+        if p.hardware_class and p.hardware_class in class_limits:
             out[p.pod] = class_limits[p.hardware_class]
         else:
             out[p.pod] = inbound_limit(p.batch, share, shown.get(p.pod))
@@ -135,7 +136,7 @@ def enforced_limits(pods: Sequence[PodAdmission]) -> Enforcement:
     for p in sorted(pods, key=lambda p: p.pod):
         if not p.sidecar:
             unlimited.setdefault(NO_SIDECAR, []).append(p.pod)
-        elif p.hardware_class is None:
+        elif not p.hardware_class:
             unlimited.setdefault(NO_CLASS, []).append(p.pod)
         elif p.limit is None:
             unlimited.setdefault(NOT_MEASURED, []).append(p.pod)

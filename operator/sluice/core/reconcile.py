@@ -113,7 +113,9 @@ def plan_pass(
     wants = _wants(spec, len(routable), len(eligible), metrics, screened, mesh, canary.status)
     admission = _enforcement(spec, pods, rows, mesh)
     if admission is not None:
-        wants.append(conditions.admission_enforced(admission, mesh.refusal))
+        rows = _rendered_limits(rows, admission)
+        unpublished = None if publish else "nothing is published this pass; the sidecars keep the limits last rendered"
+        wants.append(conditions.admission_enforced(admission, mesh.refusal or unpublished))
     before_conditions = previous.conditions if previous else []
     status = InferencePoolStatus.model_validate(
         {
@@ -155,6 +157,20 @@ def _enforcement(
     return enforced_limits(
         [PodAdmission(r["pod"], r["hardware_class"], r["inbound_limit"], r["pod"] in sidecars) for r in rows]
     )
+
+
+def _rendered_limits(rows: list[StatusRow], admission: Enforcement) -> list[StatusRow]:
+    """`admission.mode: Enforce`: a row shows the limit its sidecar is given, none where the condition names the
+    pod as admitted without one (no sidecar, no class label)."""
+    unlimited = {pod for pods in admission.unlimited.values() for pod in pods}
+    out: list[StatusRow] = []
+    for row in rows:
+        shown = row
+        if row["pod"] in unlimited and row["inbound_limit"] is not None:
+            shown = row.copy()
+            shown["inbound_limit"] = None
+        out.append(shown)
+    return out
 
 
 def _wants(
