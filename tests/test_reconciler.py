@@ -29,9 +29,13 @@ PODS = [
 class FakeProm:
     def __init__(self) -> None:
         self.ttft = 0.05
+        self.kv = 0.2
+        self.running = 1.0
 
     def read_signals(self, spec: Any, namespace: str, pods: list[str], auth: Any, now: Any) -> SignalSnapshot:
-        signals = PodSignals(ttft_seconds=self.ttft, kv_cache_usage=0.2, queue_length=0, running_requests=1)
+        signals = PodSignals(
+            ttft_seconds=self.ttft, kv_cache_usage=self.kv, queue_length=0, running_requests=self.running
+        )
         return SignalSnapshot(collected_at=now, pods=dict.fromkeys(pods, signals))
 
 
@@ -348,6 +352,23 @@ def test_toggling_a_routing_option_prunes_what_is_no_longer_rendered(toggle, gon
     assert loop.kinds() == before
     if added:
         assert any(w.action == "pruned" and (w.kind, w.name) == added for w in off.writes)
+
+
+def test_enforced_admission_renders_a_limit_per_class_and_turning_it_off_prunes_it():
+    loop = Loop()
+    loop.cluster.pod_list = [
+        p.model_copy(update={"labels": {**p.labels, "security.istio.io/tlsMode": "istio"}}) for p in PODS
+    ]
+    loop.prom.kv, loop.prom.running = 0.5, 20.0  # a full cache would hold 40
+    loop.run(0)
+    on = loop.run(5, admission={"mode": "Enforce", "batchShare": 0.75})
+    assert ("EnvoyFilter", "sluice-llama-inbound-a100") in loop.kinds()
+    assert any(w.action == "created" and w.name == "sluice-llama-inbound-a100" for w in on.writes)
+    assert {row["inboundLimit"] for row in loop.status["endpoints"]} == {30}
+    loop.spec = {}
+    off = loop.run(10)
+    assert ("EnvoyFilter", "sluice-llama-inbound-a100") not in loop.kinds()
+    assert any(w.action == "pruned" and w.name == "sluice-llama-inbound-a100" for w in off.writes)
 
 
 def test_pruning_lists_the_cluster_only_when_the_rendered_set_changes():
