@@ -189,3 +189,29 @@ def test_a_limit_read_low_rises_while_it_binds_without_the_engine_ever_queueing(
     assert row.saturated_batch > 55
     assert row.inbound_limit is not None
     assert row.inbound_limit >= 41
+
+
+def _running(running: float, kv: float) -> PodSignals:
+    return sig(kv=kv).model_copy(update={"running_requests": running})
+
+
+def test_a_pool_says_when_its_sidecars_start_and_stop_shedding() -> None:
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
+    pods = [p.model_copy(update={"labels": {**p.labels, TLS_MODE_LABEL: "istio"}}) for p in (pod("a1"), pod("a2"))]
+    # both read a batch of 40 (limit 30); a1 runs 40 at once: its sidecar is refusing past 30
+    first = run(s, pods, {"a1": _running(40, 1.0), "a2": _running(20, 0.5)}, 100)
+    shedding = next(c for c in first.status.conditions if c.type == "Shedding")
+    assert (shedding.status, shedding.reason) == ("True", "AtLimit")
+    assert shedding.message == (
+        "1 of 2 limited pods ran at their limit at their last scrape (their sidecars refuse past it): a1"
+    )
+    assert ("Warning", "SheddingStarted") in {(e.type, e.reason) for e in first.events}
+    second = run(s, pods, {"a1": _running(20, 0.5), "a2": _running(20, 0.5)}, 115, first.status)
+    shedding = next(c for c in second.status.conditions if c.type == "Shedding")
+    assert (shedding.status, shedding.reason) == ("False", "BelowLimits")
+    assert ("Normal", "SheddingStopped") in {(e.type, e.reason) for e in second.events}
+    # no reading to compare with a limit: not known, and nothing said either way
+    third = run(s, pods, {"a1": sig(kv=None), "a2": sig(kv=None)}, 130, second.status)
+    shedding = next(c for c in third.status.conditions if c.type == "Shedding")
+    assert shedding.status == "Unknown"
+    assert not [e for e in third.events if e.reason.startswith("Shedding")]

@@ -76,6 +76,11 @@ def _condition_events(
             yield Event("Normal" if after.status == "True" else "Warning", f"Admission{after.reason}", after.message)
         if after.reason != "NotRendered":
             yield from _limit_events(rows, next_)
+    before, after = became("Shedding")
+    if after is not None and after.status == "True" and (before is None or before.status != "True"):
+        yield Event("Warning", "SheddingStarted", after.message)
+    elif after is not None and after.status == "False" and before is not None and before.status == "True":
+        yield Event("Normal", "SheddingStopped", after.message)
     yield from _class_events(rows, next_)
 
 

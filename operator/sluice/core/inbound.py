@@ -112,6 +112,8 @@ class PodAdmission:
     sidecar: bool
     """It runs an Istio sidecar (`security.istio.io/tlsMode: istio`, set by injection): a waypoint or no proxy
     at all has no inbound cluster for a limit to live on."""
+    running: float | None = None
+    """The requests its engine ran at its last scrape (None: no reading)."""
 
 
 NOT_MEASURED = "no batch read yet (its KV cache never a quarter full), nor any pod of its class"
@@ -125,6 +127,11 @@ class Enforcement:
     """Hardware class -> the limit rendered on its pods' sidecars."""
     unlimited: dict[str, tuple[str, ...]]
     """Why -> the pods admitted without a limit (`NOT_MEASURED`, `NO_CLASS`, `NO_SIDECAR`)."""
+    at_limit: tuple[str, ...] = ()
+    """Pods with a limit whose engine ran at least that many requests at its last scrape: their sidecars were
+    refusing what came past it (a sampled sign of shedding, not a count of refusals)."""
+    read: int = 0
+    """Pods with a limit and a running count to compare with it."""
 
 
 def enforced_limits(pods: Sequence[PodAdmission]) -> Enforcement:
@@ -133,6 +140,8 @@ def enforced_limits(pods: Sequence[PodAdmission]) -> Enforcement:
     limits takes the smallest (cannot happen from `pod_limits`; a lower limit is the safer of two readings)."""
     limits: dict[str, int] = {}
     unlimited: dict[str, list[str]] = {}
+    at_limit: list[str] = []
+    read = 0
     for p in sorted(pods, key=lambda p: p.pod):
         if not p.sidecar:
             unlimited.setdefault(NO_SIDECAR, []).append(p.pod)
@@ -142,4 +151,9 @@ def enforced_limits(pods: Sequence[PodAdmission]) -> Enforcement:
             unlimited.setdefault(NOT_MEASURED, []).append(p.pod)
         else:
             limits[p.hardware_class] = min(limits.get(p.hardware_class, p.limit), p.limit)
-    return Enforcement(limits, {why: tuple(names) for why, names in unlimited.items()})
+            running = finite(p.running)
+            if running is not None:
+                read += 1
+                if running >= p.limit:
+                    at_limit.append(p.pod)
+    return Enforcement(limits, {why: tuple(names) for why, names in unlimited.items()}, tuple(at_limit), read)

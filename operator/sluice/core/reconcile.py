@@ -116,6 +116,7 @@ def plan_pass(
         rows = _rendered_limits(rows, admission)
         unpublished = None if publish else "nothing is published this pass; the sidecars keep the limits last rendered"
         wants.append(conditions.admission_enforced(admission, mesh.refusal or unpublished))
+        wants.append(conditions.shedding(admission))
     before_conditions = previous.conditions if previous else []
     status = InferencePoolStatus.model_validate(
         {
@@ -155,7 +156,12 @@ def _enforcement(
         p.name for p in pods if p.labels.get(TLS_MODE_LABEL) == "istio" and mesh.dataplane != "ambient-waypoint"
     }
     return enforced_limits(
-        [PodAdmission(r["pod"], r["hardware_class"], r["inbound_limit"], r["pod"] in sidecars) for r in rows]
+        [
+            PodAdmission(
+                r["pod"], r["hardware_class"], r["inbound_limit"], r["pod"] in sidecars, r["signals"].running_requests
+            )
+            for r in rows
+        ]
     )
 
 

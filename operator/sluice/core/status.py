@@ -35,6 +35,7 @@ CONDITION_TYPES = (
     "IstioSynced",
     "KubeApiHealthy",
     "AdmissionEnforced",
+    "Shedding",
 )
 
 
@@ -192,6 +193,20 @@ def admission_enforced(enforcement: Enforcement, refusal: str | None) -> Want:
     message = f"admitted without a limit ({unlimited})" + (f"; enforced: {rendered}" if rendered else "")
     reason = "PartlyEnforced" if enforcement.limits else "NoLimits"
     return Want("AdmissionEnforced", "False", reason, message[:1000])
+
+
+def shedding(enforcement: Enforcement) -> Want:
+    """`admission.mode: Enforce`: whether the limited pods' sidecars were refusing at the last scrape (an engine
+    running at its limit), sampled, not counted."""
+    if enforcement.at_limit:
+        message = (
+            f"{len(enforcement.at_limit)} of {enforcement.read} limited pods ran at their limit at their last scrape "
+            f"(their sidecars refuse past it): {_named(list(enforcement.at_limit))}"
+        )
+        return Want("Shedding", "True", "AtLimit", message)
+    if not enforcement.read:
+        return Want("Shedding", "Unknown", "NoReadings", "no limited pod has a running count to compare with its limit")
+    return Want("Shedding", "False", "BelowLimits", f"all {enforcement.read} limited pods ran below their limit")
 
 
 def progressing(canary: CanaryStatus) -> Want:
