@@ -275,22 +275,16 @@ class _Walker:
             allowed = ", ".join(_describe(v) for v in schema["enum"])
             self.error(path, "Unsupported value", f"{_describe(value)}: supported values: {allowed}")
         if isinstance(value, int | float) and not isinstance(value, bool):
-            if "minimum" in schema and (
-                value <= schema["minimum"] if schema.get("exclusiveMinimum") is True else value < schema["minimum"]
-            ):
-                self.error(
-                    path,
-                    "Invalid value",
-                    f"{value}: {path} in body should be greater than or equal to {schema['minimum']}",
-                )
-            if "maximum" in schema and (
-                value >= schema["maximum"] if schema.get("exclusiveMaximum") is True else value > schema["maximum"]
-            ):
-                self.error(
-                    path,
-                    "Invalid value",
-                    f"{value}: {path} in body should be less than or equal to {schema['maximum']}",
-                )
+            # kube-openapi pkg/validation/errors/schema.go `ExceedsMinimum` / `ExceedsMaximum`: "greater than" for
+            # an exclusive bound, "greater than or equal to" for an inclusive one (and "less than" likewise).
+            low_exclusive = schema.get("exclusiveMinimum") is True
+            if "minimum" in schema and (value <= schema["minimum"] if low_exclusive else value < schema["minimum"]):
+                bound = "greater than" if low_exclusive else "greater than or equal to"
+                self.error(path, "Invalid value", f"{value}: {path} in body should be {bound} {schema['minimum']}")
+            high_exclusive = schema.get("exclusiveMaximum") is True
+            if "maximum" in schema and (value >= schema["maximum"] if high_exclusive else value > schema["maximum"]):
+                bound = "less than" if high_exclusive else "less than or equal to"
+                self.error(path, "Invalid value", f"{value}: {path} in body should be {bound} {schema['maximum']}")
             if _numeric(schema.get("exclusiveMinimum")) and value <= schema["exclusiveMinimum"]:
                 self.error(
                     path,
