@@ -470,6 +470,12 @@ def test_every_cross_field_rule_reports_at_a_field():
 SCHEMA_BAD = [
     ("alpha above 1", {"scoring": {"alpha": 1.5}}, "spec.scoring.alpha", "less than or equal to 1"),
     ("port zero", {"targetPort": 0}, "spec.targetPort", "greater than or equal to 1"),
+    (
+        "admission limit below one",
+        {"admission": {"minLimit": 0}},
+        "spec.admission.minLimit",
+        "greater than or equal to 1",
+    ),
     ("admission share zero", {"admission": {"batchShare": 0}}, "spec.admission.batchShare", "greater than 0"),
     ("unknown engine", {"engine": "llamacpp"}, "spec.engine", "vllm"),
     ("bad duration", {"interval": "5 seconds"}, "spec.interval", ""),

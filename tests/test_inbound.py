@@ -40,6 +40,8 @@ def test_the_limit_is_a_share_of_the_batch_and_moves_only_past_the_hysteresis() 
     assert inbound_limit(0.5, 0.75, None) == 1  # never below one request
     assert inbound_limit(42.0, 0.75, 30) == 30  # 31 is within 10 % of 30
     assert inbound_limit(46.0, 0.75, 30) == 34  # 34 is not
+    assert inbound_limit(4.0, 0.75, None, least=8) == 8  # admission.minLimit: a floor under a batch read low
+    assert inbound_limit(None, 0.75, None, least=8) is None  # but no batch, no limit
 
 
 @given(
@@ -145,6 +147,12 @@ def test_a_class_limit_moves_only_past_the_hysteresis_of_each_pods_shown_limit()
     # a2 reads 50 (batch 40 + 0.3 x 10 = 43): the median 41.5 gives 31, within 10 % of the 30 shown
     second = run(s, pods, {"a1": _holding(40), "a2": _holding(50)}, 105, first.status)
     assert {r.inbound_limit for r in second.status.endpoints} == {30}
+
+
+def test_a_pools_min_limit_is_the_floor_of_every_pods_limit() -> None:
+    s = spec(admission={"mode": "Report", "batchShare": 0.75, "minLimit": 20})
+    plan = run(s, [pod("a1"), pod("r1", hw="rtx4090")], {"a1": _holding(40), "r1": _holding(8)}, 100)
+    assert {r.pod: r.inbound_limit for r in plan.status.endpoints} == {"a1": 30, "r1": 20}
 
 
 def test_a_pod_joining_a_class_takes_the_limit_its_class_shows() -> None:

@@ -296,6 +296,13 @@ class AdmissionSpec(ApiModel):
         le=2,
         description="A pod's limit as a share of its batch: the requests its engine holds at once when its KV cache "
         "is full (status.endpoints[].saturatedBatch). Pods of one hardware class share their class's median. 0.6 "
-        'was chosen among 0.5, 0.6 and 0.75 on two simulated fleets (docs/benchmarks.md, "The limits sluice '
-        'learns"). A change of batchShare moves a limit shown only past 10 %, as any other.',
+        'was chosen among 0.5, 0.6 and 0.75 on two simulated fleets (docs/benchmarks.md, "Learned from the KV '
+        'cache"). A change of batchShare moves a limit shown only past 10 %, as any other.',
+    )
+    min_limit: int = Field(
+        default=1,
+        ge=1,
+        le=65536,
+        description="The smallest limit a pod is given, in requests at once: a floor under a batch read low (a "
+        "pod's limit is never below it once it has one). At least 1: a limit of 0 would refuse every request.",
     )

@@ -53,12 +53,12 @@ def learn_batch(previous: float | None, running: float | None, kv_usage: float |
     return previous + BATCH_GAIN * (reading - previous)
 
 
-def inbound_limit(batch: float | None, share: float, shown: int | None) -> int | None:
-    """The pod's limit: `share` of its learned batch (at least 1), or the one shown while the new one is within
-    `HYSTERESIS` of it; None without a batch."""
+def inbound_limit(batch: float | None, share: float, shown: int | None, least: int = 1) -> int | None:
+    """The pod's limit: `share` of its learned batch (at least `least`, `admission.minLimit`), or the one shown
+    while the new one is within `HYSTERESIS` of it; None without a batch."""
     if batch is None:
         return None
-    limit = max(1, math.floor(share * batch))
+    limit = max(least, math.floor(share * batch))
     if shown is not None and abs(limit - shown) <= HYSTERESIS * shown:
         return shown
     return limit
@@ -82,7 +82,9 @@ def class_batches(pods: Sequence[PodBatch]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in batches.items()}
 
 
-def pod_limits(pods: Sequence[PodBatch], share: float, shown: Mapping[str, int | None]) -> dict[str, int | None]:
+def pod_limits(
+    pods: Sequence[PodBatch], share: float, shown: Mapping[str, int | None], least: int = 1
+) -> dict[str, int | None]:
     """Every pod's limit: `share` of its class's batch (`class_batches`), one limit for the whole class, or of its
     own batch where it has no class. `shown` holds the limits the previous status showed: a class's hysteresis is
     taken from the limit most of its pods showed (the larger on a tie), so a pod joining it takes the class's."""
@@ -91,13 +93,13 @@ def pod_limits(pods: Sequence[PodBatch], share: float, shown: Mapping[str, int |
     for name in by_class:
         counts = Counter(limit for p in pods if p.hardware_class == name and (limit := shown.get(p.pod)) is not None)
         class_shown[name] = max(counts, key=lambda limit: (counts[limit], limit)) if counts else None
-    class_limits = {name: inbound_limit(batch, share, class_shown[name]) for name, batch in by_class.items()}
+    class_limits = {name: inbound_limit(batch, share, class_shown[name], least) for name, batch in by_class.items()}
     out: dict[str, int | None] = {}
     for p in pods:
         if p.hardware_class and p.hardware_class in class_limits:
             out[p.pod] = class_limits[p.hardware_class]
         else:
-            out[p.pod] = inbound_limit(p.batch, share, shown.get(p.pod))
+            out[p.pod] = inbound_limit(p.batch, share, shown.get(p.pod), least)
     return out
 
 

@@ -161,7 +161,7 @@ def with_inbound_limits(
         return rows
     batches = [PodBatch(r["pod"], r["hardware_class"], r["saturated_batch"]) for r in rows]
     shown = {pod: row.inbound_limit for pod, row in before.items()}
-    limits = pod_limits(batches, spec.admission.batch_share, shown)
+    limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit)
     out: list[StatusRow] = []
     for row in rows:
         limited = row.copy()
