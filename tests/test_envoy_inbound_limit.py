@@ -17,9 +17,6 @@ pod that holds each request long enough for all of them to be in flight together
 from __future__ import annotations
 
 import hashlib
-import http.server
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -41,7 +38,7 @@ from sluice.istio.objects import PoolRef
 from sluice.istio.render import render
 from tests.helpers import pod, run, sig, spec
 from tests.test_envoy_patches import ENVOYS, proto_merge
-from tests.test_envoy_refusals import HCM, ROUTER, envoy
+from tests.test_envoy_refusals import HCM, ROUTER, envoy, pod_server
 
 HOLD = 1.5
 """Seconds the pod holds each request: every request of a burst is in flight while the first ones are."""
@@ -51,29 +48,10 @@ TARGET_PORT = 8000
 POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
 
 
-class _SlowPod(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        time.sleep(HOLD)
-        body = b"served"
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-
 @contextmanager
 def slow_pod() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowPod)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with pod_server(HOLD) as port:
+        yield port
 
 
 CLUSTER = f"inbound|{TARGET_PORT}||"

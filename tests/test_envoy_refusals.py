@@ -46,8 +46,16 @@ PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts
 REQUESTS = 20
 
 
+class _PodServer(http.server.ThreadingHTTPServer):
+    hold = 0.0
+    """Seconds each request is held before its answer."""
+
+
 class _Pod(http.server.BaseHTTPRequestHandler):
+    server: _PodServer
+
     def do_GET(self) -> None:
+        time.sleep(self.server.hold)
         body = b"served"
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
@@ -59,8 +67,10 @@ class _Pod(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def pod_server() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pod)
+def pod_server(hold: float = 0.0) -> Iterator[int]:
+    """A pod on loopback answering 200 "served" to every GET, `hold` seconds after it arrives."""
+    server = _PodServer(("127.0.0.1", 0), _Pod)
+    server.hold = hold
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -5,15 +5,13 @@ pushes to every proxy of its namespace). One copy in each namespace whose proxie
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Mapping
 
 from sluice.api.jsontypes import JsonObject, JsonValue
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.reconcile import Plan
 from sluice.istio.kinds import ENVOY_FILTER
-from sluice.istio.objects import PoolRef, destination_host, destination_port, istio_object, service_host
+from sluice.istio.objects import PoolRef, destination_host, destination_port, dns_part, istio_object, service_host
 from sluice.istio.rendered import Rendered
 from sluice.istio.routes import mirror, route_targets
 
@@ -161,13 +159,8 @@ def inbound_patches(spec: InferencePoolSpec, limit: int) -> list[JsonValue]:
 
 
 def class_suffix(hardware_class: str) -> str:
-    """`-inbound-<class>` as a DNS label part (a class is a label value: upper case and '_' allowed); a short hash
-    keeps classes that clean to one name apart."""
-    cleaned = re.sub(r"[^a-z0-9-]", "-", hardware_class.lower()).strip("-") or "x"
-    if cleaned == hardware_class and len(cleaned) <= 40:
-        return f"-inbound-{cleaned}"
-    digest = hashlib.sha256(hardware_class.encode()).hexdigest()[:6]
-    return f"-inbound-{cleaned[:33].strip('-')}-{digest}"
+    """`-inbound-<class>` as a DNS name part (a class is a label value: upper case and '_' allowed)."""
+    return dns_part("-inbound-", hardware_class, 40, 33)
 
 
 def render_inbound_envoy_filters(pool: PoolRef, spec: InferencePoolSpec, limits: Mapping[str, int]) -> list[Rendered]:

@@ -54,13 +54,19 @@ def destination_port(spec: InferencePoolSpec) -> int:
     return spec.service_port or spec.target_port
 
 
+def dns_part(prefix: str, value: str, room: int, cut: int) -> str:
+    """`prefix` and `value` as DNS label characters: `value` as it is when it is already one and fits in `room`;
+    else cleaned, cut to `cut` characters and followed by a short hash, which keeps distinct values distinct."""
+    cleaned = re.sub(r"[^a-z0-9-]", "-", value.lower()).strip("-") or "x"
+    if cleaned == value and len(cleaned) <= room:
+        return f"{prefix}{cleaned}"
+    digest = hashlib.sha256(value.encode()).hexdigest()[:6]
+    return f"{prefix}{cleaned[:cut].strip('-')}-{digest}"
+
+
 def subset_name(revision: str) -> str:
-    """A DNS label for a revision's subset; a short hash keeps distinct revisions distinct after cleaning."""
-    cleaned = re.sub(r"[^a-z0-9-]", "-", revision.lower()).strip("-") or "x"
-    if cleaned == revision and len(cleaned) <= 59:
-        return f"rev-{cleaned}"
-    digest = hashlib.sha256(revision.encode()).hexdigest()[:6]
-    return f"rev-{cleaned[:50].strip('-')}-{digest}"
+    """A DNS label for a revision's subset."""
+    return dns_part("rev-", revision, 59, 50)
 
 
 def istio_object(
