@@ -117,7 +117,39 @@ def test_api_server_defaults_equal_model_defaults(registry):
     }
 
 
+TENANTS = {"header": "x-tenant-id", "shares": [{"value": "team-a", "percent": 50}], "othersPercent": 50}
 BAD = [
+    (
+        "tenant shares not adding up",
+        {"admission": {"tenants": {**TENANTS, "othersPercent": 40}}},
+        "spec.admission.tenants.shares",
+        "the shares' percents and othersPercent must add up to 100",
+    ),
+    (
+        "tenant shares over 100",
+        {"admission": {"tenants": {**TENANTS, "shares": [{"value": "a", "percent": 60}], "othersPercent": 50}}},
+        "spec.admission.tenants.shares",
+        "the shares' percents and othersPercent must add up to 100",
+    ),
+    (
+        "a tenant named twice",
+        {
+            "admission": {
+                "tenants": {
+                    **TENANTS,
+                    "shares": [{"value": "a", "percent": 25}, {"value": "a", "percent": 25}],
+                }
+            }
+        },
+        "spec.admission.tenants.shares",
+        "each tenant is named once",
+    ),
+    (
+        "a client error other than 429 to retry",
+        {"routing": {"retries": {"statusCodes": [429, 451]}}},
+        "spec.routing.retries.statusCodes",
+        "status codes to retry are 429 or server errors (500-599)",
+    ),
     (
         "steps not increasing",
         {"canary": {"steps": [5, 50, 40, 100]}},
@@ -477,6 +509,30 @@ SCHEMA_BAD = [
         "greater than or equal to 1",
     ),
     ("admission share zero", {"admission": {"batchShare": 0}}, "spec.admission.batchShare", "greater than 0"),
+    (
+        "tenant header upper case",
+        {"admission": {"tenants": {**TENANTS, "header": "X-Tenant"}}},
+        "spec.admission.tenants.header",
+        "should match",
+    ),
+    (
+        "tenant header a pseudo-header",
+        {"admission": {"tenants": {**TENANTS, "header": ":authority"}}},
+        "spec.admission.tenants.header",
+        "should match",
+    ),
+    (
+        "tenant value empty",
+        {"admission": {"tenants": {**TENANTS, "shares": [{"value": "", "percent": 50}]}}},
+        "spec.admission.tenants.shares[0].value",
+        "should match",
+    ),
+    (
+        "others' share zero",
+        {"admission": {"tenants": {**TENANTS, "shares": [{"value": "a", "percent": 99}], "othersPercent": 0}}},
+        "spec.admission.tenants.othersPercent",
+        "greater than or equal to 1",
+    ),
     ("unknown engine", {"engine": "llamacpp"}, "spec.engine", "vllm"),
     ("bad duration", {"interval": "5 seconds"}, "spec.interval", ""),
     ("bad service name", {"service": "Llama_Svc"}, "spec.service", ""),

@@ -28,15 +28,16 @@ from typing import Any
 
 import pytest
 
+from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus, TenantsSpec
 from sluice.core.inbound import NO_CLASS, NO_SIDECAR, NOT_MEASURED
 from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import ObservedPod, PodSignals
 from sluice.devstack.stack import SHARED_ISTIO, free_port
 from sluice.emulator.apivalidation import SchemaRegistry
-from sluice.istio.envoyfilters import UNBOUNDED, inbound_patches
+from sluice.istio.envoyfilters import UNBOUNDED, inbound_patches, tenant_buckets, tenant_patch, token_bucket
 from sluice.istio.objects import PoolRef
 from sluice.istio.render import render
-from tests.helpers import pod, run, sig, spec
+from tests.helpers import T0, pod, run, sig, spec
 from tests.test_envoy_patches import ENVOYS, proto_merge
 from tests.test_envoy_refusals import HCM, ROUTER, envoy, pod_server
 
@@ -116,6 +117,8 @@ def patched(route_config: dict[str, Any], cluster: dict[str, Any], patches: list
     `clusterMatch`: portNumber against the inbound cluster name's port; rc_patch.go: the route configuration's
     port from its name, the route by name)."""
     for patch in patches:
+        if patch["applyTo"] == "HTTP_FILTER":
+            continue  # `with_http_filters`
         assert patch["match"]["context"] == "SIDECAR_INBOUND"
         assert patch["patch"]["operation"] == "MERGE"
         value = patch["patch"]["value"]
@@ -135,12 +138,33 @@ def patched(route_config: dict[str, Any], cluster: dict[str, Any], patches: list
     return route_config, cluster
 
 
-def sidecar_config(listen: int, route_config: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
+def with_http_filters(patches: list[Any]) -> list[dict[str, Any]]:
+    """The inbound HTTP filter chain after Istio's INSERT_BEFORE of each HTTP_FILTER patch whose match reaches
+    this port's chain on virtualInbound (envoyfilter/listener_patch.go `filterChainMatch`: the chain's destination
+    port; `patchHTTPFilters`: inserted before the sub-filter named)."""
+    filters: list[dict[str, Any]] = [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
+    for patch in patches:
+        if patch["applyTo"] != "HTTP_FILTER":
+            continue  # `patched`
+        assert patch["match"]["context"] == "SIDECAR_INBOUND"
+        listener = patch["match"]["listener"]
+        assert listener["portNumber"] == TARGET_PORT
+        chain = listener["filterChain"]["filter"]
+        assert chain["name"] == "envoy.filters.network.http_connection_manager"
+        assert patch["patch"]["operation"] == "INSERT_BEFORE"
+        at = next(i for i, f in enumerate(filters) if f["name"] == chain["subFilter"]["name"])
+        filters.insert(at, patch["patch"]["value"])
+    return filters
+
+
+def sidecar_config(
+    listen: int, route_config: dict[str, Any], cluster: dict[str, Any], http_filters: list[Any] | None = None
+) -> dict[str, Any]:
     manager = {
         "@type": HCM,
         "stat_prefix": "inbound",
         "route_config": route_config,
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
+        "http_filters": http_filters or with_http_filters([]),
     }
     return {
         "node": {"id": "sidecar", "cluster": "sidecar"},
@@ -182,7 +206,9 @@ def scene(binary: Path, workdir: Path, patches: list[Any]) -> Counter[tuple[int,
     with slow_pod() as app:
         listen = free_port()
         route_config, cluster = patched(*istio_inbound(listen, app), patches)
-        with envoy(binary, sidecar_config(listen, route_config, cluster), workdir, "sidecar"):
+        with envoy(
+            binary, sidecar_config(listen, route_config, cluster, with_http_filters(patches)), workdir, "sidecar"
+        ):
             return burst(listen)
 
 
@@ -284,3 +310,126 @@ def test_report_and_off_render_no_limit() -> None:
         plan = run(s, [_with_sidecar(pod("a1"))], {"a1": _saturated(40)}, 100)
         assert not [o for o in render(POOL, s, plan) if "-inbound-" in o.name]
         assert not [c for c in plan.status.conditions if c.type == "AdmissionEnforced"]
+
+
+TENANTS = TenantsSpec.model_validate(
+    {
+        "header": "x-tenant-id",
+        "shares": [{"value": "team-a", "percent": 20}, {"value": "team-b", "percent": 40}],
+        "othersPercent": 40,
+    }
+)
+RATE = 10.0
+"""The pod's admitted rate, requests/s: team-a's bucket refills at 2/s, team-b's and the others' at 4/s."""
+BUCKETS = tenant_buckets(TENANTS, RATE)
+A, OTHERS = BUCKETS["team-a"].max_tokens, BUCKETS[None].max_tokens
+REFILL = 2
+"""Tokens that may refill while one tenant's requests go, one after another on loopback (well under a second)."""
+
+
+def tenant_requests(port: int, tenant: str | None, count: int) -> Counter[tuple[int, str | None]]:
+    """(status, retry-after) of `count` requests sent one after another, as fast as they go."""
+    headers = {"x-tenant-id": tenant} if tenant is not None else {}
+    seen: Counter[tuple[int, str | None]] = Counter()
+    for _ in range(count):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                seen[(answer.status, answer.headers.get("retry-after"))] += 1
+        except urllib.error.HTTPError as refused:
+            seen[(refused.code, refused.headers.get("retry-after"))] += 1
+    return seen
+
+
+def tenant_scene(binary: Path, workdir: Path, patch: dict[str, Any]) -> tuple[Counter[tuple[int, str | None]], ...]:
+    """team-a sends twice its bucket, then team-b 6, then a bucketful without the header, then 6 from an unlisted
+    tenant (the same bucket as no header)."""
+    with pod_server() as app:
+        listen = free_port()
+        route_config, cluster = istio_inbound(listen, app)
+        with envoy(binary, sidecar_config(listen, route_config, cluster, with_http_filters([patch])), workdir, "sc"):
+            return (
+                tenant_requests(listen, "team-a", 2 * A),
+                tenant_requests(listen, "team-b", 6),
+                tenant_requests(listen, None, OTHERS),
+                tenant_requests(listen, "team-z", 6),
+            )
+
+
+def test_a_noisy_tenant_is_held_to_its_share_and_the_others_keep_theirs(binary: Path, tmp_path: Path) -> None:
+    noisy, quiet, anonymous, unlisted = tenant_scene(binary, tmp_path, tenant_patch(spec(), TENANTS, RATE))
+    served = noisy[(200, None)]
+    # its bucket, and what refilled while the rest went; the rest refused at once, with Retry-After
+    assert A <= served <= A + REFILL, noisy
+    assert noisy[(429, "1")] == 2 * A - served, noisy
+    # team-b's own bucket, and the others' (no header), were not spent by team-a
+    assert quiet == Counter({(200, None): 6})
+    assert anonymous == Counter({(200, None): OTHERS})
+    # an unlisted value is in the others' bucket, which the anonymous requests emptied
+    assert unlisted[(200, None)] <= REFILL, unlisted
+    assert sum(unlisted.values()) == 6
+
+
+def test_envoys_default_would_spend_the_others_bucket_on_every_tenant(binary: Path, tmp_path: Path) -> None:
+    # always_consume_default_token_bucket left at Envoy's default (true): team-a's and team-b's requests also spend
+    # the bucket the requests without a tenant share, which is why sluice sets it false.
+    patch = tenant_patch(spec(), TENANTS, RATE)
+    patch["patch"]["value"]["typed_config"]["always_consume_default_token_bucket"] = True
+    _, _, anonymous, _ = tenant_scene(binary, tmp_path, patch)
+    assert anonymous[(429, "1")] >= A + 6 - REFILL, anonymous
+
+
+def test_tenant_shares_render_beside_the_limit_and_validate() -> None:
+    istio = SchemaRegistry().load(SHARED_ISTIO)
+    tenants = {"header": "x-tenant-id", "shares": [{"value": "team-a", "percent": 30}], "othersPercent": 70}
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75, "tenants": tenants})
+    pods = [_with_sidecar(pod("a1")), _with_sidecar(pod("a2")), _with_sidecar(pod("r1", hw="rtx4090"))]
+    # a1 and a2 have read their rate at a full limit (remembered in the previous status); r1 none yet
+    previous = InferencePoolStatus(
+        endpoints=[
+            EndpointStatus(pod=name, weight=500, state="Routable", rate_at_limit=c, since=T0)
+            for name, c in (("a1", 12.0), ("a2", 14.0))
+        ]
+    )
+    signals = {"a1": _saturated(40), "a2": _saturated(48), "r1": _saturated(20)}
+    plan = run(s, pods, signals, 100, previous)
+    filters = {o.name: o.body for o in render(POOL, s, plan) if o.name.startswith("sluice-llama-inbound-")}
+    for body in filters.values():
+        istio.validate(body)
+    patches = filters["sluice-llama-inbound-a100"]["spec"]["configPatches"]
+    assert [p["applyTo"] for p in patches] == ["CLUSTER", "HTTP_ROUTE", "HTTP_FILTER"]
+    # r1's class has a limit but no measured capacity: its sidecar gets the limit alone
+    assert [p["applyTo"] for p in filters["sluice-llama-inbound-rtx4090"]["spec"]["configPatches"]] == [
+        "CLUSTER",
+        "HTTP_ROUTE",
+    ]
+    rows = {r.pod: r.rate_limit for r in plan.status.endpoints}
+    assert rows["r1"] is None
+    assert rows["a1"] == rows["a2"]
+    rate = rows["a1"]
+    assert rate is not None
+    assert rate == 13.0  # the class median of what the two read (this pass ran too little of a limit to read)
+    config = patches[2]["patch"]["value"]["typed_config"]
+    (descriptor,) = config["descriptors"]
+    assert descriptor["entries"] == [{"key": "sluice-tenant", "value": "team-a"}]
+    # the bucket refills at 30 % of the rate, the others' at 70 %
+    assert _refill(descriptor["token_bucket"]) == pytest.approx(0.3 * rate, rel=0.01)
+    assert _refill(config["token_bucket"]) == pytest.approx(0.7 * rate, rel=0.01)
+    condition = next(c for c in plan.status.conditions if c.type == "TenantSharesEnforced")
+    assert (condition.status, condition.reason) == ("False", "PartlyEnforced"), condition.message
+    assert "admitted without tenant shares: r1" in condition.message
+
+
+def _refill(bucket: dict[str, Any]) -> float:
+    return float(bucket["tokens_per_fill"]) / float(bucket["fill_interval"].rstrip("s"))
+
+
+@pytest.mark.parametrize("per_second", [0.01, 0.3, 1.0, 7.7, 19.9, 20.0, 33.0, 250.0, 4000.0])
+def test_a_token_bucket_refills_at_the_rate_asked_within_envoys_limits(per_second: float) -> None:
+    bucket = token_bucket(per_second).json()
+    assert float(str(bucket["fill_interval"]).rstrip("s")) >= 0.05  # Envoy refuses a faster timer
+    assert isinstance(bucket["tokens_per_fill"], int)
+    assert isinstance(bucket["max_tokens"], int)
+    assert bucket["tokens_per_fill"] >= 1
+    assert bucket["max_tokens"] >= bucket["tokens_per_fill"]
+    assert _refill(bucket) == pytest.approx(per_second, rel=0.02)

@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.core.inbound import BATCH_GAIN, KV_EVIDENCE, PodBatch, inbound_limit, learn_batch, pod_limits
+from sluice.core.inbound import (
+    BATCH_GAIN,
+    KV_EVIDENCE,
+    PodBatch,
+    PodCapacity,
+    inbound_limit,
+    learn_batch,
+    learn_rate_at_limit,
+    pod_limits,
+    pod_rates,
+)
 from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import PodSignals
 from tests.helpers import at, pod, run, sig, spec
@@ -163,6 +173,56 @@ def test_a_pod_joining_a_class_takes_the_limit_its_class_shows() -> None:
     assert pod_limits(pods, 0.75, {"a1": 30, "a2": 33, "a3": 30}) == {"a1": 30, "a2": 30, "a3": 30}
 
 
+def test_a_classs_admitted_rate_is_its_median_measured_capacity_moved_only_past_the_hysteresis() -> None:
+    pods = [
+        PodCapacity("a1", "a100", 10.0),
+        PodCapacity("a2", "a100", 12.0),
+        PodCapacity("a3", "a100", None),  # a prior only: takes its class's rate, adds nothing to it
+        PodCapacity("r1", "rtx4090", None),  # nothing measured in its class: no rate
+        PodCapacity("x", None, 3.0),  # no class: its own
+    ]
+    assert pod_rates(pods, {}) == {"a1": 11.0, "a2": 11.0, "a3": 11.0, "r1": None, "x": 3.0}
+    # 11.0 shown; the median moves to 11.5 (within 10 %): held; to 12.5 (past it): moved
+    assert pod_rates([*pods[:1], PodCapacity("a2", "a100", 13.0)], {"a1": 11.0, "a2": 11.0})["a1"] == 11.0
+    assert pod_rates([*pods[:1], PodCapacity("a2", "a100", 15.0)], {"a1": 11.0, "a2": 11.0})["a1"] == 12.5
+    # a non-finite or non-positive reading is no measurement
+    assert pod_rates([PodCapacity("y", None, math.nan), PodCapacity("z", None, 0.0)], {}) == {"y": None, "z": None}
+
+
+def test_the_rate_at_a_full_limit_is_read_by_littles_law_once_the_pod_runs_enough_of_its_limit() -> None:
+    # 20 req/s served with 40 running: a request spends 2 s in the engine, so 100 at once serve 50 req/s
+    assert learn_rate_at_limit(None, 20.0, 40.0, 100) == 50.0
+    # past its limit (Report: nothing enforces it) the same law scales it down
+    assert learn_rate_at_limit(None, 30.0, 120.0, 100) == 25.0
+    # later readings move it part of the way; below a fifth of the limit, without a limit or a reading: held
+    assert learn_rate_at_limit(50.0, 30.0, 50.0, 100) == pytest.approx(50.0 + 0.3 * (60.0 - 50.0))
+    assert learn_rate_at_limit(50.0, 5.0, 19.0, 100) == 50.0
+    assert learn_rate_at_limit(50.0, 20.0, 40.0, None) == 50.0
+    for rate, running in ((None, 40.0), (20.0, None), (math.nan, 40.0), (20.0, math.inf), (0.0, 40.0)):
+        assert learn_rate_at_limit(50.0, rate, running, 100) == 50.0
+        assert learn_rate_at_limit(None, rate, running, 100) is None
+
+
+def test_a_tenant_pool_reports_each_pods_rate_at_its_limit_and_its_class_rate() -> None:
+    tenants = {"header": "x-tenant-id", "shares": [{"value": "a", "percent": 50}], "othersPercent": 50}
+    s = spec(admission={"mode": "Report", "batchShare": 0.75, "tenants": tenants})
+    pods = [pod("a1"), pod("a2")]
+    running = {"a1": 30.0, "a2": 20.0}
+    # batch 80 (40 running in half the cache): limit 60; nothing to read the rate against on the first pass
+    first = run(s, pods, {n: _holding(80) for n in running}, 100)
+    assert {r.pod: (r.inbound_limit, r.rate_limit) for r in first.status.endpoints} == {
+        "a1": (60, None),
+        "a2": (60, None),
+    }
+    signals = {
+        n: _holding(80).model_copy(update={"running_requests": r, "request_rate": 10.0}) for n, r in running.items()
+    }
+    second = run(s, pods, signals, 120, first.status)
+    rows = {r.pod: r for r in second.status.endpoints}
+    assert (rows["a1"].rate_at_limit, rows["a2"].rate_at_limit) == (20.0, 30.0)  # 10 x 60 / running
+    assert rows["a1"].rate_limit == rows["a2"].rate_limit == 25.0  # the class median
+
+
 def test_enforcing_pools_say_in_events_when_their_sidecars_limits_move() -> None:
     s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
     pods = [
@@ -223,3 +283,22 @@ def test_a_pool_says_when_its_sidecars_start_and_stop_shedding() -> None:
     shedding = next(c for c in third.status.conditions if c.type == "Shedding")
     assert shedding.status == "Unknown"
     assert not [e for e in third.events if e.reason.startswith("Shedding")]
+
+
+def test_an_enforcing_pool_says_which_pods_split_a_rate_among_tenants_and_when_that_changes() -> None:
+    tenants = {"header": "x-tenant-id", "shares": [{"value": "a", "percent": 50}], "othersPercent": 50}
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75, "tenants": tenants})
+    pods = [pod(n).model_copy(update={"labels": {**pod(n).labels, TLS_MODE_LABEL: "istio"}}) for n in ("a1", "a2")]
+    first = run(s, pods, {n: _holding(80) for n in ("a1", "a2")}, 100)
+    shares = next(c for c in first.status.conditions if c.type == "TenantSharesEnforced")
+    assert (shares.status, shares.reason) == ("False", "NoRates")
+    assert "admitted without tenant shares: a1, a2" in shares.message
+    assert [e.reason for e in first.events if e.reason.startswith("TenantShares")] == ["TenantSharesNoRates"]
+    busy = {n: _holding(80).model_copy(update={"request_rate": 10.0}) for n in ("a1", "a2")}
+    second = run(s, pods, busy, 120, first.status)
+    shares = next(c for c in second.status.conditions if c.type == "TenantSharesEnforced")
+    assert (shares.status, shares.reason) == ("True", "Enforced"), shares.message
+    assert "a100 15/s" in shares.message  # 10 req/s with 40 running against a limit of 60
+    assert [e.reason for e in second.events if e.reason.startswith("TenantShares")] == ["TenantSharesEnforced"]
+    third = run(s, pods, busy, 125, second.status)
+    assert not [e for e in third.events if e.reason.startswith("TenantShares")]

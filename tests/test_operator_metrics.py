@@ -198,3 +198,16 @@ def test_a_pods_admission_limit_is_a_series_while_it_has_one() -> None:
     metrics.record(report([{**row, "inboundLimit": 33}]))
     metrics.forget("llm/llama")
     assert value(metrics, "sluice_endpoint_inbound_limit", pool="llm/llama", pod="a") is None
+
+
+def test_a_pods_admitted_rate_is_a_series_while_it_has_one() -> None:
+    metrics = OperatorMetrics()
+    row = {"pod": "a", "weight": 5, "state": "Routable"}
+    metrics.record(report([{**row, "rateLimit": 24.5}, {"pod": "b", "weight": 7, "state": "Routable"}]))
+    assert value(metrics, "sluice_endpoint_rate_limit", pool="llm/llama", pod="a") == 24.5
+    assert value(metrics, "sluice_endpoint_rate_limit", pool="llm/llama", pod="b") is None
+    metrics.record(report([row]))  # tenants removed from the pool
+    assert value(metrics, "sluice_endpoint_rate_limit", pool="llm/llama", pod="a") is None
+    metrics.record(report([{**row, "rateLimit": 20.0}]))
+    metrics.forget("llm/llama")
+    assert value(metrics, "sluice_endpoint_rate_limit", pool="llm/llama", pod="a") is None

@@ -48,6 +48,8 @@ FIELDS: tuple[tuple[str, int | float | None], ...] = (
     ("idle_ttft_samples", None),
     ("saturated_batch", None),
     ("inbound_limit", None),
+    ("rate_limit", None),
+    ("rate_at_limit", None),
 )
 _ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
 
@@ -82,6 +84,8 @@ def _pack(row: EndpointStatus) -> list[JsonValue]:
         row.idle_ttft_samples,
         row.saturated_batch,
         row.inbound_limit,
+        row.rate_limit,
+        row.rate_at_limit,
     ]
     while values and values[-1] == FIELDS[len(values) - 1][1]:
         values.pop()

@@ -54,7 +54,16 @@ them, and never once it has sent the client part of an answer."""
 class RetrySpec(ApiModel):
     """VirtualService retries, so a pod being zeroed or restarting costs a retry, not an error."""
 
-    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("per_try_timeout"), positive_duration("backoff"))
+    rules: ClassVar[tuple[Rule, ...]] = (
+        positive_duration("per_try_timeout"),
+        positive_duration("backoff"),
+        Rule(
+            cel="self.all(c, c == 429 || c >= 500)",
+            message="status codes to retry are 429 or server errors (500-599)",
+            check=lambda codes: all(code == 429 or code >= 500 for code in codes),
+            on="status_codes",
+        ),
+    )
 
     attempts: int = Field(default=2, ge=1, le=10, description="Retries allowed per request.")
     retry_on: list[RetryOn] = Field(
@@ -64,12 +73,13 @@ class RetrySpec(ApiModel):
         description="When to retry. Only failures before the response starts are offered: Envoy never retries once "
         "it has sent response bytes to the client, and an LLM request is expensive to repeat.",
     )
-    status_codes: list[Annotated[int, Field(ge=500, le=599)]] = Field(
+    status_codes: list[Annotated[int, Field(ge=429, le=599)]] = Field(
         default_factory=list,
         max_length=10,
-        description="Server errors to retry besides gateway-error (e.g. [500] for an engine's internal error): "
-        "written as numbers in Istio's retryOn, which istiod turns into Envoy's retriable_status_codes. A retried "
-        "request runs its prompt again on another pod (its prefill is paid twice).",
+        description="Server errors to retry besides gateway-error (e.g. [500] for an engine's internal error), or "
+        "429 (a pod's sidecar past a tenant's share, admission.tenants: another pod's may have room): written as "
+        "numbers in Istio's retryOn, which istiod turns into Envoy's retriable_status_codes. A retried server "
+        "error runs its prompt again on another pod (its prefill is paid twice); a 429 was refused before it ran.",
     )
     per_try_timeout: Duration | None = Field(
         default=None,

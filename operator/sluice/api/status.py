@@ -109,6 +109,18 @@ class EndpointStatus(StatusModel):
         "absent without a batch. Report: not enforced. Enforce: what its sidecar is given; absent for a pod the "
         "AdmissionEnforced condition names (no sidecar, no class label).",
     )
+    rate_at_limit: float | None = Field(
+        default=None,
+        description="admission.tenants: the requests/s the pod serves with its inbound limit full: its served rate "
+        "x its limit / its running requests (Little's law), read while it runs at least half its limit, moved 0.3 "
+        "of the way by each scrape and held between them; absent until one is read.",
+    )
+    rate_limit: float | None = Field(
+        default=None,
+        description="admission.tenants: the requests/s the pod's sidecar admits, split among the tenants by their "
+        "percents: its hardware class's median rateAtLimit (its own where it has no class label), moved only past "
+        "10 %; absent until read. Report: not enforced.",
+    )
     consecutive_failures: int = Field(default=0, description="Passes in a row below every health band.")
     restarts: int = Field(default=0, description="Container restarts last seen.")
     last_incident_at: datetime | None = Field(default=None, description="Last zeroing incident.")

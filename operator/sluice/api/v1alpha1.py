@@ -95,6 +95,8 @@ from sluice.api.weighting import (
     RecoverySpec,
     ScoringPolicy,
     ScoringSpec,
+    TenantShare,
+    TenantsSpec,
 )
 
 # The pool name is the value of the sluice.dev/pool label on every object sluice writes (a label value: 63 characters).
@@ -221,6 +223,8 @@ __all__ = [
     "StatusModel",
     "StickyKey",
     "StringMatch",
+    "TenantShare",
+    "TenantsSpec",
     "TritonMetrics",
     "WeightBucket",
     "WeightsVia",

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 
 from sluice.api.base import LABEL_KEY, LABEL_VALUE, LABEL_VALUE_MAX_LENGTH, MAX_LABELS, ApiModel, is_label_value
 from sluice.api.durations import Duration
+from sluice.api.rollout import HEADER_NAME
 from sluice.api.rules import Rule, cel_string, positive_duration
 
 ScoringPolicy = Literal["headroom", "cube"]
@@ -277,6 +278,47 @@ class ProtectionSpec(ApiModel):
 
 AdmissionMode = Literal["Off", "Report", "Enforce"]
 
+TENANT_VALUE = r"^[!-~]([ -~]{0,126}[!-~])?$"
+"""A header value a tenant is named by: visible ASCII, inner spaces allowed, none at either end (Envoy trims a
+header value's surrounding whitespace), and never empty (an empty value is Envoy's wildcard descriptor entry)."""
+
+
+class TenantShare(ApiModel):
+    value: str = Field(pattern=TENANT_VALUE, description="The header's value that names the tenant (exact match).")
+    percent: int = Field(ge=1, le=99, description="The tenant's share of each pod's admitted rate, in percent.")
+
+
+class TenantsSpec(ApiModel):
+    """Per-tenant shares of what each pod admits, by a request header (Envoy local rate limit descriptors)."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.shares.map(s, s.percent).sum() + self.othersPercent == 100",
+            message="the shares' percents and othersPercent must add up to 100",
+            check=lambda tenants: sum(s.percent for s in tenants.shares) + tenants.others_percent == 100,
+            field_path=".shares",
+        ),
+        Rule(
+            cel="self.all(a, self.exists_one(b, b.value == a.value))",
+            message="each tenant is named once",
+            check=lambda shares: len({s.value for s in shares}) == len(shares),
+            on="shares",
+        ),
+    )
+
+    header: str = Field(
+        pattern=HEADER_NAME,
+        description="The request header that names the tenant (or the priority class), in lower case, e.g. "
+        "x-tenant-id. Requests without it, or with a value not listed, share othersPercent.",
+    )
+    shares: list[TenantShare] = Field(min_length=1, max_length=32, description="Each named tenant's share.")
+    others_percent: int = Field(
+        ge=1,
+        le=99,
+        description="The share of requests with another value or without the header. At least 1: Envoy's bucket "
+        "for them cannot be empty.",
+    )
+
 
 class AdmissionSpec(ApiModel):
     """Per-pod inbound limits sized from what each engine runs at once when saturated."""
@@ -305,4 +347,13 @@ class AdmissionSpec(ApiModel):
         le=65536,
         description="The smallest limit a pod is given, in requests at once: a floor under a batch read low (a "
         "pod's limit is never below it once it has one). At least 1: a limit of 0 would refuse every request.",
+    )
+    tenants: TenantsSpec | None = Field(
+        default=None,
+        description="Shares of each pod's admitted rate by a request header: a pod's sidecar admits a tenant's "
+        "requests at up to its percent of what the pod's hardware class serves with its inbound limit full "
+        "(requests/s, status.endpoints[].rateLimit) and answers the rest 429 with Retry-After, at once. A share "
+        "is a cap, not a reservation another tenant may borrow: a tenant alone is refused past its share. Counted "
+        "in requests, not tokens, per sidecar (each pod admits its own share). Enforce renders it with the "
+        "inbound limit (a local rate limit on the sidecar's inbound HTTP filter chain).",
     )

@@ -76,6 +76,9 @@ def _condition_events(
             yield Event("Normal" if after.status == "True" else "Warning", f"Admission{after.reason}", after.message)
         if after.reason != "NotRendered":
             yield from _limit_events(rows, next_)
+    before, after = became("TenantSharesEnforced")
+    if after is not None and (before is None or (before.status, before.reason) != (after.status, after.reason)):
+        yield Event("Normal" if after.status == "True" else "Warning", f"TenantShares{after.reason}", after.message)
     before, after = became("Shedding")
     if after is not None and after.status == "True" and (before is None or before.status != "True"):
         yield Event("Warning", "SheddingStarted", after.message)

@@ -23,10 +23,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from sluice.core.podload import finite
+
+Shown = TypeVar("Shown", int, float)
 
 KV_EVIDENCE = 0.25
 """A reading counts while the KV cache is at least this full: below it, a few requests' partly allocated blocks
@@ -34,6 +37,12 @@ make the ratio noisy. Provenance: hand-set, not swept."""
 BATCH_GAIN = 0.3
 """How far one reading moves the learned batch (the first reading is taken as it is): the ratio moves with the
 prompt mix and with where each running request is in its decode. Provenance: hand-set, not swept."""
+RATE_EVIDENCE = 0.2
+"""A pod's rate at its limit is read while it runs at least this share of its limit: Little's law scales what it
+serves to a full limit, and from a small batch that overshoots (a request's decode steps are shorter in a small
+batch), which the readings at a full limit bring back down. Provenance: 0.5 first; in the simulated noisy-tenant
+scenario a first reading taken low (14 req/s on A100s serving 25.6, their rate still averaging the idle start)
+then held the pods below half their limit, and never rose; at 0.2 it rose to 31 and settled at 25 within 3 min."""
 HYSTERESIS = 0.1
 """A limit moves only when the new one differs by more than this share of the one shown: the batch moves a little
 with every reading, and a limit that changes every pass would be an object rewritten every pass once enforced.
@@ -75,11 +84,27 @@ class PodBatch:
 
 def class_batches(pods: Sequence[PodBatch]) -> dict[str, float]:
     """Each hardware class's batch: the median of its pods' learned batches (classes with none are absent)."""
-    batches: dict[str, list[float]] = {}
-    for p in pods:
-        if p.hardware_class and p.batch is not None:
-            batches.setdefault(p.hardware_class, []).append(p.batch)
-    return {name: statistics.median(values) for name, values in batches.items()}
+    return _class_medians((p.hardware_class, p.batch) for p in pods)
+
+
+def _class_medians(values: Iterable[tuple[str | None, float | None]]) -> dict[str, float]:
+    by_class: dict[str, list[float]] = {}
+    for hardware_class, value in values:
+        if hardware_class and value is not None:
+            by_class.setdefault(hardware_class, []).append(value)
+    return {name: statistics.median(found) for name, found in by_class.items()}
+
+
+def _class_shown(
+    members: Mapping[str, str | None], classes: Iterable[str], shown: Mapping[str, Shown | None]
+) -> dict[str, Shown | None]:
+    """Each class's value as the previous status showed it: the one most of its pods showed (the larger on a tie),
+    so a pod joining a class takes the class's and the hysteresis is the class's. `members`: pod -> class."""
+    out: dict[str, Shown | None] = {}
+    for name in classes:
+        counts = Counter(value for pod, c in members.items() if c == name and (value := shown.get(pod)) is not None)
+        out[name] = max(counts, key=lambda value: (counts[value], value)) if counts else None
+    return out
 
 
 def pod_limits(
@@ -89,10 +114,7 @@ def pod_limits(
     own batch where it has no class. `shown` holds the limits the previous status showed: a class's hysteresis is
     taken from the limit most of its pods showed (the larger on a tie), so a pod joining it takes the class's."""
     by_class = class_batches(pods)
-    class_shown: dict[str, int | None] = {}
-    for name in by_class:
-        counts = Counter(limit for p in pods if p.hardware_class == name and (limit := shown.get(p.pod)) is not None)
-        class_shown[name] = max(counts, key=lambda limit: (counts[limit], limit)) if counts else None
+    class_shown = _class_shown({p.pod: p.hardware_class for p in pods}, by_class, shown)
     class_limits = {name: inbound_limit(batch, share, class_shown[name], least) for name, batch in by_class.items()}
     out: dict[str, int | None] = {}
     for p in pods:
@@ -101,6 +123,59 @@ def pod_limits(
         else:
             out[p.pod] = inbound_limit(p.batch, share, shown.get(p.pod), least)
     return out
+
+
+def learn_rate_at_limit(
+    previous: float | None, rate: float | None, running: float | None, limit: int | None
+) -> float | None:
+    """The requests/s the pod serves with its limit full, after this pass's reading: by Little's law its served
+    `rate` x `limit` / `running` (a request's time in the engine is running / rate), read while it runs at least
+    `RATE_EVIDENCE` of its limit and moved `BATCH_GAIN` of the way (the first reading taken as it is); held
+    otherwise, and by a missing or non-finite reading."""
+    previous = finite(previous)
+    rate, running = finite(rate), finite(running)
+    if limit is None or rate is None or running is None or rate <= 0 or running < max(1.0, RATE_EVIDENCE * limit):
+        return previous
+    reading = rate * limit / running
+    if previous is None:
+        return reading
+    return previous + BATCH_GAIN * (reading - previous)
+
+
+def rate_limit(measured: float | None, shown: float | None) -> float | None:
+    """A pod's admitted rate (requests/s, `admission.tenants`): what it serves with its limit full, or the rate
+    shown while that is within `HYSTERESIS` of it (every change is an EnvoyFilter rewritten, and Envoy's buckets
+    start again full); None without a reading."""
+    measured = finite(measured)
+    if measured is None or measured <= 0:
+        return None
+    if shown is not None and abs(measured - shown) <= HYSTERESIS * shown:
+        return shown
+    return round(measured, 3)
+
+
+@dataclass(frozen=True)
+class PodCapacity:
+    pod: str
+    hardware_class: str | None
+    capacity: float | None
+    """Requests/s the pod serves with its limit full (`learn_rate_at_limit`); None: not read yet."""
+
+
+def pod_rates(pods: Sequence[PodCapacity], shown: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Every pod's admitted rate: its class's median rate at the limit (one rate per class, as `pod_limits`), or
+    its own where it has no class; the hysteresis is the class's (`_class_shown`). Each pod's own rate, not the
+    pool's spread as the plan's weights spread requests: tried, and worse where the plan sends a pod more than its
+    limit lets through (docs/benchmarks.md, "Tenant shares")."""
+    by_class = _class_medians((p.hardware_class, p.capacity) for p in pods)
+    class_shown = _class_shown({p.pod: p.hardware_class for p in pods}, by_class, shown)
+    class_rates = {name: rate_limit(value, class_shown[name]) for name, value in by_class.items()}
+    return {
+        p.pod: class_rates[p.hardware_class]
+        if p.hardware_class and p.hardware_class in class_rates
+        else rate_limit(p.capacity, shown.get(p.pod))
+        for p in pods
+    }
 
 
 @dataclass(frozen=True)
@@ -116,6 +191,8 @@ class PodAdmission:
     at all has no inbound cluster for a limit to live on."""
     running: float | None = None
     """The requests its engine ran at its last scrape (None: no reading)."""
+    rate: float | None = None
+    """The admitted rate its status row shows (`pod_rates`; only with `admission.tenants`)."""
 
 
 NOT_MEASURED = "no batch read yet (its KV cache never a quarter full), nor any pod of its class"
@@ -134,28 +211,49 @@ class Enforcement:
     refusing what came past it (a sampled sign of shedding, not a count of refusals)."""
     read: int = 0
     """Pods with a limit and a running count to compare with it."""
+    rates: dict[str, float] = field(default_factory=dict)
+    """Hardware class -> the rate its pods' sidecars admit, shared by the tenants (`admission.tenants`)."""
+    unshared: tuple[str, ...] = ()
+    """Pods with a sidecar and a class but no rate (none read at their limit, nor at their class's): the tenants'
+    shares are not enforced on them."""
 
 
-def enforced_limits(pods: Sequence[PodAdmission]) -> Enforcement:
+def enforced_limits(pods: Sequence[PodAdmission], tenants: bool = False) -> Enforcement:
     """One limit per hardware class (the one its pods show: they share it), for classes with at least one pod that
     has a sidecar; every other pod named with the reason it runs without a limit. A class whose pods show different
-    limits takes the smallest (cannot happen from `pod_limits`; a lower limit is the safer of two readings)."""
+    limits takes the smallest (cannot happen from `pod_limits`; a lower limit is the safer of two readings). With
+    `tenants`, one admitted rate per class the same way, and the pods without one named."""
     limits: dict[str, int] = {}
+    rates: dict[str, float] = {}
     unlimited: dict[str, list[str]] = {}
+    unshared: list[str] = []
     at_limit: list[str] = []
     read = 0
     for p in sorted(pods, key=lambda p: p.pod):
         if not p.sidecar:
             unlimited.setdefault(NO_SIDECAR, []).append(p.pod)
-        elif not p.hardware_class:
+            continue
+        if not p.hardware_class:
             unlimited.setdefault(NO_CLASS, []).append(p.pod)
-        elif p.limit is None:
+            continue
+        if p.rate is not None:
+            rates[p.hardware_class] = min(rates.get(p.hardware_class, p.rate), p.rate)
+        elif tenants:
+            unshared.append(p.pod)
+        if p.limit is None:
             unlimited.setdefault(NOT_MEASURED, []).append(p.pod)
-        else:
-            limits[p.hardware_class] = min(limits.get(p.hardware_class, p.limit), p.limit)
-            running = finite(p.running)
-            if running is not None:
-                read += 1
-                if running >= p.limit:
-                    at_limit.append(p.pod)
-    return Enforcement(limits, {why: tuple(names) for why, names in unlimited.items()}, tuple(at_limit), read)
+            continue
+        limits[p.hardware_class] = min(limits.get(p.hardware_class, p.limit), p.limit)
+        running = finite(p.running)
+        if running is not None:
+            read += 1
+            if running >= p.limit:
+                at_limit.append(p.pod)
+    return Enforcement(
+        limits,
+        {why: tuple(names) for why, names in unlimited.items()},
+        tuple(at_limit),
+        read,
+        rates,
+        tuple(unshared),
+    )

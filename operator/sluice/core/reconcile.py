@@ -27,7 +27,7 @@ from sluice.core.canarycheck import RevisionStats, enabled_gates
 from sluice.core.canaryround import CanaryOutcome, Mirror
 from sluice.core.events import Event, derive_events
 from sluice.core.evidence import MetricsVerdict, judge_metrics
-from sluice.core.inbound import Enforcement, PodAdmission, enforced_limits
+from sluice.core.inbound import NO_CLASS, NO_SIDECAR, Enforcement, PodAdmission, enforced_limits
 from sluice.core.mesh import TLS_MODE_LABEL, MeshPlan, PoolId, assess
 from sluice.core.observed import Observed, ObservedPod
 from sluice.core.presets import supported_signals
@@ -116,6 +116,8 @@ def plan_pass(
         rows = _rendered_limits(rows, admission)
         unpublished = None if publish else "nothing is published this pass; the sidecars keep the limits last rendered"
         wants.append(conditions.admission_enforced(admission, mesh.refusal or unpublished))
+        if spec.admission.tenants is not None:
+            wants.append(conditions.tenant_shares(admission, mesh.refusal or unpublished))
         wants.append(conditions.shedding(admission))
     before_conditions = previous.conditions if previous else []
     status = InferencePoolStatus.model_validate(
@@ -158,23 +160,35 @@ def _enforcement(
     return enforced_limits(
         [
             PodAdmission(
-                r["pod"], r["hardware_class"], r["inbound_limit"], r["pod"] in sidecars, r["signals"].running_requests
+                r["pod"],
+                r["hardware_class"],
+                r["inbound_limit"],
+                r["pod"] in sidecars,
+                r["signals"].running_requests,
+                r["rate_limit"],
             )
             for r in rows
-        ]
+        ],
+        tenants=spec.admission.tenants is not None,
     )
 
 
 def _rendered_limits(rows: list[StatusRow], admission: Enforcement) -> list[StatusRow]:
-    """`admission.mode: Enforce`: a row shows the limit its sidecar is given, none where the condition names the
-    pod as admitted without one (no sidecar, no class label)."""
+    """`admission.mode: Enforce`: a row shows the limit and the rate its sidecar is given, none where the condition
+    names the pod as admitted without one (no sidecar, no class label)."""
+    unenforced = {pod for why in (NO_SIDECAR, NO_CLASS) for pod in admission.unlimited.get(why, ())}
     unlimited = {pod for pods in admission.unlimited.values() for pod in pods}
     out: list[StatusRow] = []
     for row in rows:
         shown = row
-        if row["pod"] in unlimited and row["inbound_limit"] is not None:
+        if (row["pod"] in unlimited and row["inbound_limit"] is not None) or (
+            row["pod"] in unenforced and row["rate_limit"] is not None
+        ):
             shown = row.copy()
-            shown["inbound_limit"] = None
+            if row["pod"] in unlimited:
+                shown["inbound_limit"] = None
+            if row["pod"] in unenforced:
+                shown["rate_limit"] = None
         out.append(shown)
     return out
 

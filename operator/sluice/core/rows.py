@@ -11,7 +11,7 @@ from typing import TypedDict
 from sluice.api.v1alpha1 import EndpointState, EndpointStatus, InferencePoolSpec
 from sluice.core.allocation import Allocation
 from sluice.core.headroom import PodHeadroom
-from sluice.core.inbound import PodBatch, learn_batch, pod_limits
+from sluice.core.inbound import PodBatch, PodCapacity, learn_batch, learn_rate_at_limit, pod_limits, pod_rates
 from sluice.core.observed import PodSignals, SignalName
 from sluice.core.verdicts import PodVerdict, VerdictKind
 
@@ -72,6 +72,8 @@ class StatusRow(TypedDict):
     idle_ttft_samples: int | None
     saturated_batch: float | None
     inbound_limit: int | None
+    rate_limit: float | None
+    rate_at_limit: float | None
     consecutive_failures: int
     restarts: int
     last_incident_at: datetime | None
@@ -135,6 +137,8 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
 class _Admission(TypedDict):
     saturated_batch: float | None
     inbound_limit: int | None
+    rate_limit: float | None
+    rate_at_limit: float | None
 
 
 def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None) -> _Admission:
@@ -142,30 +146,44 @@ def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatu
     read the same gauges, and one sample counts once where the engine says when it was taken); its limit is set
     once every row has its batch (`with_inbound_limits`); nothing while admission is off."""
     if spec.admission.mode == "Off":
-        return {"saturated_batch": None, "inbound_limit": None}
+        return {"saturated_batch": None, "inbound_limit": None, "rate_limit": None, "rate_at_limit": None}
     kept = prev.saturated_batch if prev is not None else None
     signals = verdict.signals
     seen = prev is not None and verdict.sampled_at is not None and prev.signals_sampled_at == verdict.sampled_at
-    batch = (
-        learn_batch(kept, signals.running_requests, signals.kv_cache_usage) if verdict.evidence and not seen else kept
-    )
-    return {"saturated_batch": None if batch is None else round(batch, 3), "inbound_limit": None}
+    fresh = verdict.evidence and not seen
+    batch = learn_batch(kept, signals.running_requests, signals.kv_cache_usage) if fresh else kept
+    at_limit = prev.rate_at_limit if prev is not None else None
+    if fresh and spec.admission.tenants is not None:
+        limit = prev.inbound_limit if prev is not None else None
+        at_limit = learn_rate_at_limit(at_limit, signals.request_rate, signals.running_requests, limit)
+    return {
+        "saturated_batch": None if batch is None else round(batch, 3),
+        "inbound_limit": None,
+        "rate_limit": None,
+        "rate_at_limit": None if at_limit is None or spec.admission.tenants is None else round(at_limit, 3),
+    }
 
 
 def with_inbound_limits(
     spec: InferencePoolSpec, rows: list[StatusRow], before: Mapping[str, EndpointStatus]
 ) -> list[StatusRow]:
-    """Every row's limit, from its class's batch or its own (`pod_limits`), moved past the hysteresis from the one
-    the previous status showed."""
+    """Every row's limit, from its class's batch or its own (`pod_limits`), and with `admission.tenants` its
+    admitted rate, from its class's rate at the limit or its own (`pod_rates`), each moved past the hysteresis from
+    the one the previous status showed."""
     if spec.admission.mode == "Off":
         return rows
     batches = [PodBatch(r["pod"], r["hardware_class"], r["saturated_batch"]) for r in rows]
     shown = {pod: row.inbound_limit for pod, row in before.items()}
     limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit)
+    rates: dict[str, float | None] = {}
+    if spec.admission.tenants is not None:
+        measured = [PodCapacity(r["pod"], r["hardware_class"], r["rate_at_limit"]) for r in rows]
+        rates = pod_rates(measured, {pod: row.rate_limit for pod, row in before.items()})
     out: list[StatusRow] = []
     for row in rows:
         limited = row.copy()
         limited["inbound_limit"] = limits[row["pod"]]
+        limited["rate_limit"] = rates.get(row["pod"])
         out.append(limited)
     return out
 

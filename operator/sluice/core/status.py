@@ -19,7 +19,7 @@ from sluice.api.v1alpha1 import (
     InferencePoolStatus,
 )
 from sluice.core.apiretry import TROUBLES, Episode
-from sluice.core.inbound import Enforcement
+from sluice.core.inbound import NO_CLASS, NO_SIDECAR, Enforcement
 
 # A condition message names at most this many pods per finding (a 4,096-pod pool must not list them all).
 NAMED_PODS = 20
@@ -193,6 +193,25 @@ def admission_enforced(enforcement: Enforcement, refusal: str | None) -> Want:
     message = f"admitted without a limit ({unlimited})" + (f"; enforced: {rendered}" if rendered else "")
     reason = "PartlyEnforced" if enforcement.limits else "NoLimits"
     return Want("AdmissionEnforced", "False", reason, message[:1000])
+
+
+def tenant_shares(enforcement: Enforcement, refusal: str | None) -> Want:
+    """`admission.tenants` under Enforce: which hardware classes' sidecars split an admitted rate among the
+    tenants, and which pods have none (no rate read at their limit; no sidecar or class label, as
+    AdmissionEnforced says)."""
+    if refusal is not None:
+        return Want("TenantSharesEnforced", "False", "NotRendered", f"no rate rendered: {refusal}")
+    rendered = ", ".join(f"{name} {rate:g}/s" for name, rate in sorted(enforcement.rates.items()))
+    without = sorted(
+        [*enforcement.unshared, *enforcement.unlimited.get(NO_SIDECAR, ()), *enforcement.unlimited.get(NO_CLASS, ())]
+    )
+    if not without:
+        return Want(
+            "TenantSharesEnforced", "True", "Enforced", f"every pod's sidecar splits its class's rate ({rendered})"
+        )
+    message = f"admitted without tenant shares: {_named(without)}" + (f"; enforced: {rendered}" if rendered else "")
+    reason = "PartlyEnforced" if enforcement.rates else "NoRates"
+    return Want("TenantSharesEnforced", "False", reason, message[:1000])
 
 
 def shedding(enforcement: Enforcement) -> Want:

@@ -139,5 +139,5 @@ def render(pool: PoolRef, spec: InferencePoolSpec, plan: Plan) -> list[Rendered]
     if "lb" in kinds:
         objects += render_cluster_envoy_filters(pool, spec, plan)
     if plan.admission is not None:
-        objects += render_inbound_envoy_filters(pool, spec, plan.admission.limits)
+        objects += render_inbound_envoy_filters(pool, spec, plan.admission.limits, plan.admission.rates)
     return objects

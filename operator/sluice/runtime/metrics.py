@@ -17,6 +17,7 @@ Series (labelled by `pool` = namespace/name unless marked operator-wide; see doc
 | `sluice_endpoint_weight{pod,revision}` | gauge | published endpoint weight (0 = removed) |
 | `sluice_endpoints{state}` | gauge | pods per state: Routable, Zeroed, Recovering |
 | `sluice_endpoint_inbound_limit{pod}` | gauge | the pod's admission limit (admission Report or Enforce, if any) |
+| `sluice_endpoint_rate_limit{pod}` | gauge | the pod's admitted rate in req/s, split among the tenants (if any) |
 | `sluice_canary_weight` / `sluice_canary_step` | gauge | candidate traffic % / step index (-1 without a rollout) |
 | `sluice_canary_phase{phase}` | gauge | 1 for the current phase (the canary series: pools with `status.canary` only) |
 | `sluice_istio_writes_total{kind,action}` | counter | Istio writes: created, updated, unchanged (skipped), |
@@ -96,7 +97,7 @@ class _Recorded(NamedTuple):
     """What `_record_status` last set for a pool."""
 
     available: float | None
-    rows: tuple[tuple[str, str, int, int | None], ...]
+    rows: tuple[tuple[str, str, int, int | None, float | None], ...]
     states: tuple[int, ...]
     canary_weight: int
     canary_step: int
@@ -113,6 +114,7 @@ class OperatorMetrics:
         self._write_series(r)
         self._pods: dict[str, set[tuple[str, str]]] = {}
         self._limited: dict[str, set[str]] = {}
+        self._rated: dict[str, set[str]] = {}
         """Pool -> the pods with an admission limit on the page."""
         self._recorded: dict[str, _Recorded] = {}
         """Pool -> what `_record_status` last set: a pass that changed none of it sets nothing (the labelled
@@ -185,6 +187,13 @@ class OperatorMetrics:
             ["pool", "pod"],
             registry=r,
         )
+        self.rate_limit = Gauge(
+            "sluice_endpoint_rate_limit",
+            "The pod's admitted rate (status.endpoints[].rateLimit, admission.tenants): requests/s its sidecar "
+            "admits, split among the tenants.",
+            ["pool", "pod"],
+            registry=r,
+        )
         self.canary_weight = Gauge("sluice_canary_weight", "Candidate traffic percentage.", ["pool"], registry=r)
         self.canary_step = Gauge("sluice_canary_step", "Canary step index (-1: no rollout).", ["pool"], registry=r)
         self.canary_phase = Gauge(
@@ -223,7 +232,9 @@ class OperatorMetrics:
         metrics = next((c for c in status.conditions if c.type == "MetricsAvailable"), None)
         available = None if metrics is None else 1.0 if metrics.status == "True" else 0.0
         rows = (
-            tuple((row.pod, row.revision or "", row.weight, row.inbound_limit) for row in status.endpoints)
+            tuple(
+                (row.pod, row.revision or "", row.weight, row.inbound_limit, row.rate_limit) for row in status.endpoints
+            )
             if self.pod_series
             else ()
         )
@@ -243,18 +254,24 @@ class OperatorMetrics:
         self._recorded[pool] = recorded
         if available is not None:
             self.metrics_available.labels(pool).set(available)
-        seen = {(pod, revision) for pod, revision, _, _ in rows}
+        seen = {(pod, revision) for pod, revision, *_ in rows}
         for pod, revision in self._pods.get(pool, set()) - seen:
             self.weight.remove(pool, pod, revision)
         self._pods[pool] = seen
-        for pod, revision, weight, _ in rows:
+        for pod, revision, weight, *_ in rows:
             self.weight.labels(pool, pod, revision).set(weight)
-        limited = {pod: limit for pod, _, _, limit in rows if limit is not None}
+        limited = {pod: limit for pod, _, _, limit, _ in rows if limit is not None}
         for pod in self._limited.get(pool, set()) - set(limited):
             self.inbound_limit.remove(pool, pod)
         self._limited[pool] = set(limited)
         for pod, limit in limited.items():
             self.inbound_limit.labels(pool, pod).set(limit)
+        rated = {pod: rate for pod, _, _, _, rate in rows if rate is not None}
+        for pod in self._rated.get(pool, set()) - set(rated):
+            self.rate_limit.remove(pool, pod)
+        self._rated[pool] = set(rated)
+        for pod, rate in rated.items():
+            self.rate_limit.labels(pool, pod).set(rate)
         for state, count in zip(STATES, states, strict=True):
             self.endpoints.labels(pool, state).set(count)
         if canary is None:  # no canary (or no longer): no canary series, 9 per pool
@@ -293,6 +310,8 @@ class OperatorMetrics:
             self.weight.remove(pool, pod, revision)
         for pod in self._limited.pop(pool, set()):
             self.inbound_limit.remove(pool, pod)
+        for pod in self._rated.pop(pool, set()):
+            self.rate_limit.remove(pool, pod)
         self._recorded.pop(pool, None)
         self._behind.discard(pool)
         self.behind.set(len(self._behind))

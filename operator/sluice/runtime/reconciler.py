@@ -63,6 +63,7 @@ OBSERVATIONS = frozenset(
         "idle_ttft_samples",
         "learned_capacity",
         "saturated_batch",
+        "rate_at_limit",
     }
 )
 """A row's fields that move with every reading; a change of these alone waits for `status_refresh`."""
