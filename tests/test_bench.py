@@ -16,7 +16,7 @@ from sluice.bench.capacity import best_split, fleet_capacity, run_alone, server_
 from sluice.bench.dataplane import WeightedRandom
 from sluice.bench.report import median_interval, run
 from sluice.bench.scenario import load
-from sluice.bench.sim import STRATEGIES, Simulation, summarise
+from sluice.bench.sim import STRATEGIES, Outcome, Simulation, summarise
 from sluice.bench.trace import make_trace, write_azure_csv
 from sluice.sim.engine import Engine
 from sluice.sim.leastrequest import EnvoyLeastRequest
@@ -313,3 +313,29 @@ def test_the_trace_is_written_as_an_azure_public_dataset_csv(tmp_path: Path) -> 
     assert lines[0] == "TIMESTAMP,ContextTokens,GeneratedTokens"
     assert len(lines) == len(trace) + 1
     assert lines[1].endswith(",1024,64")
+
+
+# ---------------------------------------------------------------------------------------------- tenant shares
+
+
+def test_tenants_are_drawn_from_their_own_stream_leaving_every_other_draw_alone() -> None:
+    work = load(SCENARIOS / "smoke.yaml").workload
+    plain = make_trace(work, 10.0, 60.0, 3, 4)
+    shared = make_trace(work.model_copy(update={"tenants": {"a": 4.0, "b": 1.0}}), 10.0, 60.0, 3, 4)
+    assert [dataclasses.replace(a, tenant=None) for a in shared] == plain
+    counts = {t: sum(1 for a in shared if a.tenant == t) for t in ("a", "b")}
+    assert counts["a"] > 2.5 * counts["b"]  # 4:1
+
+
+def test_a_tenants_429_is_not_a_5xx_to_the_callers_outlier_detection() -> None:
+    # Envoy's outlier detection counts 5xx (source/common/upstream/outlier_detection_impl.cc, putHttpResponseCode:
+    # any other code resets the consecutive-5xx count), so a noisy tenant refused at every pod ejects none.
+    scenario = load(SCENARIOS / "noisy-tenant.yaml")
+    arrival = make_trace(scenario.workload, 10.0, 10.0, scenario.seed, 1)[0]
+    for status, ejected in ((429, 0), (503, 1)):
+        sim = Simulation(scenario, "sluice", [arrival])
+        assert sim.outliers is not None
+        threshold = sim.pool.protection.outlier_detection.consecutive_5xx_errors
+        for _ in range(threshold):
+            sim._refuse(arrival, Outcome(arrival, "a100-0"), "a100-0", 0, 2, frozenset(), status=status)
+        assert sim.outliers[0].ejections == ejected

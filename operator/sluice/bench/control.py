@@ -108,6 +108,8 @@ class Published:
     split: dict[str, int]
     limits: dict[str, int] = field(default_factory=dict)
     """Per-pod inbound limits the pass reported (`admission.mode: Report`, status `inboundLimit`)."""
+    rates: dict[str, float] = field(default_factory=dict)
+    """Per-pod admitted rates the pass reported (`admission.tenants`, status `rateLimit`)."""
 
 
 class SnapshotSource:
@@ -186,7 +188,8 @@ class SluiceControl:
                 split[revision_of.get(subset, subset)] = int(route.get("weight", 100))
         rows = self.status.endpoints if self.status is not None else []
         limits = {row.pod: row.inbound_limit for row in rows if row.inbound_limit is not None}
-        return Published(weights, split, limits)
+        rates = {row.pod: row.rate_limit for row in rows if row.rate_limit is not None}
+        return Published(weights, split, limits, rates)
 
     @property
     def active_request_bias(self) -> float:

@@ -81,6 +81,9 @@ class WorkloadSpec(_Model):
     period: float = 60.0
     duration: float = Field(default=300.0, gt=0)
     warm_up: float = Field(default=60.0, ge=0)
+    tenants: dict[str, float] = Field(default_factory=dict)
+    """Tenant -> its share of the arrivals (relative weights), sent in the pool's `admission.tenants.header`: a
+    noisy tenant is one whose share of a load exceeds its percent in the pool. Empty: no tenant header."""
 
 
 class SloSpec(_Model):

@@ -44,6 +44,7 @@ from sluice.bench.dataplane import (
 )
 from sluice.bench.scenario import Scenario, ServerSpec
 from sluice.bench.trace import Arrival
+from sluice.istio.envoyfilters import tenant_buckets
 from sluice.sim.engine import Engine, EngineConfig, Sequence
 from sluice.sim.leastrequest import EnvoyLeastRequest
 from sluice.sim.profiles import server_profile
@@ -89,7 +90,9 @@ class Outcome:
     ok: bool = False
     failed: bool = False
     refused: bool = False
-    """Failed because every pod tried refused it (`inbound_max_requests`)."""
+    """Failed because every pod tried refused it (`inbound_max_requests`, or a tenant's bucket)."""
+    rate_limited: bool = False
+    """Refused at least once by a tenant's bucket (a 429, `admission.tenants`)."""
     attempts: int = 1
 
 
@@ -104,6 +107,24 @@ class RunResult:
     measured_from: float
     measured_until: float
     incident_at: float | None
+
+
+@dataclass
+class TokenBucket:
+    """Envoy's local rate limit bucket: full at first, refilled continuously (local_ratelimit_impl.cc)."""
+
+    per_second: float
+    size: float
+    tokens: float
+    at: float = 0.0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.size, self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 def build_servers(scenario: Scenario) -> dict[str, SimServer]:
@@ -155,6 +176,8 @@ class Simulation:
         self.timeline: list[tuple[float, dict[str, int]]] = []
         self.published: Published | None = None
         pool = pool_spec(scenario)
+        self.pool = pool
+        self.buckets: dict[tuple[str, str | None], tuple[float, TokenBucket]] = {}
         self.canary = pool.canary
         outlier = pool.protection.outlier_detection
         self.outliers = (
@@ -301,6 +324,10 @@ class Simulation:
             outcome = self.retrying.pop(arrival.index)
             outcome.server, outcome.attempts = name, attempt + 1
         plane = self.scenario.dataplane
+        if not self._within_share(name, arrival.tenant):
+            outcome.rate_limited = True
+            self._refuse(arrival, outcome, name, sidecar, attempt, tried, status=429)
+            return
         reported = self.published.limits.get(name) if plane.reported_limits and self.published else None
         limit = reported or server.spec.inbound_max_requests or plane.inbound_max_requests
         if limit is not None and self.global_active[name] >= limit:
@@ -324,13 +351,42 @@ class Simulation:
         server.peak_kv = max(server.peak_kv, server.engine.kv_usage)
         server.peak_waiting = max(server.peak_waiting, server.engine.num_waiting)
 
+    def _within_share(self, name: str, tenant: str | None) -> bool:
+        """The pod's sidecar's tenant bucket has a token (or it has none): the buckets sluice renders for the rate
+        it reports (`tenant_buckets`, as `tenant_patch` renders them), checked ahead of the inbound limit as the
+        HTTP filter runs ahead of the router. A bucket whose rate moved is a new one, full (a new filter
+        configuration)."""
+        tenants = self.pool.admission.tenants
+        if tenants is None or not self.scenario.dataplane.reported_limits or self.published is None:
+            return True
+        rate = self.published.rates.get(name)
+        if rate is None:
+            return True
+        rendered = tenant_buckets(tenants, rate)
+        key = tenant if tenant in rendered else None
+        bucket = rendered[key]
+        held = self.buckets.get((name, key))
+        if held is None or held[0] != rate:
+            held = (rate, TokenBucket(bucket.per_second, bucket.max_tokens, bucket.max_tokens, self.now))
+            self.buckets[(name, key)] = held
+        return held[1].take(self.now)
+
     def _refuse(
-        self, arrival: Arrival, outcome: Outcome, name: str, sidecar: int, attempt: int, tried: frozenset[str]
+        self,
+        arrival: Arrival,
+        outcome: Outcome,
+        name: str,
+        sidecar: int,
+        attempt: int,
+        tried: frozenset[str],
+        status: int = 503,
     ) -> None:
-        """The pod's sidecar is at its inbound limit: a 503 at once, retried as any server error
-        (`refusal_retries`)."""
+        """The pod's sidecar refuses at once: at its inbound limit a 503, past a tenant's bucket a 429; either
+        retried on another pod (`refusal_retries`: Istio's default policy for a 503; `retries.statusCodes: [429]`
+        for a 429). A 429 is not a 5xx to the caller's outlier detection: it resets the consecutive count (Envoy's
+        outlier_detection_impl.cc `putHttpResponseCode` counts 5xx only)."""
         budget = (attempt, self.scenario.dataplane.refusal_retries)
-        if self._server_error(arrival, outcome, name, sidecar, budget, tried):
+        if self._server_error(arrival, outcome, name, sidecar, budget, tried, server_error=status >= 500):
             outcome.failed = outcome.refused = True
 
     def _server_error(
@@ -341,12 +397,14 @@ class Simulation:
         sidecar: int,
         budget: tuple[int, int],
         tried: frozenset[str],
+        server_error: bool = True,
     ) -> bool:
-        """A 5xx answered by `name`: counted by the caller's outlier detection and retried after Envoy's jittered
-        back-off on a pod not tried before while `budget` (attempt, retries allowed) lasts. True: given up."""
+        """A 5xx (`server_error`, else a 429) answered by `name`: told to the caller's outlier detection and
+        retried after Envoy's jittered back-off on a pod not tried before while `budget` (attempt, retries allowed)
+        lasts. True: given up."""
         attempt, retries = budget
         if self.outliers is not None:
-            self.outliers[sidecar].result(name, self.now, True)
+            self.outliers[sidecar].result(name, self.now, server_error)
         if attempt >= retries:
             return True
         back_off = self._draw(arrival, attempt, "back-off") * RETRY_BACK_OFF * 2**attempt

@@ -34,6 +34,9 @@ class Arrival:
     client: int
     draw: float
     """A uniform draw owned by this request (the error injection uses it, so every strategy sees the same fate)."""
+    tenant: str | None = None
+    """The tenant it is sent for (`WorkloadSpec.tenants`), drawn from its own stream: traces without tenants are
+    the same draws as before."""
 
 
 def _lengths(work: WorkloadSpec, count: int, seed: int) -> list[tuple[int, int]]:
@@ -74,12 +77,17 @@ def make_trace(work: WorkloadSpec, rate: float, duration: float, seed: int, clie
     times = _times(work, rate, count, rng)
     lengths = _lengths(work, count, seed)
     meta = random.Random(f"meta-{seed}")
+    tenants = random.Random(f"tenant-{seed}")
+    names, weights = list(work.tenants), list(work.tenants.values())
     out = []
     for i, (at, (prompt, output)) in enumerate(zip(times, lengths, strict=True)):
         if at > duration:
             break
+        tenant = tenants.choices(names, weights)[0] if names else None
         out.append(
-            Arrival(i, at, prompt, output, meta.randrange(work.sessions), meta.randrange(clients), meta.random())
+            Arrival(
+                i, at, prompt, output, meta.randrange(work.sessions), meta.randrange(clients), meta.random(), tenant
+            )
         )
     return out
 
