@@ -339,3 +339,15 @@ def test_a_tenants_429_is_not_a_5xx_to_the_callers_outlier_detection() -> None:
         for _ in range(threshold):
             sim._refuse(arrival, Outcome(arrival, "a100-0"), "a100-0", 0, 2, frozenset(), status=status)
         assert sim.outliers[0].ejections == ejected
+
+
+def test_a_429_is_retried_only_where_the_pools_retry_policy_names_it() -> None:
+    scenario = load(SCENARIOS / "noisy-tenant.yaml")
+    arrival = make_trace(scenario.workload, 10.0, 10.0, scenario.seed, 1)[0]
+    without = {k: v for k, v in scenario.sluice.pool.items() if k != "routing"}
+    for pool, given_up in ((scenario.sluice.pool, False), (without, True)):
+        seeded = scenario.model_copy(update={"sluice": scenario.sluice.model_copy(update={"pool": pool})})
+        sim = Simulation(seeded, "sluice", [arrival])
+        outcome = Outcome(arrival, "a100-0")
+        sim._refuse(arrival, outcome, "a100-0", 0, 0, frozenset(), status=429)
+        assert outcome.refused is given_up

@@ -34,7 +34,14 @@ from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import ObservedPod, PodSignals
 from sluice.devstack.stack import SHARED_ISTIO, free_port
 from sluice.emulator.apivalidation import SchemaRegistry
-from sluice.istio.envoyfilters import UNBOUNDED, inbound_patches, tenant_buckets, tenant_patch, token_bucket
+from sluice.istio.envoyfilters import (
+    UNBOUNDED,
+    inbound_patches,
+    render_inbound_envoy_filters,
+    tenant_buckets,
+    tenant_patch,
+    token_bucket,
+)
 from sluice.istio.objects import PoolRef
 from sluice.istio.render import render
 from tests.helpers import T0, pod, run, sig, spec
@@ -408,7 +415,7 @@ def test_tenant_shares_render_beside_the_limit_and_validate() -> None:
     assert rows["a1"] == rows["a2"]
     rate = rows["a1"]
     assert rate is not None
-    assert rate == 13.0  # the class median of what the two read (this pass ran too little of a limit to read)
+    assert rate == 13.0  # the class median of what the two read (no new reading: they showed no limit before)
     config = patches[2]["patch"]["value"]["typed_config"]
     (descriptor,) = config["descriptors"]
     assert descriptor["entries"] == [{"key": "sluice-tenant", "value": "team-a"}]
@@ -433,3 +440,19 @@ def test_a_token_bucket_refills_at_the_rate_asked_within_envoys_limits(per_secon
     assert bucket["tokens_per_fill"] >= 1
     assert bucket["max_tokens"] >= bucket["tokens_per_fill"]
     assert _refill(bucket) == pytest.approx(per_second, rel=0.02)
+
+
+def test_a_class_with_a_rate_and_no_limit_gets_the_tenant_buckets_alone() -> None:
+    s = spec(
+        admission={
+            "mode": "Enforce",
+            "tenants": {"header": "x-t", "shares": [{"value": "a", "percent": 60}], "othersPercent": 40},
+        }
+    )
+    (body,) = [o.body for o in render_inbound_envoy_filters(POOL, s, {}, {"a100": 12.0})]
+    SchemaRegistry().load(SHARED_ISTIO).validate(body)
+    (patch,) = body["spec"]["configPatches"]
+    assert patch["applyTo"] == "HTTP_FILTER"
+    assert body["spec"]["workloadSelector"] == {"labels": {"app": "llama", "sluice.dev/hardware-class": "a100"}}
+    # without tenants, a rate renders nothing
+    assert render_inbound_envoy_filters(POOL, spec(admission={"mode": "Enforce"}), {}, {"a100": 12.0}) == []

@@ -19,6 +19,7 @@ from sluice.core.inbound import (
     learn_rate_at_limit,
     pod_limits,
     pod_rates,
+    rate_limit,
 )
 from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import PodSignals
@@ -302,3 +303,9 @@ def test_an_enforcing_pool_says_which_pods_split_a_rate_among_tenants_and_when_t
     assert [e.reason for e in second.events if e.reason.startswith("TenantShares")] == ["TenantSharesEnforced"]
     third = run(s, pods, busy, 125, second.status)
     assert not [e for e in third.events if e.reason.startswith("TenantShares")]
+
+
+def test_a_rate_too_small_for_a_bucket_is_no_rate() -> None:
+    # rendered to a thousandth of a request a second; below it a bucket would refill at 0 (Envoy refuses that)
+    assert rate_limit(0.0004, None) is None
+    assert rate_limit(0.0006, None) == 0.001

@@ -36,6 +36,8 @@ MEMORY_FIELDS = (
     "learned_capacity",
     "saturated_batch",
     "inbound_limit",
+    "rate_limit",
+    "rate_at_limit",
 )
 
 
@@ -182,6 +184,19 @@ def test_a_reported_admission_limit_survives_the_compact_form() -> None:
     rows = plan_pass(s, 1, observed(pods, queued, at(0)), None, at(0)).status.endpoints
     back = decode(encode(rows))
     assert {(r.saturated_batch, r.inbound_limit) for r in back} == {(40.0, 30)}
+
+
+def test_a_tenant_pools_rates_survive_the_compact_form() -> None:
+    tenants = {"header": "x-tenant-id", "shares": [{"value": "a", "percent": 50}], "othersPercent": 50}
+    s = spec(admission={"mode": "Report", "batchShare": 0.75, "tenants": tenants})
+    pods, signals = fleet(100, seed=5)
+    queued = {n: v.model_copy(update={"kv_cache_usage": 0.5, "running_requests": 20.0}) for n, v in signals.items()}
+    first = plan_pass(s, 1, observed(pods, queued, at(0)), None, at(0))
+    busy = {n: v.model_copy(update={"request_rate": 6.0}) for n, v in queued.items()}
+    rows = plan_pass(s, 1, observed(pods, busy, at(15)), first.status, at(15)).status.endpoints
+    assert all(r.rate_at_limit == 9.0 and r.rate_limit == 9.0 for r in rows)  # 6 x 30 / 20
+    back = decode(encode(rows))
+    assert {(r.rate_at_limit, r.rate_limit) for r in back} == {(9.0, 9.0)}
 
 
 @pytest.mark.parametrize("stored", ["x9:abc", "z1:not-base64!!", "z1:" + "eJzLSM3JyQcABiwCFQ=="])

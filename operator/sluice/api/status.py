@@ -112,8 +112,8 @@ class EndpointStatus(StatusModel):
     rate_at_limit: float | None = Field(
         default=None,
         description="admission.tenants: the requests/s the pod serves with its inbound limit full: its served rate "
-        "x its limit / its running requests (Little's law), read while it runs at least half its limit, moved 0.3 "
-        "of the way by each scrape and held between them; absent until one is read.",
+        "x its limit / its running requests (Little's law), read while it runs at least a fifth of its limit, moved "
+        "0.3 of the way by each scrape and held between them; absent until one is read.",
     )
     rate_limit: float | None = Field(
         default=None,

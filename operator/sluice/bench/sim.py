@@ -381,12 +381,16 @@ class Simulation:
         tried: frozenset[str],
         status: int = 503,
     ) -> None:
-        """The pod's sidecar refuses at once: at its inbound limit a 503, past a tenant's bucket a 429; either
-        retried on another pod (`refusal_retries`: Istio's default policy for a 503; `retries.statusCodes: [429]`
-        for a 429). A 429 is not a 5xx to the caller's outlier detection: it resets the consecutive count (Envoy's
-        outlier_detection_impl.cc `putHttpResponseCode` counts 5xx only)."""
-        budget = (attempt, self.scenario.dataplane.refusal_retries)
-        if self._server_error(arrival, outcome, name, sidecar, budget, tried, server_error=status >= 500):
+        """The pod's sidecar refuses at once: at its inbound limit a 503, retried on another pod `refusal_retries`
+        times (Istio's default policy); past a tenant's bucket a 429, retried only if the pool's
+        `routing.retries.statusCodes` names it (its `attempts` times). A 429 is not a 5xx to the caller's outlier
+        detection: it resets the consecutive count (Envoy's outlier_detection_impl.cc `putHttpResponseCode` counts
+        5xx only)."""
+        retries = self.scenario.dataplane.refusal_retries
+        if status == 429:
+            policy = self.pool.routing.retries
+            retries = policy.attempts if policy is not None and 429 in policy.status_codes else 0
+        if self._server_error(arrival, outcome, name, sidecar, (attempt, retries), tried, server_error=status >= 500):
             outcome.failed = outcome.refused = True
 
     def _server_error(

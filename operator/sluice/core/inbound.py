@@ -90,7 +90,7 @@ def class_batches(pods: Sequence[PodBatch]) -> dict[str, float]:
 def _class_medians(values: Iterable[tuple[str | None, float | None]]) -> dict[str, float]:
     by_class: dict[str, list[float]] = {}
     for hardware_class, value in values:
-        if hardware_class and value is not None:
+        if hardware_class and (value := finite(value)) is not None:
             by_class.setdefault(hardware_class, []).append(value)
     return {name: statistics.median(found) for name, found in by_class.items()}
 
@@ -147,8 +147,8 @@ def rate_limit(measured: float | None, shown: float | None) -> float | None:
     shown while that is within `HYSTERESIS` of it (every change is an EnvoyFilter rewritten, and Envoy's buckets
     start again full); None without a reading."""
     measured = finite(measured)
-    if measured is None or measured <= 0:
-        return None
+    if measured is None or round(measured, 3) <= 0:
+        return None  # below a thousandth of a request a second: no bucket can hold it
     if shown is not None and abs(measured - shown) <= HYSTERESIS * shown:
         return shown
     return round(measured, 3)

@@ -35,6 +35,7 @@ CONDITION_TYPES = (
     "IstioSynced",
     "KubeApiHealthy",
     "AdmissionEnforced",
+    "TenantSharesEnforced",
     "Shedding",
 )
 
