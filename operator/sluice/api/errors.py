@@ -17,6 +17,10 @@ def format_validation_error(kind: str, name: str, error: ValidationError) -> str
             details.append(f"{path}: Required value")
         elif item["type"] == "extra_forbidden":
             details.append(f'unknown field "{path}"')
+        elif item["type"] == "api_rule":
+            # a CEL rule: kube-apiserver shows the type of the rule's schema node, never the value
+            # (apiextensions-apiserver pkg/apiserver/schema/cel/validation.go: field.Invalid(fldPath, sts.Type, ...))
+            details.append(f"{path}: Invalid value: {_json_type(item.get('input'))}: {message}")
         else:
             details.append(f"{path}: Invalid value: {_describe(item.get('input'))}: {message}")
     return f'{kind} "{name}" is invalid: ' + "; ".join(details)
@@ -28,6 +32,19 @@ def _path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path
+
+
+def _json_type(value: object) -> str:
+    """The OpenAPI type of a JSON value, quoted as the API server quotes it."""
+    if isinstance(value, bool):
+        return '"boolean"'
+    if isinstance(value, int):
+        return '"integer"'
+    if isinstance(value, float):
+        return '"number"'
+    if isinstance(value, str):
+        return '"string"'
+    return _describe(value)
 
 
 def _describe(value: object) -> str:

@@ -95,7 +95,8 @@ def check_rules(model: BaseModel) -> None:
             InitErrorDetails(
                 type=PydanticCustomError("api_rule", rule.message),
                 loc=location,
-                input=_value_at(wire, location),
+                # the value of the rule's node, not of its fieldPath: kube-apiserver shows the node's type
+                input=_value_at(wire, node),
             )
         )
     if failures:
