@@ -178,6 +178,7 @@ class Simulation:
         pool = pool_spec(scenario)
         self.pool = pool
         self.buckets: dict[tuple[str, str | None], tuple[float, TokenBucket]] = {}
+        self.named = {s.value for s in pool.admission.tenants.shares} if pool.admission.tenants else set()
         self.canary = pool.canary
         outlier = pool.protection.outlier_detection
         self.outliers = (
@@ -362,11 +363,10 @@ class Simulation:
         rate = self.published.rates.get(name)
         if rate is None:
             return True
-        rendered = tenant_buckets(tenants, rate)
-        key = tenant if tenant in rendered else None
-        bucket = rendered[key]
+        key = tenant if tenant in self.named else None
         held = self.buckets.get((name, key))
         if held is None or held[0] != rate:
+            bucket = tenant_buckets(tenants, rate)[key]
             held = (rate, TokenBucket(bucket.per_second, bucket.max_tokens, bucket.max_tokens, self.now))
             self.buckets[(name, key)] = held
         return held[1].take(self.now)

@@ -260,18 +260,8 @@ class OperatorMetrics:
         self._pods[pool] = seen
         for pod, revision, weight, *_ in rows:
             self.weight.labels(pool, pod, revision).set(weight)
-        limited = {pod: limit for pod, _, _, limit, _ in rows if limit is not None}
-        for pod in self._limited.get(pool, set()) - set(limited):
-            self.inbound_limit.remove(pool, pod)
-        self._limited[pool] = set(limited)
-        for pod, limit in limited.items():
-            self.inbound_limit.labels(pool, pod).set(limit)
-        rated = {pod: rate for pod, _, _, _, rate in rows if rate is not None}
-        for pod in self._rated.get(pool, set()) - set(rated):
-            self.rate_limit.remove(pool, pod)
-        self._rated[pool] = set(rated)
-        for pod, rate in rated.items():
-            self.rate_limit.labels(pool, pod).set(rate)
+        _set_per_pod(self.inbound_limit, self._limited, pool, {pod: limit for pod, _, _, limit, _ in rows})
+        _set_per_pod(self.rate_limit, self._rated, pool, {pod: rate for pod, _, _, _, rate in rows})
         for state, count in zip(STATES, states, strict=True):
             self.endpoints.labels(pool, state).set(count)
         if canary is None:  # no canary (or no longer): no canary series, 9 per pool
@@ -308,10 +298,9 @@ class OperatorMetrics:
         """Drop the pool's gauges (its counters and histograms stay: rates over them stay right)."""
         for pod, revision in self._pods.pop(pool, set()):
             self.weight.remove(pool, pod, revision)
-        for pod in self._limited.pop(pool, set()):
-            self.inbound_limit.remove(pool, pod)
-        for pod in self._rated.pop(pool, set()):
-            self.rate_limit.remove(pool, pod)
+        for gauge, series in ((self.inbound_limit, self._limited), (self.rate_limit, self._rated)):
+            _set_per_pod(gauge, series, pool, {})
+            del series[pool]
         self._recorded.pop(pool, None)
         self._behind.discard(pool)
         self.behind.set(len(self._behind))
@@ -320,6 +309,17 @@ class OperatorMetrics:
         labelled += [(self.endpoints, (pool, state)) for state in STATES]
         _remove(labelled)
         self._forget_canary(pool)
+
+
+def _set_per_pod(gauge: Gauge, series: dict[str, set[str]], pool: str, values: dict[str, float | None]) -> None:
+    """A per-pod gauge only for the pods with a value: the others' series removed (`series`: pool -> pods that
+    have one)."""
+    present = {pod: value for pod, value in values.items() if value is not None}
+    for pod in series.get(pool, set()) - set(present):
+        gauge.remove(pool, pod)
+    series[pool] = set(present)
+    for pod, value in present.items():
+        gauge.labels(pool, pod).set(value)
 
 
 def _remove(labelled: list[tuple[Gauge, tuple[str, ...]]]) -> None:
