@@ -309,3 +309,9 @@ def test_a_rate_too_small_for_a_bucket_is_no_rate() -> None:
     # rendered to a thousandth of a request a second; below it a bucket would refill at 0 (Envoy refuses that)
     assert rate_limit(0.0004, None) is None
     assert rate_limit(0.0006, None) == 0.001
+
+
+def test_a_non_finite_reading_is_left_out_of_its_classs_rate() -> None:
+    # one pod's remembered reading is NaN (a stored memory can carry one): its class's rate is the others' median
+    pods = [PodCapacity("a1", "a100", 10.0), PodCapacity("a2", "a100", math.nan), PodCapacity("a3", "a100", 12.0)]
+    assert pod_rates(pods, {}) == {"a1": 11.0, "a2": 11.0, "a3": 11.0}
