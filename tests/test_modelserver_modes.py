@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from prometheus_client.samples import Sample
 
 from sluice.devstack.kubelet import read_oom_kills, termination_reason
 from sluice.devstack.modelserver import ModelServer, read_memory_events, record_oom_kill
-from sluice.devstack.stack import ROOT
+from sluice.devstack.stack import ROOT, free_port
 
 DEADLINE = 20.0  # every wait in these tests is bounded by this
 
@@ -253,17 +252,11 @@ def test_oom_kill_is_recorded_in_memory_events_format(tmp_path: Path) -> None:
     assert read_memory_events(events)["oom_kill"] == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _run_fault(tmp_path: Path, fault: dict[str, bool]) -> tuple[int, int, int]:
     """Start a model server process, inject `fault`, and return (status, oom_kill before, oom_kill after)."""
     events = tmp_path / "memory.events"
     before = read_oom_kills(events)
-    port = _free_port()
+    port = free_port()
     args = ["-m", "sluice.devstack.modelserver", "--host", "127.0.0.1", "--port", str(port)]
     process = subprocess.Popen(
         [sys.executable, *args, "--memory-events", str(events)],

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from sluice.core.reconcile import Plan
+from sluice.devstack.stack import free_port
 from tests.helpers import run, sig, spec
 from tests.test_envoy_patches import ENVOY, PODS, POOL, build_config, render
 
@@ -67,13 +68,6 @@ def revisions() -> Iterator[dict[str, Revision]]:
     for server in servers.values():
         server.shutdown()
         server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def live_config(s: Any, plan: Plan, revisions: dict[str, Revision], port: int) -> dict[str, Any]:

@@ -63,11 +63,48 @@ POOL_RESOURCE = "inferencepools.inference.sluice.dev"
 SLUICE_CRD = ROOT / "crds" / "inference.sluice.dev_inferencepools.yaml"
 
 
+_LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+_port_draw = random.Random()  # seeded from the OS: each process starts elsewhere
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections and `bind(port 0)` (Linux); its documented default elsewhere."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A loopback port nothing listens on, for a server started next.
+
+    Not from the kernel's ephemeral range: a port `bind(0)` hands out is free again once the probe closes, and any
+    outgoing connection (a readiness poll, a scrape) may take it before the server binds it -- the race that made a
+    real Envoy fail with "Address already in use". Below that range only listeners compete, and a port is handed
+    out once per process (a random start keeps concurrent processes apart).
+    """
+    low, _ = _ephemeral_range()
+    span = low - _LOWEST_PORT
+    if span < 1000:  # an unusual range: fall back to the kernel's choice
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            return port
+    start = _port_draw.randrange(span)
+    for step in range(span):
+        candidate = _LOWEST_PORT + (start + step) % span
+        if candidate in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+        _handed_out.add(candidate)
+        return candidate
+    raise RuntimeError(f"no free loopback port in {_LOWEST_PORT}..{low - 1}")
 
 
 class Stack:
