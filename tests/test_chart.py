@@ -255,3 +255,15 @@ def test_sharded_lease_calls_get_a_priority_level_of_their_own() -> None:
         ),
         "FlowSchema",
     )
+
+
+def test_the_dashboards_refusals_select_what_the_operator_reads() -> None:
+    """The panel beside sluice's own refused rate reads Istio's counter with the same flags the preset does."""
+    from sluice.core.engines import SIDECAR_REFUSED_FLAGS  # noqa: PLC0415
+
+    config = by_kind(render({"grafanaDashboard": {"enabled": True}}), "ConfigMap")[0]
+    dashboard = json.loads(config["data"]["sluice.json"])
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    istio = [expr for expr in exprs if "istio_requests_total" in expr]
+    assert istio
+    assert all(f'response_flags=~"{SIDECAR_REFUSED_FLAGS}"' in e and 'reporter="destination"' in e for e in istio)

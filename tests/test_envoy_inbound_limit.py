@@ -164,15 +164,26 @@ def with_http_filters(patches: list[Any]) -> list[dict[str, Any]]:
     return filters
 
 
+FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
+
+
 def sidecar_config(
-    listen: int, route_config: dict[str, Any], cluster: dict[str, Any], http_filters: list[Any] | None = None
+    listen: int,
+    route_config: dict[str, Any],
+    cluster: dict[str, Any],
+    http_filters: list[Any] | None = None,
+    access_log: Path | None = None,
 ) -> dict[str, Any]:
-    manager = {
+    manager: dict[str, Any] = {
         "@type": HCM,
         "stat_prefix": "inbound",
         "route_config": route_config,
         "http_filters": http_filters or with_http_filters([]),
     }
+    if access_log is not None:  # each answer's status and Envoy's response flags, as Istio's stats filter reads them
+        line = {"text_format_source": {"inline_string": "%RESPONSE_CODE% %RESPONSE_FLAGS%\n"}}
+        config = {"@type": FILE_LOG, "path": str(access_log), "log_format": line}
+        manager["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": config}]
     return {
         "node": {"id": "sidecar", "cluster": "sidecar"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}},
@@ -213,10 +224,14 @@ def scene(binary: Path, workdir: Path, patches: list[Any]) -> Counter[tuple[int,
     with slow_pod() as app:
         listen = free_port()
         route_config, cluster = patched(*istio_inbound(listen, app), patches)
-        with envoy(
-            binary, sidecar_config(listen, route_config, cluster, with_http_filters(patches)), workdir, "sidecar"
-        ):
+        config = sidecar_config(listen, route_config, cluster, with_http_filters(patches), workdir / "access.log")
+        with envoy(binary, config, workdir, "sidecar"):
             return burst(listen)
+
+
+def logged(workdir: Path) -> Counter[str]:
+    """The sidecar's access log (written out when it stopped): "<status> <response flags>" per answer."""
+    return Counter((workdir / "access.log").read_text().splitlines())
 
 
 @pytest.fixture(params=sorted(ENVOYS))
@@ -229,6 +244,8 @@ def test_sluices_inbound_patches_bound_the_requests_a_pod_runs_at_once(binary: P
     seen = scene(binary, tmp_path, inbound_patches(spec(), LIMIT))
     # LIMIT in flight; the rest refused at once, marked overloaded (the callers' retries send them elsewhere).
     assert seen == Counter({(200, False): LIMIT, (503, True): BURST - LIMIT})
+    # and flagged UO, what Istio's istio_requests_total carries and sluice's refusedRate counts
+    assert logged(tmp_path) == Counter({"200 -": LIMIT, "503 UO": BURST - LIMIT})
 
 
 def test_a_default_priority_threshold_merged_in_is_never_read(binary: Path, tmp_path: Path) -> None:
@@ -354,7 +371,8 @@ def tenant_scene(binary: Path, workdir: Path, patch: dict[str, Any]) -> tuple[Co
     with pod_server() as app:
         listen = free_port()
         route_config, cluster = istio_inbound(listen, app)
-        with envoy(binary, sidecar_config(listen, route_config, cluster, with_http_filters([patch])), workdir, "sc"):
+        config = sidecar_config(listen, route_config, cluster, with_http_filters([patch]), workdir / "access.log")
+        with envoy(binary, config, workdir, "sc"):
             return (
                 tenant_requests(listen, "team-a", 2 * A),
                 tenant_requests(listen, "team-b", 6),
@@ -375,6 +393,11 @@ def test_a_noisy_tenant_is_held_to_its_share_and_the_others_keep_theirs(binary: 
     # an unlisted value is in the others' bucket, which the anonymous requests emptied
     assert unlisted[(200, None)] <= REFILL, unlisted
     assert sum(unlisted.values()) == 6
+    # every 429 flagged RL, what Istio's istio_requests_total carries and sluice's refusedRate counts
+    refused = noisy[(429, "1")] + unlisted[(429, "1")]
+    flags = logged(tmp_path)
+    assert flags["429 RL"] == refused
+    assert sum(flags.values()) == sum(sum(seen.values()) for seen in (noisy, quiet, anonymous, unlisted))
 
 
 def test_envoys_default_would_spend_the_others_bucket_on_every_tenant(binary: Path, tmp_path: Path) -> None:

@@ -272,8 +272,11 @@ def test_a_pool_says_when_its_sidecars_start_and_stop_shedding() -> None:
     shedding = next(c for c in first.status.conditions if c.type == "Shedding")
     assert (shedding.status, shedding.reason) == ("True", "AtLimit")
     assert shedding.message == (
-        "1 of 2 limited pods ran at their limit at their last scrape (their sidecars refuse past it): a1"
+        "1 of 2 limited pods ran at their limit at their last scrape (their sidecars refuse past it): a1; refusals "
+        "not counted for a1, a2 (no istio_requests_total read for them)"
     )
+    assert first.status.admission is not None
+    assert (first.status.admission.refused_rate, first.status.admission.uncounted) == (None, ["a1", "a2"])
     assert ("Warning", "SheddingStarted") in {(e.type, e.reason) for e in first.events}
     second = run(s, pods, {"a1": _running(20, 0.5), "a2": _running(20, 0.5)}, 115, first.status)
     shedding = next(c for c in second.status.conditions if c.type == "Shedding")
@@ -284,6 +287,48 @@ def test_a_pool_says_when_its_sidecars_start_and_stop_shedding() -> None:
     shedding = next(c for c in third.status.conditions if c.type == "Shedding")
     assert shedding.status == "Unknown"
     assert not [e for e in third.events if e.reason.startswith("Shedding")]
+
+
+def _counted(running: float, kv: float, served: float, refused: float | None) -> PodSignals:
+    return _running(running, kv).model_copy(update={"request_rate": served, "refused_rate": refused})
+
+
+def test_where_istio_counts_every_sidecars_refusals_shedding_is_judged_by_the_count_not_the_sample() -> None:
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
+    pods = [p.model_copy(update={"labels": {**p.labels, TLS_MODE_LABEL: "istio"}}) for p in (pod("a1"), pod("a2"))]
+    # a1 refused 2 requests/s while both served 9: shedding, with the share of what reached the sidecars. The
+    # sample alone (a1 runs below its limit of 30 now) would have said BelowLimits.
+    first = run(s, pods, {"a1": _counted(20, 0.5, 4.0, 2.0), "a2": _counted(20, 0.5, 5.0, 0.0)}, 100)
+    shedding = next(c for c in first.status.conditions if c.type == "Shedding")
+    assert (shedding.status, shedding.reason) == ("True", "Refusing")
+    assert shedding.message == (
+        "the sidecars refused 2 requests/s (18.2% of the requests that reached them) over the signals' window: a1"
+    )
+    admission = first.status.admission
+    assert admission is not None
+    assert (admission.refused_rate, admission.served_rate, admission.uncounted) == (2.0, 9.0, [])
+    assert admission.refused_share == pytest.approx(2 / 11)
+    assert ("Warning", "SheddingStarted") in {(e.type, e.reason) for e in first.events}
+    # a1 runs at its limit but its sidecar refused nothing over the window: counted, not shedding
+    second = run(s, pods, {"a1": _counted(40, 1.0, 4.0, 0.0), "a2": _counted(20, 0.5, 5.0, 0.0)}, 115, first.status)
+    shedding = next(c for c in second.status.conditions if c.type == "Shedding")
+    assert (shedding.status, shedding.reason) == ("False", "NoRefusals")
+    assert ("Normal", "SheddingStopped") in {(e.type, e.reason) for e in second.events}
+    # one sidecar's count unread: the pool's refusals are unknown, and the sample decides, saying so
+    third = run(s, pods, {"a1": _counted(40, 1.0, 4.0, 0.0), "a2": _counted(20, 0.5, 5.0, None)}, 130, second.status)
+    shedding = next(c for c in third.status.conditions if c.type == "Shedding")
+    assert (shedding.status, shedding.reason) == ("True", "AtLimit")
+    assert shedding.message.endswith("; refusals not counted for a2 (no istio_requests_total read for them)")
+    assert third.status.admission is not None
+    assert (third.status.admission.refused_rate, third.status.admission.refused_share) == (None, None)
+    assert third.status.admission.served_rate == 9.0
+
+
+def test_a_pool_without_enforce_has_no_admission_block_and_reads_no_refusals() -> None:
+    s = spec(admission={"mode": "Report"})
+    status = run(s, [pod("a")], {"a": _counted(20, 0.5, 4.0, 2.0)}, 100).status
+    assert status.admission is None
+    assert not [c for c in status.conditions if c.type == "Shedding"]
 
 
 def test_an_enforcing_pool_says_which_pods_split_a_rate_among_tenants_and_when_that_changes() -> None:

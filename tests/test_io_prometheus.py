@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.core.engines import SIDECAR
 from sluice.core.observed import SignalSnapshot
 from sluice.core.presets import PRESETS, build_queries
 from sluice.emulator import apitls
@@ -43,8 +44,9 @@ ANSWERS: dict[str, list[dict[str, Any]]] = {
     "_sum": [{"metric": {"pod": "a"}, "value": [0, "NaN"]}],  # no traffic: 0/0
 }
 
-QUERIES = len(PRESETS["vllm"]) + 1
-"""Queries per vLLM pool and pass: one per signal of the preset and one for the sample times."""
+QUERIES = len(PRESETS["vllm"]) - len(SIDECAR) + 1
+"""Queries per vLLM pool and pass: one per signal of the preset (the sidecar's only under admission Enforce) and one
+for the sample times."""
 
 
 def _answer(query: str) -> tuple[int, Any]:

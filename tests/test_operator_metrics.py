@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from sluice.api.v1alpha1 import InferencePoolStatus
+from sluice.api.v1alpha1 import AdmissionStatus, InferencePoolStatus
 from sluice.core.events import Event
 from sluice.io.ports import WriteResult
 from sluice.runtime.metrics import OperatorMetrics
@@ -211,3 +211,21 @@ def test_a_pods_admitted_rate_is_a_series_while_it_has_one() -> None:
     metrics.record(report([{**row, "rateLimit": 20.0}]))
     metrics.forget("llm/llama")
     assert value(metrics, "sluice_endpoint_rate_limit", pool="llm/llama", pod="a") is None
+
+
+def test_the_pools_refused_rate_is_a_series_only_while_known() -> None:
+    metrics = OperatorMetrics()
+    rows = [{"pod": "a", "weight": 5, "state": "Routable"}]
+    counted = report(rows)
+    counted.status = counted.status.model_copy(
+        update={"admission": AdmissionStatus(refused_rate=1.5, served_rate=20.0, refused_share=1.5 / 21.5)}
+    )
+    metrics.record(counted)
+    assert value(metrics, "sluice_pool_refused_rate", pool="llm/llama") == 1.5
+    unknown = report(rows)
+    unknown.status = unknown.status.model_copy(update={"admission": AdmissionStatus(uncounted=["a"])})
+    metrics.record(unknown)  # one sidecar's count unread: no number, not the last one, not 0
+    assert value(metrics, "sluice_pool_refused_rate", pool="llm/llama") is None
+    metrics.record(counted)
+    metrics.forget("llm/llama")
+    assert value(metrics, "sluice_pool_refused_rate", pool="llm/llama") is None

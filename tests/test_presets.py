@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from sluice.api.v1alpha1 import AdmissionSpec
 from sluice.core.observed import ALL_SIGNALS
 from sluice.core.presets import POD_REGEX_LIMIT, PRESETS, build_queries, escape_regex, escape_string
 from tests.helpers import spec
@@ -126,5 +127,7 @@ def test_every_signal_is_either_queried_or_declared_unsupported():
     for engine in PRESETS:
         s = spec(engine=engine, metrics={"queries": {"ttft": "x"}}) if engine == "custom" else spec(engine=engine)
         plan = build_queries(s, "llm", PODS)
-        assert set(plan.queries) | set(plan.unsupported) == set(ALL_SIGNALS)
+        assert set(plan.queries) | set(plan.unsupported) == set(ALL_SIGNALS) - {"refusedRate"}
         assert not set(plan.queries) & set(plan.unsupported)
+        enforced = build_queries(s.model_copy(update={"admission": AdmissionSpec(mode="Enforce")}), "llm", PODS)
+        assert set(enforced.queries) == set(plan.queries) | {"refusedRate"}  # the sidecar's, whatever the engine

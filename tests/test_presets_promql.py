@@ -102,7 +102,55 @@ def series(engine: str) -> list[tuple[str, dict[str, str], str, float]]:
         out.append((names[2], {**base, **queue_extra}, "gauge", GAUGES["queue"][pod]))
         out.append((running[0], {**base, **running[1]}, "gauge", GAUGES["running"][pod]))
         out.extend(_requests(engine, base, pod))
+        out.extend(_sidecar({"namespace": NAMESPACE, "pod": pod}, pod))
     return out
+
+
+# The pod's Istio sidecar, inbound side: istio_requests_total with the labels istio/proxy's stats filter writes
+# (testdata/metric/server_request_total.yaml.tmpl at istio/proxy 86a72d0, 2026-08-22), response_flags as Envoy's
+# short flags (source/common/stream_info/utility.cc: "-" for none, UO upstream overflow, RL rate limited).
+# Per pod: (response_code, response_flags, requests/s); `idle` has no sidecar series at all.
+SIDECAR = {
+    "ok": [("200", "-", 1.0), ("503", "UO", 0.5), ("429", "RL", 0.25), ("503", "UO,URX", 0.05)],
+    "bad": [("200", "-", 0.6), ("503", "UF", 0.1)],
+}
+REFUSED = {"ok": 0.8, "bad": 0.0}
+"""UO and RL, alone or with another flag, are the sidecar's refusals; UF (an upstream connection failure) is not."""
+
+
+def _sidecar(base: dict[str, str], pod: str) -> list[tuple[str, dict[str, str], str, float]]:
+    istio = {
+        "reporter": "destination",
+        "source_workload": "istio-ingressgateway",
+        "source_canonical_service": "istio-ingressgateway",
+        "source_canonical_revision": "latest",
+        "source_workload_namespace": "istio-system",
+        "source_principal": "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account",
+        "source_app": "istio-ingressgateway",
+        "source_version": "unknown",
+        "source_cluster": "Kubernetes",
+        "destination_workload": "llama",
+        "destination_workload_namespace": NAMESPACE,
+        "destination_principal": f"spiffe://cluster.local/ns/{NAMESPACE}/sa/default",
+        "destination_app": "llama",
+        "destination_version": "v1",
+        "destination_service": f"llama.{NAMESPACE}.svc.cluster.local",
+        "destination_canonical_service": "llama",
+        "destination_canonical_revision": "v1",
+        "destination_service_name": "llama",
+        "destination_service_namespace": NAMESPACE,
+        "destination_cluster": "Kubernetes",
+        "request_protocol": "http",
+        "grpc_response_status": "",
+        "connection_security_policy": "mutual_tls",
+    }
+    rows = []
+    for code, flags, rate in SIDECAR.get(pod, []):
+        rows.append(("istio_requests_total", {**base, **istio, "response_code": code, "response_flags": flags}, rate))
+        # the caller's sidecar counts the same request too (reporter="source"): never the pod's own refusal
+        source = {**istio, "reporter": "source", "response_code": code, "response_flags": flags}
+        rows.append(("istio_requests_total", {**base, **source, "pod": f"client-of-{pod}"}, rate))
+    return [(n, labels, "counter", v) for n, labels, v in rows]
 
 
 def _requests(engine: str, base: dict[str, str], pod: str) -> list[tuple[str, dict[str, str], str, float]]:
@@ -200,13 +248,14 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process.wait(timeout=20)
 
 
-def read(url: str, engine: str, **metrics: Any) -> SignalSnapshot:
+def read(url: str, engine: str, admission: dict[str, Any] | None = None, **metrics: Any) -> SignalSnapshot:
     io = PromIO()
     try:
         served = {"triton": {"servedModel": "tensorrt_llm"}} if engine == "triton" else {}
         pool = spec(
             engine=engine,
             metrics={"prometheusUrl": url, "window": "1m", "extraLabels": {"engine": engine}, **served, **metrics},
+            **({"admission": admission} if admission else {}),
         )
         return io.read_signals(pool, NAMESPACE, list(PODS), PromAuth(), datetime.now(UTC))
     finally:
@@ -292,6 +341,24 @@ def test_each_preset_reads_the_expected_signals_from_real_prometheus(prometheus:
                 assert value == pytest.approx(expected[field], rel=0.02, abs=1e-6), (engine, pod, field)
             else:
                 assert value is None, (engine, pod, field, "no traffic must read as missing, not 0")
+
+
+@pytest.mark.parametrize("engine", sorted(EXPECTED))
+def test_under_enforce_each_preset_reads_the_sidecars_refusals_from_istios_counter(
+    prometheus: str, engine: str
+) -> None:
+    """The same for every engine: UO and RL answers of the pod's own sidecar (reporter destination) per second;
+    a pod whose sidecar answered and refused nothing reads 0; a pod without the metric reads nothing, not 0.
+    Without Enforce the counter is not asked at all."""
+    snapshot = read(prometheus, engine, admission={"mode": "Enforce"})
+    assert snapshot.failed == {}
+    for pod in PODS:
+        value = snapshot.pods[pod].refused_rate
+        if pod in REFUSED:
+            assert value == pytest.approx(REFUSED[pod], rel=0.02, abs=1e-6), (engine, pod)
+        else:
+            assert value is None, (engine, pod, "a pod without Istio's counter has unknown refusals, not 0")
+    assert all(values.refused_rate is None for values in read(prometheus, engine).pods.values())
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "triton", "tgi"])

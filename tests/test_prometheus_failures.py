@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sluice.core.engines import SIDECAR
 from sluice.core.evidence import judge_metrics
 from sluice.core.presets import PRESETS
 from sluice.io.prometheus import PromAuth, PromIO
@@ -44,7 +45,7 @@ def prometheus() -> Iterator[_Prometheus]:
         yield server
 
 
-QUERIES = len(PRESETS["vllm"]) + 1  # every vLLM signal and the sample times
+QUERIES = len(PRESETS["vllm"]) - len(SIDECAR) + 1  # the vLLM signals (not the sidecar's), the sample times
 
 
 def test_after_a_failure_passes_use_the_last_good_answer_with_its_own_time_while_within_stale_after(

@@ -17,6 +17,7 @@ EVERY = {
     "error_rate": 0.01,
     "lora_failure_rate": 0.0,
     "sleeping": 0.0,
+    "refused_rate": 3.0,
 }
 
 

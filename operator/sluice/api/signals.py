@@ -74,6 +74,7 @@ class QueryOverrides(ApiModel):
             "error_rate",
             "lora_failure_rate",
             "sleeping",
+            "refused_rate",
         )
     )
 
@@ -93,6 +94,12 @@ class QueryOverrides(ApiModel):
         default=None,
         description="1 while the engine is asleep (vLLM sleep mode), 0 while awake: a sleeping pod is not routed. "
         "Optional: a pod without it is taken as awake.",
+    )
+    refused_rate: Query | None = Field(
+        default=None,
+        description="Requests per second the pod's sidecar refused (admission.mode Enforce; by default Istio's "
+        "istio_requests_total with reporter destination and response flag UO or RL). Optional: a pod without it "
+        "has its refusals unknown, never 0.",
     )
 
 

@@ -49,6 +49,11 @@ class EndpointSignals(StatusModel):
     error_rate: float | None = Field(default=None, description="Failed share of requests, 0 to 1.")
     lora_failure_rate: float | None = Field(default=None, description="Failed share of LoRA loads, 0 to 1.")
     sleeping: float | None = Field(default=None, description="1 while the engine is asleep, 0 while awake.")
+    refused_rate: float | None = Field(
+        default=None,
+        description="admission.mode Enforce: requests per second the pod's sidecar refused (its inbound limit's "
+        "503s and the tenants' 429s: Istio's istio_requests_total with response flag UO or RL).",
+    )
 
 
 class EndpointStatus(StatusModel):
@@ -338,6 +343,31 @@ class MeshStatus(StatusModel):
     )
 
 
+class AdmissionStatus(StatusModel):
+    """admission.mode Enforce: what the sidecars sluice configures (pods with a sidecar and a class label) refused
+    and what their engines served, over metrics.window."""
+
+    refused_rate: float | None = Field(
+        default=None,
+        description="Requests/s those sidecars refused (their inbound limits' 503s and the tenants' 429s: Istio's "
+        "istio_requests_total, reporter destination, response flag UO or RL); absent while one of them has no "
+        "count (named in uncounted).",
+    )
+    served_rate: float | None = Field(
+        default=None,
+        description="Requests/s the engines behind those sidecars finished (their requestRate); absent while one "
+        "is unread.",
+    )
+    refused_share: float | None = Field(
+        default=None, description="refusedRate / (refusedRate + servedRate), 0 to 1; absent without both."
+    )
+    uncounted: list[str] = Field(
+        default_factory=list,
+        description="Configured sidecars whose refusals were not read (no istio_requests_total for the pod: metrics "
+        "merging off, or not scraped); at most 20 named.",
+    )
+
+
 class InferencePoolStatus(StatusModel):
     observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="metav1.Condition list.")
@@ -356,6 +386,11 @@ class InferencePoolStatus(StatusModel):
     )
     mesh: MeshStatus | None = Field(
         default=None, description="Which proxies the pool's routing reaches (the MeshReach condition's findings)."
+    )
+    admission: AdmissionStatus | None = Field(
+        default=None,
+        description="admission.mode Enforce: the pool's refused and served rates (the Shedding condition judges by "
+        "them).",
     )
     signal_checks: SignalChecks | None = Field(
         default=None,

@@ -71,6 +71,7 @@ from sluice.api.rules import Rule, cel_string, check_rules, emit_rules, positive
 from sluice.api.signals import MetricsAuth, MetricsSpec, QueryOverrides, SecretKeyRef, TritonMetrics
 from sluice.api.spec import InferencePoolSpec, LabelSelector, LabelValue
 from sluice.api.status import (
+    AdmissionStatus,
     CanaryStatus,
     Condition,
     EndpointSignals,
@@ -175,6 +176,7 @@ __all__ = [
     "AbTestSpec",
     "AdmissionMode",
     "AdmissionSpec",
+    "AdmissionStatus",
     "AnalysisSpec",
     "ApiModel",
     "CanaryPhase",

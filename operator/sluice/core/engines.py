@@ -316,14 +316,70 @@ TGI: dict[SignalName, Reading] = {
     ),
 }
 
-READINGS: dict[Engine, dict[SignalName, Reading]] = {
-    "vllm": VLLM,
-    "sglang": SGLANG,
-    "trtllm": TRTLLM,
-    "triton": TRITON,
-    "tgi": TGI,
+# ------------------------------------------------------------------------------------------------ sidecar
+# Not the engine's: the pod's Istio sidecar counts every request it answers in istio_requests_total (istio/proxy
+# source/extensions/filters/http/istio_stats/istio_stats.cc; the labels as testdata/metric/
+# server_request_total.yaml.tmpl has them), reporter="destination" on the inbound side, merged into the pod's
+# own scrape by the agent (metrics merging), so it carries the pod label the engine's series do. Envoy writes a
+# request it answers itself with its response flags (source/common/stream_info/utility.cc, comma-separated):
+# UO for the inbound circuit breaker's overflow (the inbound limit), RL for the local rate limit (a tenant's
+# bucket). A series appears with its first request of that label set, so a pod whose sidecar answered requests
+# and refused none has measurably refused 0; a pod without the metric (no sidecar, metrics merging off) reads
+# nothing.
+ISTIO_REQUESTS = Series(
+    "istio_requests_total",
+    (
+        "reporter",
+        "source_workload",
+        "source_workload_namespace",
+        "source_principal",
+        "source_app",
+        "source_version",
+        "source_cluster",
+        "source_canonical_service",
+        "source_canonical_revision",
+        "destination_workload",
+        "destination_workload_namespace",
+        "destination_principal",
+        "destination_app",
+        "destination_version",
+        "destination_service",
+        "destination_service_name",
+        "destination_service_namespace",
+        "destination_cluster",
+        "destination_canonical_service",
+        "destination_canonical_revision",
+        "request_protocol",
+        "response_code",
+        "grpc_response_status",
+        "response_flags",
+        "connection_security_policy",
+    ),
+    ',reporter="destination"',
+    needed=False,
+    lazy=True,
+)
+SIDECAR_REFUSED_FLAGS = "(.*,)?(UO|RL)(,.*)?"
+"""Envoy's short response flags of a request the sidecar refused: inbound overflow or local rate limit."""
+_INBOUND = ',reporter="destination"'
+_REFUSED = _INBOUND + ',response_flags=~"' + SIDECAR_REFUSED_FLAGS + '"'
+SIDECAR: dict[SignalName, Reading] = {
+    "refusedRate": Reading(
+        f"({rate('istio_requests_total', _REFUSED)}) or (0 * ({rate('istio_requests_total', _INBOUND)}))",
+        (ISTIO_REQUESTS,),
+    ),
 }
-"""Each engine's preset: per signal its query and the raw series it reads. `custom` has none."""
+"""What the pod's sidecar reads, the same whatever the engine (asked only under `admission.mode: Enforce`)."""
+
+READINGS: dict[Engine, dict[SignalName, Reading]] = {
+    "vllm": VLLM | SIDECAR,
+    "sglang": SGLANG | SIDECAR,
+    "trtllm": TRTLLM | SIDECAR,
+    "triton": TRITON | SIDECAR,
+    "tgi": TGI | SIDECAR,
+}
+"""Each engine's preset: per signal its query and the raw series it reads. `custom` has none (but the sidecar's
+query: `sluice.core.presets.PRESETS`)."""
 
 _NO_TTFT = "TGI exports no time-to-first-token metric (tgi_request_queue_duration leaves out the prefill)"
 NOT_PROVIDED: dict[Engine, dict[SignalName, str]] = {

@@ -193,6 +193,11 @@ class PodAdmission:
     """The requests its engine ran at its last scrape (None: no reading)."""
     rate: float | None = None
     """The admitted rate its status row shows (`pod_rates`; only with `admission.tenants`)."""
+    refused: float | None = None
+    """Requests/s its sidecar refused over the signals' window (Istio's count, the `refusedRate` signal; None:
+    not read)."""
+    served: float | None = None
+    """Requests/s its engine finished over the same window (`requestRate`; None: not read)."""
 
 
 NOT_MEASURED = "no batch read yet (its KV cache never a quarter full), nor any pod of its class"
@@ -216,6 +221,25 @@ class Enforcement:
     unshared: tuple[str, ...] = ()
     """Pods with a sidecar and a class but no rate (none read at their limit, nor at their class's): the tenants'
     shares are not enforced on them."""
+    refused: dict[str, float] = field(default_factory=dict)
+    """Pod -> requests/s its sidecar refused, for the pods whose sidecar sluice configures (a sidecar and a class)
+    and whose count was read."""
+    served: dict[str, float] = field(default_factory=dict)
+    """Pod -> requests/s its engine finished, for the same pods, where read."""
+    uncounted: tuple[str, ...] = ()
+    """Pods whose sidecar sluice configures with no refusal count read (no Istio metrics for the pod): the pool's
+    refusals are unknown while there is one."""
+
+    @property
+    def refused_rate(self) -> float | None:
+        """Requests/s the pool's sidecars refused; None while a configured sidecar's count is unread."""
+        return None if self.uncounted else sum(self.refused.values())
+
+    @property
+    def served_rate(self) -> float | None:
+        """Requests/s the engines behind those sidecars finished; None while one is unread."""
+        configured = set(self.refused) | set(self.uncounted)
+        return sum(self.served.values()) if configured <= set(self.served) else None
 
 
 def enforced_limits(pods: Sequence[PodAdmission], tenants: bool = False) -> Enforcement:
@@ -228,6 +252,9 @@ def enforced_limits(pods: Sequence[PodAdmission], tenants: bool = False) -> Enfo
     unlimited: dict[str, list[str]] = {}
     unshared: list[str] = []
     at_limit: list[str] = []
+    refused: dict[str, float] = {}
+    served: dict[str, float] = {}
+    uncounted: list[str] = []
     read = 0
     for p in sorted(pods, key=lambda p: p.pod):
         if not p.sidecar:
@@ -236,6 +263,13 @@ def enforced_limits(pods: Sequence[PodAdmission], tenants: bool = False) -> Enfo
         if not p.hardware_class:
             unlimited.setdefault(NO_CLASS, []).append(p.pod)
             continue
+        count, finished = finite(p.refused), finite(p.served)
+        if count is None:
+            uncounted.append(p.pod)
+        else:
+            refused[p.pod] = count
+        if finished is not None:
+            served[p.pod] = finished
         if p.rate is not None:
             rates[p.hardware_class] = min(rates.get(p.hardware_class, p.rate), p.rate)
         elif tenants:
@@ -256,4 +290,7 @@ def enforced_limits(pods: Sequence[PodAdmission], tenants: bool = False) -> Enfo
         read,
         rates,
         tuple(unshared),
+        refused,
+        served,
+        tuple(uncounted),
     )

@@ -24,6 +24,7 @@ SignalName = Literal[
     "errorRate",
     "loraFailureRate",
     "sleeping",
+    "refusedRate",
 ]
 ALL_SIGNALS: tuple[SignalName, ...] = get_args(SignalName)
 SIGNAL_FIELD: dict[SignalName, str] = {
@@ -36,6 +37,7 @@ SIGNAL_FIELD: dict[SignalName, str] = {
     "errorRate": "error_rate",
     "loraFailureRate": "lora_failure_rate",
     "sleeping": "sleeping",
+    "refusedRate": "refused_rate",
 }
 
 PodSignals = EndpointSignals

@@ -18,7 +18,7 @@ from string import Template
 
 from sluice.api.durations import format_duration
 from sluice.api.v1alpha1 import Engine, InferencePoolSpec, QueryOverrides
-from sluice.core.engines import FRESHNESS_SERIES, READINGS
+from sluice.core.engines import FRESHNESS_SERIES, READINGS, SIDECAR
 from sluice.core.observed import ALL_SIGNALS, SignalName
 from sluice.core.promql import Series
 
@@ -29,11 +29,19 @@ POD_REGEX_LIMIT = 200
 PRESETS: dict[Engine, dict[SignalName, str]] = {
     engine: {signal: reading.query for signal, reading in readings.items()} for engine, readings in READINGS.items()
 }
-PRESETS["custom"] = {}
+PRESETS["custom"] = {signal: reading.query for signal, reading in SIDECAR.items()}
 
-OPTIONAL_SIGNALS: frozenset[SignalName] = frozenset({"sleeping", "loraFailureRate"})
+OPTIONAL_SIGNALS: frozenset[SignalName] = frozenset({"sleeping", "loraFailureRate", "refusedRate"})
 """Signals whose absence says nothing wrong, never reported missing: an engine started without sleep mode is
-awake, and a pod that loaded no adapter has no LoRA failure rate."""
+awake, a pod that loaded no adapter has no LoRA failure rate, and a pod without a sidecar refuses nothing of its
+own (the AdmissionEnforced condition names it; a limited pod without the reading makes the pool's refusals
+unknown, `sluice.core.inbound`)."""
+
+
+def asked(spec: InferencePoolSpec, signal: SignalName) -> bool:
+    """Whether the pool reads the signal at all: the sidecar's refusals only while its limits are enforced."""
+    return signal not in SIDECAR or spec.admission.mode == "Enforce"
+
 
 FRESHNESS: dict[Engine, str] = {
     engine: " or ".join(f"max by ($podLabel) (timestamp({s.name}{{$selector{s.matchers}}})) - time()" for s in series)
@@ -56,7 +64,8 @@ def supported_signals(spec: InferencePoolSpec) -> tuple[SignalName, ...]:
     return tuple(
         signal
         for signal in ALL_SIGNALS
-        if signal in preset or getattr(spec.metrics.queries, SIGNAL_FIELD_OVERRIDE[signal]) is not None
+        if asked(spec, signal)
+        and (signal in preset or getattr(spec.metrics.queries, SIGNAL_FIELD_OVERRIDE[signal]) is not None)
     )
 
 
@@ -121,6 +130,8 @@ def build_queries(
     queries: dict[SignalName, str] = {}
     unsupported: list[SignalName] = []
     for signal in ALL_SIGNALS:
+        if not asked(spec, signal):
+            continue
         template = getattr(spec.metrics.queries, SIGNAL_FIELD_OVERRIDE[signal]) or preset.get(signal)
         if template is None:
             unsupported.append(signal)
@@ -174,7 +185,7 @@ def preset_series(spec: InferencePoolSpec) -> dict[str, Series]:
     """Every raw series the pool's preset reads for the signals no override replaces, by key."""
     found: dict[str, Series] = {}
     for signal, reading in READINGS.get(spec.engine, {}).items():
-        if not overridden(spec, signal):
+        if asked(spec, signal) and not overridden(spec, signal):
             for series in reading.series:
                 found.setdefault(series.key, series)
             if reading.unavailable_when is not None:  # asked too, to tell an older version from a missing series

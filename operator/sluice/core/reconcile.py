@@ -19,7 +19,14 @@ from datetime import datetime
 
 from sluice.api.memory import remembered
 from sluice.api.operation import Operation
-from sluice.api.v1alpha1 import CanaryStatus, EndpointStatus, InferencePoolSpec, InferencePoolStatus, MeshStatus
+from sluice.api.v1alpha1 import (
+    AdmissionStatus,
+    CanaryStatus,
+    EndpointStatus,
+    InferencePoolSpec,
+    InferencePoolStatus,
+    MeshStatus,
+)
 from sluice.core import status as conditions
 from sluice.core.allocation import Allocation, allocate
 from sluice.core.canary import step_canary
@@ -33,7 +40,7 @@ from sluice.core.observed import Observed, ObservedPod
 from sluice.core.presets import supported_signals
 from sluice.core.rows import StatusRow, render_row, with_inbound_limits
 from sluice.core.signalcheck import Screened, screen
-from sluice.core.status import Want
+from sluice.core.status import NAMED_PODS, Want
 from sluice.core.verdicts import PodVerdict, judge_pod, not_routable_because, selects
 
 # The signal each canary gate reads.
@@ -130,6 +137,7 @@ def plan_pass(
             "endpoints": rows,
             "signal_checks": screened.checks,
             "mesh": _mesh_status(mesh, publish, previous),
+            "admission": _admission_status(admission),
             "last_reconcile_time": now,
         }
     )
@@ -166,10 +174,26 @@ def _enforcement(
                 r["pod"] in sidecars,
                 r["signals"].running_requests,
                 r["rate_limit"],
+                r["signals"].refused_rate,
+                r["signals"].request_rate,
             )
             for r in rows
         ],
         tenants=spec.admission.tenants is not None,
+    )
+
+
+def _admission_status(admission: Enforcement | None) -> AdmissionStatus | None:
+    """The pool's refused and served rates, as the Shedding condition judges them (None without Enforce)."""
+    if admission is None:
+        return None
+    refused, served = admission.refused_rate, admission.served_rate
+    total = None if refused is None or served is None else refused + served
+    return AdmissionStatus(
+        refused_rate=refused,
+        served_rate=served,
+        refused_share=refused / total if refused is not None and total else None,
+        uncounted=list(admission.uncounted[:NAMED_PODS]),
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from sluice.api.v1alpha1 import InferencePoolSpec
 from sluice.core.engines import READINGS
 from sluice.core.observed import ALL_SIGNALS, SIGNAL_FIELD, CheckAnswers, SeriesAnswer, SignalName, SignalSnapshot
-from sluice.core.presets import overridden
+from sluice.core.presets import asked, overridden
 from sluice.core.promql import Reading
 
 EPSILON = 1e-6
@@ -26,6 +26,7 @@ RANGES: dict[SignalName, tuple[float, float]] = {
     "errorRate": (0.0, 1.0),
     "loraFailureRate": (0.0, 1.0),
     "sleeping": (0.0, 1.0),
+    "refusedRate": (0.0, math.inf),
 }
 """What each signal can be; anything else is a preset or override reading the wrong thing."""
 
@@ -66,7 +67,7 @@ def refusals(
     for pod in pods:
         mine: dict[SignalName, str] = {}
         for signal, reading in readings.items():
-            why = None if overridden(spec, signal) else duplicate(reading, answers, pod)
+            why = None if overridden(spec, signal) or not asked(spec, signal) else duplicate(reading, answers, pod)
             if why is not None:
                 mine[signal] = why
         values = snapshot.pods.get(pod)

@@ -31,7 +31,7 @@ from sluice.core.observed import (
     SignalName,
     SignalSnapshot,
 )
-from sluice.core.presets import OPTIONAL_SIGNALS, overridden
+from sluice.core.presets import OPTIONAL_SIGNALS, asked, overridden
 from sluice.core.promql import Reading
 from sluice.core.refusals import duplicate, refusals, series_answers, without
 
@@ -253,6 +253,8 @@ def screen(spec: InferencePoolSpec, snapshot: SignalSnapshot, ready_pods: list[s
     entries: list[SignalCheck] = []
     for signal in ALL_SIGNALS:
         reading = readings.get(signal)
+        if not asked(spec, signal):
+            continue
         if overridden(spec, signal):
             entries.append(_override_check(signal, ready_pods, refused))
         elif reading is None:

@@ -216,17 +216,45 @@ def tenant_shares(enforcement: Enforcement, refusal: str | None) -> Want:
 
 
 def shedding(enforcement: Enforcement) -> Want:
-    """`admission.mode: Enforce`: whether the limited pods' sidecars were refusing at the last scrape (an engine
-    running at its limit), sampled, not counted."""
+    """`admission.mode: Enforce`: whether the sidecars sluice configures refused requests over the signals' window,
+    counted by Istio where every one of them has a count; where one has none, sampled instead (an engine running
+    at its limit has a sidecar refusing past it), and the message names the pods not counted."""
+    refused = enforcement.refused_rate
+    if refused is not None and enforcement.refused:
+        if refused > 0:
+            served = enforcement.served_rate
+            share = (
+                f" ({refused / (refused + served):.1%} of the requests that reached them)"
+                if served is not None and refused + served > 0
+                else ""
+            )
+            refusing = sorted((pod for pod, rate in enforcement.refused.items() if rate > 0))
+            message = (
+                f"the sidecars refused {refused:.3g} requests/s{share} over the signals' window: {_named(refusing)}"
+            )
+            return Want("Shedding", "True", "Refusing", message[:1000])
+        return Want(
+            "Shedding",
+            "False",
+            "NoRefusals",
+            f"none of the {len(enforcement.refused)} configured sidecars refused a request over the signals' window",
+        )
+    uncounted = (
+        f"; refusals not counted for {_named(list(enforcement.uncounted))} (no istio_requests_total read for them)"
+        if enforcement.uncounted
+        else ""
+    )
     if enforcement.at_limit:
         message = (
             f"{len(enforcement.at_limit)} of {enforcement.read} limited pods ran at their limit at their last scrape "
-            f"(their sidecars refuse past it): {_named(list(enforcement.at_limit))}"
+            f"(their sidecars refuse past it): {_named(list(enforcement.at_limit))}{uncounted}"
         )
-        return Want("Shedding", "True", "AtLimit", message)
+        return Want("Shedding", "True", "AtLimit", message[:1000])
     if not enforcement.read:
-        return Want("Shedding", "Unknown", "NoReadings", "no limited pod has a running count to compare with its limit")
-    return Want("Shedding", "False", "BelowLimits", f"all {enforcement.read} limited pods ran below their limit")
+        message = f"no limited pod has a running count to compare with its limit{uncounted}"
+        return Want("Shedding", "Unknown", "NoReadings", message[:1000])
+    message = f"all {enforcement.read} limited pods ran below their limit at their last scrape{uncounted}"
+    return Want("Shedding", "False", "BelowLimits", message[:1000])
 
 
 def progressing(canary: CanaryStatus) -> Want:

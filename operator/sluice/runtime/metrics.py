@@ -102,6 +102,7 @@ class _Recorded(NamedTuple):
     canary_weight: int
     canary_step: int
     phase: str | None
+    refused: float | None = None
 
 
 class OperatorMetrics:
@@ -194,6 +195,13 @@ class OperatorMetrics:
             ["pool", "pod"],
             registry=r,
         )
+        self.refused_rate = Gauge(
+            "sluice_pool_refused_rate",
+            "Requests/s the pool's sidecars refused, as read from Istio (status.admission.refusedRate, admission "
+            "Enforce); absent while unknown.",
+            ["pool"],
+            registry=r,
+        )
         self.canary_weight = Gauge("sluice_canary_weight", "Candidate traffic percentage.", ["pool"], registry=r)
         self.canary_step = Gauge("sluice_canary_step", "Canary step index (-1: no rollout).", ["pool"], registry=r)
         self.canary_phase = Gauge(
@@ -248,6 +256,7 @@ class OperatorMetrics:
             canary.weight if canary else 0,
             -1 if step is None else step,
             canary.phase if canary else None,
+            status.admission.refused_rate if status.admission else None,
         )
         if self._recorded.get(pool) == recorded:
             return
@@ -264,6 +273,10 @@ class OperatorMetrics:
         _set_per_pod(self.rate_limit, self._rated, pool, {pod: rate for pod, _, _, _, rate in rows})
         for state, count in zip(STATES, states, strict=True):
             self.endpoints.labels(pool, state).set(count)
+        if recorded.refused is None:
+            _remove([(self.refused_rate, (pool,))])
+        else:
+            self.refused_rate.labels(pool).set(recorded.refused)
         if canary is None:  # no canary (or no longer): no canary series, 9 per pool
             self._forget_canary(pool)
             return
@@ -304,7 +317,7 @@ class OperatorMetrics:
         self._recorded.pop(pool, None)
         self._behind.discard(pool)
         self.behind.set(len(self._behind))
-        gauges = (self.lag_last, self.last_pass, self.metrics_available, self.last_duration)
+        gauges = (self.lag_last, self.last_pass, self.metrics_available, self.last_duration, self.refused_rate)
         labelled: list[tuple[Gauge, tuple[str, ...]]] = [(gauge, (pool,)) for gauge in gauges]
         labelled += [(self.endpoints, (pool, state)) for state in STATES]
         _remove(labelled)

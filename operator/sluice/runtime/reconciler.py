@@ -89,9 +89,10 @@ def _newer(mine: InferencePoolStatus | None, theirs: InferencePoolStatus | None)
     return mine if _stamp(mine) >= _stamp(theirs) else theirs
 
 
-_NOT_DECISIONS = frozenset({"endpoints", "pod_memory", "endpoint_summary", "signal_checks"})
+_NOT_DECISIONS = frozenset({"endpoints", "pod_memory", "endpoint_summary", "signal_checks", "admission"})
 """A stored status' fields that carry rows (their decisions are compared row by row, `_decisions`), and the
-preflight's findings, which are observations (the SignalsReady condition carries what they decide)."""
+preflight's findings and the pool's refusal rates, which are observations (the SignalsReady and Shedding
+conditions carry what they decide)."""
 Decisions = tuple[tuple[tuple[str, object], ...], tuple[tuple[tuple[str, object], ...], ...]]
 
 
