@@ -351,3 +351,22 @@ def test_a_429_is_retried_only_where_the_pools_retry_policy_names_it() -> None:
         outcome = Outcome(arrival, "a100-0")
         sim._refuse(arrival, outcome, "a100-0", 0, 0, frozenset(), status=429)
         assert outcome.refused is given_up
+
+
+def test_a_simulated_pods_refusals_read_as_istio_counts_them() -> None:
+    """The simulated Prometheus reads a pod's sidecar refusals as `refusedRate` over the window: nothing before
+    its sidecar answered anything (Istio's counter has no series yet), 0 once it answered and refused none."""
+    from sluice.bench.control import ScrapedServer  # noqa: PLC0415
+
+    server = ScrapedServer("a", "a100", "v1")
+    server.scrape(10.0, 0, 0, 0.0, 60.0)
+    assert server.signals(30.0).refused_rate is None
+    server.observe_outcome(12.0, True)
+    server.scrape(20.0, 1, 0, 0.1, 60.0)
+    assert server.signals(30.0).refused_rate == 0.0
+    for at in (21.0, 22.0, 23.0):
+        server.observe_refusal(at)
+    server.scrape(30.0, 1, 0, 0.1, 60.0)
+    assert server.signals(30.0).refused_rate == pytest.approx(3 / 30)
+    server.scrape(70.0, 0, 0, 0.0, 60.0)  # the window has moved past them
+    assert server.signals(30.0).refused_rate == 0.0

@@ -40,6 +40,11 @@ class ScrapedServer:
     revision: str
     ttfts: deque[tuple[float, float]] = field(default_factory=deque)
     outcomes: deque[tuple[float, bool]] = field(default_factory=deque)
+    refusals: deque[float] = field(default_factory=deque)
+    """When the pod's sidecar refused a request (inbound limit or tenant bucket): Istio's `istio_requests_total`
+    with response flag UO or RL, read as `refusedRate`."""
+    answered: bool = False
+    """Its sidecar answered a request: Istio's counter has series for the pod from then on (before, none)."""
     gauges: dict[str, float] = field(default_factory=dict)
 
     def observe_ttft(self, at: float, seconds: float) -> None:
@@ -47,6 +52,11 @@ class ScrapedServer:
 
     def observe_outcome(self, at: float, ok: bool) -> None:
         self.outcomes.append((at, ok))
+        self.answered = True
+
+    def observe_refusal(self, at: float) -> None:
+        self.refusals.append(at)
+        self.answered = True
 
     def scrape(self, at: float, running: int, waiting: int, kv_usage: float, horizon: float) -> None:
         self.gauges = {"at": at, "running": float(running), "queue": float(waiting), "kv": kv_usage}
@@ -54,6 +64,8 @@ class ScrapedServer:
             self.ttfts.popleft()
         while self.outcomes and self.outcomes[0][0] < at - horizon:
             self.outcomes.popleft()
+        while self.refusals and self.refusals[0] < at - horizon:
+            self.refusals.popleft()
 
     def signals(self, window: float) -> PodSignals:
         if "at" not in self.gauges:
@@ -70,6 +82,9 @@ class ScrapedServer:
             running_requests=self.gauges["running"],
             request_rate=ok / window,
             error_rate=(len(outcomes) - ok) / len(outcomes) if outcomes else None,
+            refused_rate=sum(1 for when in self.refusals if at - window < when <= at) / window
+            if self.answered
+            else None,
         )
 
 

@@ -386,6 +386,7 @@ class Simulation:
         `routing.retries.statusCodes` names it (its `attempts` times). A 429 is not a 5xx to the caller's outlier
         detection: it resets the consecutive count (Envoy's outlier_detection_impl.cc `putHttpResponseCode` counts
         5xx only)."""
+        self.servers[name].scraped.observe_refusal(self.now)
         retries = self.scenario.dataplane.refusal_retries
         if status == 429:
             policy = self.pool.routing.retries
