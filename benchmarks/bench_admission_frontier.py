@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from typing import Any
 
 from sluice.bench.capacity import OVERLOAD_SECONDS, fleet_capacity, server_curves
 from sluice.bench.scenario import Scenario, load
@@ -72,6 +73,12 @@ def main() -> None:
     parser.add_argument(
         "--learned", default="", help="comma-separated batchShare values: sluice's own reported limits, enforced"
     )
+    parser.add_argument(
+        "--steered",
+        default="",
+        help="comma-separated shares of the SLO: with --learned, also each share's variant with admission.ttftTarget "
+        "at that share of the scenario's P99 TTFT SLO (the limits steered by the engines' TTFT p95)",
+    )
     parser.add_argument("--strategies", default="least-request", help="comma-separated strategies")
     parser.add_argument(
         "--no-outlier-detection", action="store_true", help="the callers do not eject pods on consecutive 5xx"
@@ -84,6 +91,7 @@ def main() -> None:
     variants: list[tuple[str, int | None, dict[str, int], float | None]] = [
         (f"limit {x}", None if x == "none" else int(x), {}, None) for x in args.limits.split(",") if x
     ]
+    targets: dict[str, float] = {}  # variant -> admission.ttftTarget, seconds
     if args.batches:
         batch = {hw: saturated_batch(scenario, hw) for hw in {s.hardware for s in scenario.servers}}
         print("engine batch at saturation: " + ", ".join(f"{hw} {b:g}" for hw, b in sorted(batch.items())))
@@ -92,6 +100,10 @@ def main() -> None:
             variants.append((f"{factor:g} x batch", None, per_pod, None))
     for share in (float(x) for x in args.learned.split(",") if x):
         variants.append((f"learned {share:g}", None, {}, share))
+        for ratio in (float(x) for x in args.steered.split(",") if x):
+            name = f"learned {share:g}, target {ratio:g} SLO"
+            variants.append((name, None, {}, share))
+            targets[name] = ratio * scenario.slo.ttft_p99_ms / 1000
     strategies = args.strategies.split(",")
     plane_detection = scenario.dataplane.outlier_detection and not args.no_outlier_detection
     slo = scenario.slo.ttft_p99_ms
@@ -103,7 +115,7 @@ def main() -> None:
     )
     for fraction in (float(x) for x in args.loads.split(",")):
         print(f"\nload {fraction:.0%} ({fraction * capacity:.1f} req/s)")
-        print("  variant                        admitted P99 ms          in SLO / capacity      refused       retried")
+        print(f"  {'variant':42s} admitted P99 ms          in SLO / capacity      refused       retried")
         for strategy in strategies:
             for name, limit, per_pod, learned in variants:
                 if learned is not None and not strategy.startswith("sluice"):
@@ -121,7 +133,9 @@ def main() -> None:
                     )
                     loop = scenario.sluice
                     if learned is not None:
-                        admission = {"admission": {"mode": "Report", "batchShare": learned}}
+                        admission: dict[str, Any] = {"admission": {"mode": "Report", "batchShare": learned}}
+                        if name in targets:
+                            admission["admission"]["ttftTarget"] = f"{targets[name]:g}s"
                         loop = loop.model_copy(update={"pool": {**loop.pool, **admission}})
                     seeded = scenario.model_copy(
                         update={"seed": seed, "dataplane": plane, "servers": servers, "sluice": loop}
@@ -146,7 +160,7 @@ def main() -> None:
                 retried = [f["retried"] for f in figures]
                 label = f"{strategy}, {name}"
                 print(
-                    f"  {label:30s} {spread(p99):24s} {spread(served, 1, 2):20s} "
+                    f"  {label:42s} {spread(p99):24s} {spread(served, 1, 2):20s} "
                     f"{spread(refused, 100, 1)} %  {spread(retried, 100, 1)} %"
                 )
 

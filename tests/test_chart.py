@@ -266,4 +266,5 @@ def test_the_dashboards_refusals_select_what_the_operator_reads() -> None:
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
     istio = [expr for expr in exprs if "istio_requests_total" in expr]
     assert istio
+    assert 'sluice_pool_refused_rate{pool=~"$pool"}' in exprs
     assert all(f'response_flags=~"{SIDECAR_REFUSED_FLAGS}"' in e and 'reporter="destination"' in e for e in istio)

@@ -212,6 +212,7 @@ def burst(port: int) -> Counter[tuple[int, bool]]:
     def one(_: int) -> tuple[int, bool]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as answer:
+                answer.read()  # the whole answer: closing early is a downstream disconnect (flag DC) in the log
                 return answer.status, bool(answer.headers.get("x-envoy-overloaded"))
         except urllib.error.HTTPError as refused:
             return refused.code, bool(refused.headers.get("x-envoy-overloaded"))
@@ -359,6 +360,7 @@ def tenant_requests(port: int, tenant: str | None, count: int) -> Counter[tuple[
         request = urllib.request.Request(f"http://127.0.0.1:{port}/", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
+                answer.read()
                 seen[(answer.status, answer.headers.get("retry-after"))] += 1
         except urllib.error.HTTPError as refused:
             seen[(refused.code, refused.headers.get("retry-after"))] += 1

@@ -11,15 +11,21 @@ from hypothesis import strategies as st
 
 from sluice.core.inbound import (
     BATCH_GAIN,
+    HYSTERESIS,
     KV_EVIDENCE,
+    SHARE_DOWN,
+    SHARE_RANGE,
+    SHARE_UP,
     PodBatch,
     PodCapacity,
+    binds,
     inbound_limit,
     learn_batch,
     learn_rate_at_limit,
     pod_limits,
     pod_rates,
     rate_limit,
+    steer_share,
 )
 from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import PodSignals
@@ -273,7 +279,7 @@ def test_a_pool_says_when_its_sidecars_start_and_stop_shedding() -> None:
     assert (shedding.status, shedding.reason) == ("True", "AtLimit")
     assert shedding.message == (
         "1 of 2 limited pods ran at their limit at their last scrape (their sidecars refuse past it): a1; refusals "
-        "not counted for a1, a2 (no istio_requests_total read for them)"
+        "not counted for a1, a2"
     )
     assert first.status.admission is not None
     assert (first.status.admission.refused_rate, first.status.admission.uncounted) == (None, ["a1", "a2"])
@@ -296,14 +302,12 @@ def _counted(running: float, kv: float, served: float, refused: float | None) ->
 def test_where_istio_counts_every_sidecars_refusals_shedding_is_judged_by_the_count_not_the_sample() -> None:
     s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
     pods = [p.model_copy(update={"labels": {**p.labels, TLS_MODE_LABEL: "istio"}}) for p in (pod("a1"), pod("a2"))]
-    # a1 refused 2 requests/s while both served 9: shedding, with the share of what reached the sidecars. The
-    # sample alone (a1 runs below its limit of 30 now) would have said BelowLimits.
+    # a1 refused 2 requests/s while both served 9: shedding. The sample alone (a1 runs below its limit of 30
+    # now) would have said BelowLimits.
     first = run(s, pods, {"a1": _counted(20, 0.5, 4.0, 2.0), "a2": _counted(20, 0.5, 5.0, 0.0)}, 100)
     shedding = next(c for c in first.status.conditions if c.type == "Shedding")
     assert (shedding.status, shedding.reason) == ("True", "Refusing")
-    assert shedding.message == (
-        "the sidecars refused 2 requests/s (18.2% of the requests that reached them) over the signals' window: a1"
-    )
+    assert shedding.message == "sidecars refused requests over the signals' window: a1"
     admission = first.status.admission
     assert admission is not None
     assert (admission.refused_rate, admission.served_rate, admission.uncounted) == (2.0, 9.0, [])
@@ -314,14 +318,56 @@ def test_where_istio_counts_every_sidecars_refusals_shedding_is_judged_by_the_co
     shedding = next(c for c in second.status.conditions if c.type == "Shedding")
     assert (shedding.status, shedding.reason) == ("False", "NoRefusals")
     assert ("Normal", "SheddingStopped") in {(e.type, e.reason) for e in second.events}
-    # one sidecar's count unread: the pool's refusals are unknown, and the sample decides, saying so
+    # a2 serves with its count unread: the pool's refusals are unknown, and the sample decides, saying so
     third = run(s, pods, {"a1": _counted(40, 1.0, 4.0, 0.0), "a2": _counted(20, 0.5, 5.0, None)}, 130, second.status)
     shedding = next(c for c in third.status.conditions if c.type == "Shedding")
     assert (shedding.status, shedding.reason) == ("True", "AtLimit")
-    assert shedding.message.endswith("; refusals not counted for a2 (no istio_requests_total read for them)")
+    assert shedding.message.endswith("; refusals not counted for a2")
     assert third.status.admission is not None
     assert (third.status.admission.refused_rate, third.status.admission.refused_share) == (None, None)
     assert third.status.admission.served_rate == 9.0
+    # ... but a counted sidecar that refused is shedding whatever the others: True, naming the uncounted
+    fourth = run(s, pods, {"a1": _counted(20, 0.5, 4.0, 1.0), "a2": _counted(20, 0.5, 5.0, None)}, 145, third.status)
+    shedding = next(c for c in fourth.status.conditions if c.type == "Shedding")
+    assert (shedding.status, shedding.reason) == ("True", "Refusing")
+    assert shedding.message == "sidecars refused requests over the signals' window: a1; refusals not counted for a2"
+
+
+def test_a_pod_that_answered_nothing_has_refused_nothing_and_one_without_a_served_rate_is_not_counted() -> None:
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
+    pods = [p.model_copy(update={"labels": {**p.labels, TLS_MODE_LABEL: "istio"}}) for p in (pod("a1"), pod("a2"))]
+    # a2 is new: no Istio series yet, and its engine finished nothing: no request reached it, none was refused
+    plan = run(s, pods, {"a1": _counted(20, 0.5, 4.0, 0.0), "a2": _counted(0, 0.5, 0.0, None)}, 100)
+    assert plan.status.admission is not None
+    assert (plan.status.admission.refused_rate, plan.status.admission.uncounted) == (0.0, [])
+    # without the engine's served rate either, nothing says it answered nothing: not counted, and no served rate
+    plan = run(s, pods, {"a1": _counted(20, 0.5, 4.0, 0.0), "a2": _counted(0, 0.5, None, None)}, 100)
+    assert plan.status.admission is not None
+    assert plan.status.admission.uncounted == ["a2"]
+    assert (plan.status.admission.refused_rate, plan.status.admission.served_rate) == (None, None)
+
+
+def test_refusal_rates_that_move_alone_are_observations_and_do_not_write_the_status_at_once() -> None:
+    from sluice.runtime.reconciler import _change, _Compared  # noqa: PLC0415
+
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
+    pods = [p.model_copy(update={"labels": {**p.labels, TLS_MODE_LABEL: "istio"}}) for p in (pod("a1"), pod("a2"))]
+    first = run(s, pods, {"a1": _counted(20, 0.5, 4.0, 2.0), "a2": _counted(20, 0.5, 5.0, 0.0)}, 100)
+    second = run(s, pods, {"a1": _counted(20, 0.5, 4.0, 2.1), "a2": _counted(20, 0.5, 5.0, 0.0)}, 100, first.status)
+    assert first.status.admission != second.status.admission
+    assert _change(_Compared.of(first.status), _Compared.of(second.status)) == "observations"
+
+
+def test_a_failed_refusal_query_freezes_no_weight() -> None:
+    s = spec(admission={"mode": "Enforce", "batchShare": 0.75})
+    pods = [pod("a1").model_copy(update={"labels": {**pod("a1").labels, TLS_MODE_LABEL: "istio"}})]
+    plan = run(s, pods, {"a1": _counted(20, 0.5, 4.0, None)}, 100, failed={"refusedRate": "timed out"})
+    metrics = next(c for c in plan.status.conditions if c.type == "MetricsAvailable")
+    assert metrics.status == "True"
+    assert plan.status.admission is not None
+    assert plan.status.admission.uncounted == ["a1"]
+    frozen = run(s, pods, {"a1": _counted(20, 0.5, 4.0, None)}, 100, failed={"ttft": "timed out"})
+    assert next(c for c in frozen.status.conditions if c.type == "MetricsAvailable").status == "False"
 
 
 def test_a_pool_without_enforce_has_no_admission_block_and_reads_no_refusals() -> None:
@@ -360,3 +406,85 @@ def test_a_non_finite_reading_is_left_out_of_its_classs_rate() -> None:
     # one pod's remembered reading is NaN (a stored memory can carry one): its class's rate is the others' median
     pods = [PodCapacity("a1", "a100", 10.0), PodCapacity("a2", "a100", math.nan), PodCapacity("a3", "a100", 12.0)]
     assert pod_rates(pods, {}) == {"a1": 11.0, "a2": 11.0, "a3": 11.0}
+
+
+# ------------------------------------------------------------------------------------- admission.ttftTarget
+
+
+@pytest.mark.parametrize(
+    ("p95", "binding", "after"),
+    [
+        (0.9, False, 0.6 * SHARE_DOWN),  # above the target: down, whether or not the limit binds (floor 0 here)
+        (0.9, True, 0.6 * SHARE_DOWN),
+        (0.3, True, 0.6 * SHARE_UP),  # well below it and binding: up
+        (0.3, False, 0.6),  # below it but not binding: nothing shows the pod could take more
+        (0.45, True, 0.6),  # between SHARE_SLACK x target and the target: held
+        (None, True, 0.6),  # no p95: no evidence, no move
+        (math.nan, True, 0.6),
+    ],
+)
+def test_a_share_moves_by_the_ttft_p95_against_the_target(p95: float | None, binding: bool, after: float) -> None:
+    assert steer_share(0.6, p95, binding, target=0.5) == pytest.approx(after, abs=1e-4)
+
+
+def test_a_share_stays_within_its_range_and_above_its_floor() -> None:
+    low, high = SHARE_RANGE
+    assert steer_share(low, 9.0, True, 0.5) == low
+    assert steer_share(high, 0.01, True, 0.5) == high
+    assert steer_share(0.62, 9.0, True, 0.5, floor=0.6) == 0.6  # batchShare: the target only ever adds room
+
+
+def test_a_limit_binds_when_its_sidecar_refused_or_its_engine_ran_as_many() -> None:
+    assert binds(30, 30.0, None)
+    assert binds(30, 12.0, 0.5)
+    assert not binds(30, 12.0, 0.0)
+    assert not binds(None, 80.0, 3.0)  # no limit: nothing to bind
+    assert not binds(30, math.nan, None)
+
+
+def test_a_class_takes_the_median_of_its_pods_shares() -> None:
+    pods = [PodBatch(name, "a100", 100.0) for name in ("a", "b", "c")] + [PodBatch("x", None, 50.0)]
+    limits = pod_limits(pods, 0.6, {}, shares={"a": 0.3, "b": 0.5, "c": 0.9, "x": 0.2})
+    assert limits == {"a": 50, "b": 50, "c": 50, "x": 10}
+    assert pod_limits(pods, 0.6, {}) == {"a": 60, "b": 60, "c": 60, "x": 30}  # no shares: batchShare
+
+
+def test_under_a_target_a_binding_limit_rises_while_the_p95_is_well_within_it_and_falls_back_to_batch_share() -> None:
+    # Batch 80 read from the cache: limit 0.5 x 80 = 40, and the engine runs 40 (the limit binds) with a p95 of
+    # 0.2 s against a 0.5 s target: each fresh sample raises the share; a pass on the same sample does not.
+    s = spec(admission={"mode": "Report", "batchShare": 0.5, "ttftTarget": "500ms"})
+    fast = _holding(80).model_copy(update={"ttft_p95_seconds": 0.2})
+    known = {"freshness_known": True}
+    status = run(s, [pod("a")], {"a": fast}, 100, sampled_at={"a": at(99)}, **known).status
+    assert status.endpoints[0].inbound_limit == 40  # no limit before this pass: nothing bound yet
+    assert status.endpoints[0].admission_share == 0.5
+    status = run(s, [pod("a")], {"a": fast}, 115, status, sampled_at={"a": at(114)}, **known).status
+    assert status.endpoints[0].admission_share == pytest.approx(0.5 * SHARE_UP, abs=1e-4)
+    again = run(s, [pod("a")], {"a": fast}, 120, status, sampled_at={"a": at(114)}, **known).status
+    assert again.endpoints[0].admission_share == status.endpoints[0].admission_share
+    for k in range(2, 12):  # demand past the limit: the engine runs as many as the limit lets through
+        limit = status.endpoints[0].inbound_limit
+        assert limit is not None
+        full = fast.model_copy(update={"running_requests": float(limit), "kv_cache_usage": limit / 80})
+        status = run(s, [pod("a")], {"a": full}, 100 + 15 * k, status, sampled_at={"a": at(99 + 15 * k)}, **known)
+        status = status.status
+    row = status.endpoints[0]
+    assert row.admission_share == pytest.approx(0.5 * SHARE_UP**11, abs=1e-3)
+    assert row.inbound_limit is not None
+    assert 40 < row.inbound_limit <= math.floor(row.admission_share * 80)  # moved past the hysteresis
+    # the p95 goes past the target: the share comes down, to batchShare and no lower
+    slow = fast.model_copy(update={"ttft_p95_seconds": 0.9})
+    for k in range(12, 30):
+        status = run(s, [pod("a")], {"a": slow}, 100 + 15 * k, status, sampled_at={"a": at(99 + 15 * k)}, **known)
+        status = status.status
+    assert status.endpoints[0].admission_share == 0.5
+    limit = status.endpoints[0].inbound_limit
+    assert limit is not None
+    assert abs(limit - 40) <= HYSTERESIS * limit  # 0.5 x 80, or the one shown while within the hysteresis
+
+
+def test_without_a_target_the_share_is_batch_share_and_no_share_is_shown() -> None:
+    s = spec(admission={"mode": "Report", "batchShare": 0.75})
+    slow = _holding(80).model_copy(update={"ttft_p95_seconds": 2.0})
+    row = run(s, [pod("a")], {"a": slow}, 100).status.endpoints[0]
+    assert (row.admission_share, row.inbound_limit) == (None, 60)

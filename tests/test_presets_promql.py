@@ -147,9 +147,10 @@ def _sidecar(base: dict[str, str], pod: str) -> list[tuple[str, dict[str, str], 
     rows = []
     for code, flags, rate in SIDECAR.get(pod, []):
         rows.append(("istio_requests_total", {**base, **istio, "response_code": code, "response_flags": flags}, rate))
-        # the caller's sidecar counts the same request too (reporter="source"): never the pod's own refusal
+        # the pod's sidecar also counts the requests the pod itself sends out (reporter="source", under its own pod
+        # label): never refusals of its inbound side
         source = {**istio, "reporter": "source", "response_code": code, "response_flags": flags}
-        rows.append(("istio_requests_total", {**base, **source, "pod": f"client-of-{pod}"}, rate))
+        rows.append(("istio_requests_total", {**base, **source, "destination_workload": "adapter-store"}, rate))
     return [(n, labels, "counter", v) for n, labels, v in rows]
 
 

@@ -50,6 +50,7 @@ FIELDS: tuple[tuple[str, int | float | None], ...] = (
     ("inbound_limit", None),
     ("rate_limit", None),
     ("rate_at_limit", None),
+    ("admission_share", None),
 )
 _ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
 
@@ -86,6 +87,7 @@ def _pack(row: EndpointStatus) -> list[JsonValue]:
         row.inbound_limit,
         row.rate_limit,
         row.rate_at_limit,
+        row.admission_share,
     ]
     while values and values[-1] == FIELDS[len(values) - 1][1]:
         values.pop()

@@ -97,9 +97,10 @@ class QueryOverrides(ApiModel):
     )
     refused_rate: Query | None = Field(
         default=None,
-        description="Requests per second the pod's sidecar refused (admission.mode Enforce; by default Istio's "
-        "istio_requests_total with reporter destination and response flag UO or RL). Optional: a pod without it "
-        "has its refusals unknown, never 0.",
+        description="Requests per second the pod's sidecar refused, read only under admission.mode Enforce (by "
+        "default Istio's istio_requests_total with reporter destination and response flag UO or RL; extraLabels "
+        "apply to it too, so name labels the scrape adds, such as job, not an engine's). Optional: a pod without "
+        "it has its refusals unknown, never 0; its query failing freezes no weight (it feeds the status only).",
     )
 
 

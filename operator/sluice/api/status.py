@@ -114,6 +114,11 @@ class EndpointStatus(StatusModel):
         "absent without a batch. Report: not enforced. Enforce: what its sidecar is given; absent for a pod the "
         "AdmissionEnforced condition names (no sidecar, no class label).",
     )
+    admission_share: float | None = Field(
+        default=None,
+        description="admission.ttftTarget: the share of its batch the pod's limit is, steered by its TTFT p95 "
+        "(its class's limit takes the median of its pods' shares); absent without a target.",
+    )
     rate_at_limit: float | None = Field(
         default=None,
         description="admission.tenants: the requests/s the pod serves with its inbound limit full: its served rate "
@@ -363,8 +368,10 @@ class AdmissionStatus(StatusModel):
     )
     uncounted: list[str] = Field(
         default_factory=list,
-        description="Configured sidecars whose refusals were not read (no istio_requests_total for the pod: metrics "
-        "merging off, or not scraped); at most 20 named.",
+        description="Configured sidecars whose refusals were not read while their engines show traffic (no "
+        "istio_requests_total for the pod: metrics merging off or not scraped; its value refused as duplicated, "
+        "e.g. scraped both merged and from envoy-stats; or the query failed); at most 20 named. A pod that has "
+        "answered nothing yet has no series and counts as refusing none.",
     )
 
 

@@ -323,6 +323,8 @@ class TenantsSpec(ApiModel):
 class AdmissionSpec(ApiModel):
     """Per-pod inbound limits sized from what each engine runs at once when saturated."""
 
+    rules: ClassVar[tuple[Rule, ...]] = (positive_duration("ttft_target"),)
+
     mode: AdmissionMode = Field(
         default="Off",
         description="Off: no limits. Report: each pod's limit is learned and shown in "
@@ -347,6 +349,16 @@ class AdmissionSpec(ApiModel):
         le=65536,
         description="The smallest limit a pod is given, in requests at once: a floor under a batch read low (a "
         "pod's limit is never below it once it has one). At least 1: a limit of 0 would refuse every request.",
+    )
+    ttft_target: Duration | None = Field(
+        default=None,
+        description="The TTFT p95 the admitted requests should stay under: with it a class whose engines serve well "
+        "within it is let past batchShare. Each pod's share of its batch starts at batchShare and moves at each new "
+        "scrape sample by its engine's TTFT p95: up 3 % while its limit binds (its sidecar refused requests, or it "
+        "ran as many as its limit) and the p95 is below 0.8 x the target, down 7 % while the p95 is above the "
+        "target, never below batchShare nor above 1 (status.endpoints[].admissionShare); a class's limit takes its "
+        "pods' median share. Without it the share is batchShare. Chosen in the simulation at half the P99 SLO "
+        '(docs/benchmarks.md, "Steered by a TTFT target").',
     )
     tenants: TenantsSpec | None = Field(
         default=None,

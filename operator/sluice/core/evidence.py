@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sluice.api.v1alpha1 import InferencePoolSpec
+from sluice.core.engines import SIDECAR
 from sluice.core.observed import SIGNAL_FIELD, PodSignals, SignalName, SignalSnapshot
 from sluice.core.presets import OPTIONAL_SIGNALS, supported_signals
 
@@ -32,8 +33,9 @@ def judge_metrics(spec: InferencePoolSpec, snapshot: SignalSnapshot, now: dateti
     """Fresh and complete signals, or why not. Unusable signals freeze weights (fail-static)."""
     if snapshot.collected_at is None:
         return MetricsVerdict(False, "NoSignals", "no signals have been read yet; weights frozen")
-    if snapshot.failed:
-        failures = "; ".join(f"{name}: {why}" for name, why in sorted(snapshot.failed.items()))
+    routing = {name: why for name, why in snapshot.failed.items() if name not in SIDECAR}
+    if routing:  # the sidecar's refusals feed the status only: their failure freezes nothing
+        failures = "; ".join(f"{name}: {why}" for name, why in sorted(routing.items()))
         return MetricsVerdict(False, "QueryFailed", f"{failures}; weights frozen")
     limit = spec.metrics.stale_after
     read = (now - snapshot.collected_at).total_seconds()

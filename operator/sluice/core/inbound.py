@@ -62,6 +62,52 @@ def learn_batch(previous: float | None, running: float | None, kv_usage: float |
     return previous + BATCH_GAIN * (reading - previous)
 
 
+SHARE_DOWN = 0.93
+"""`admission.ttftTarget`: a pod's share of its batch after a fresh sample whose TTFT p95 is above the target.
+Provenance: hand-set (the p95 lags by up to the signals' window, so a step is small and taken per sample)."""
+SHARE_UP = 1.03
+"""... and after one below `SHARE_SLACK` x the target while its limit binds. Provenance: hand-set, slower up than
+down."""
+SHARE_SLACK = 0.8
+"""The p95 must be this far below the target for the share to rise: between the two the share holds."""
+SHARE_RANGE = (0.1, 1.0)
+"""Where the share stays: past a full batch a limit no longer binds (the engine queues instead)."""
+
+
+def steer_share(
+    previous: float,
+    ttft_p95: float | None,
+    binding: bool,
+    target: float,
+    floor: float = 0.0,
+    steps: tuple[float, float] | None = None,
+) -> float:
+    """The pod's share of its batch after a fresh sample (`admission.ttftTarget`): down while its TTFT p95 is above
+    the target, up while its limit binds and the p95 is below `SHARE_SLACK` of it, held otherwise and by a missing
+    or non-finite p95 (no evidence, no move); never below `floor` (batchShare) nor outside `SHARE_RANGE`."""
+    down, up = steps or (SHARE_DOWN, SHARE_UP)
+    p95 = finite(ttft_p95)
+    if p95 is None:
+        return previous
+    if p95 > target:
+        moved = previous * down
+    elif binding and p95 < SHARE_SLACK * target:
+        moved = previous * up
+    else:
+        return previous
+    low, high = SHARE_RANGE
+    return round(min(high, max(low, floor, moved)), 4)
+
+
+def binds(limit: int | None, running: float | None, refused: float | None) -> bool:
+    """Whether a pod's limit bound at its last sample: its sidecar refused requests over the window, or its engine
+    ran as many requests as the limit."""
+    if limit is None:
+        return False
+    running, refused = finite(running), finite(refused)
+    return (refused is not None and refused > 0) or (running is not None and running >= limit)
+
+
 def inbound_limit(batch: float | None, share: float, shown: int | None, least: int = 1) -> int | None:
     """The pod's limit: `share` of its learned batch (at least `least`, `admission.minLimit`), or the one shown
     while the new one is within `HYSTERESIS` of it; None without a batch."""
@@ -108,20 +154,31 @@ def _class_shown(
 
 
 def pod_limits(
-    pods: Sequence[PodBatch], share: float, shown: Mapping[str, int | None], least: int = 1
+    pods: Sequence[PodBatch],
+    share: float,
+    shown: Mapping[str, int | None],
+    least: int = 1,
+    shares: Mapping[str, float | None] | None = None,
 ) -> dict[str, int | None]:
     """Every pod's limit: `share` of its class's batch (`class_batches`), one limit for the whole class, or of its
     own batch where it has no class. `shown` holds the limits the previous status showed: a class's hysteresis is
-    taken from the limit most of its pods showed (the larger on a tie), so a pod joining it takes the class's."""
+    taken from the limit most of its pods showed (the larger on a tie), so a pod joining it takes the class's.
+    `shares`: each pod's own share (`steer_share`), in place of `share`; a class takes its pods' median."""
+    shares = shares or {}
     by_class = class_batches(pods)
+    class_share = _class_medians((p.hardware_class, shares.get(p.pod)) for p in pods)
     class_shown = _class_shown({p.pod: p.hardware_class for p in pods}, by_class, shown)
-    class_limits = {name: inbound_limit(batch, share, class_shown[name], least) for name, batch in by_class.items()}
+    class_limits = {
+        name: inbound_limit(batch, class_share.get(name, share), class_shown[name], least)
+        for name, batch in by_class.items()
+    }
     out: dict[str, int | None] = {}
     for p in pods:
         if p.hardware_class and p.hardware_class in class_limits:
             out[p.pod] = class_limits[p.hardware_class]
         else:
-            out[p.pod] = inbound_limit(p.batch, share, shown.get(p.pod), least)
+            own = finite(shares.get(p.pod))
+            out[p.pod] = inbound_limit(p.batch, share if own is None else own, shown.get(p.pod), least)
     return out
 
 
@@ -227,8 +284,9 @@ class Enforcement:
     served: dict[str, float] = field(default_factory=dict)
     """Pod -> requests/s its engine finished, for the same pods, where read."""
     uncounted: tuple[str, ...] = ()
-    """Pods whose sidecar sluice configures with no refusal count read (no Istio metrics for the pod): the pool's
-    refusals are unknown while there is one."""
+    """Pods whose sidecar sluice configures with no refusal count read while their engines show traffic (or no
+    traffic reading): no Istio series for them (metrics merging off, not scraped), the value refused as
+    duplicated, or the query failed. The pool's refusals are unknown while there is one."""
 
     @property
     def refused_rate(self) -> float | None:
@@ -264,10 +322,15 @@ def enforced_limits(pods: Sequence[PodAdmission], tenants: bool = False) -> Enfo
             unlimited.setdefault(NO_CLASS, []).append(p.pod)
             continue
         count, finished = finite(p.refused), finite(p.served)
-        if count is None:
-            uncounted.append(p.pod)
-        else:
+        if count is not None:
             refused[p.pod] = count
+        elif finished == 0:
+            # Istio makes the pod's series with the first request its sidecar answers: a pod that finished
+            # nothing and has none answered nothing, refusals included (one that refused without finishing has the
+            # refusals' series, and reads them)
+            refused[p.pod] = 0.0
+        else:
+            uncounted.append(p.pod)
         if finished is not None:
             served[p.pod] = finished
         if p.rate is not None:

@@ -11,7 +11,16 @@ from typing import TypedDict
 from sluice.api.v1alpha1 import EndpointState, EndpointStatus, InferencePoolSpec
 from sluice.core.allocation import Allocation
 from sluice.core.headroom import PodHeadroom
-from sluice.core.inbound import PodBatch, PodCapacity, learn_batch, learn_rate_at_limit, pod_limits, pod_rates
+from sluice.core.inbound import (
+    PodBatch,
+    PodCapacity,
+    binds,
+    learn_batch,
+    learn_rate_at_limit,
+    pod_limits,
+    pod_rates,
+    steer_share,
+)
 from sluice.core.observed import PodSignals, SignalName
 from sluice.core.verdicts import PodVerdict, VerdictKind
 
@@ -74,6 +83,7 @@ class StatusRow(TypedDict):
     inbound_limit: int | None
     rate_limit: float | None
     rate_at_limit: float | None
+    admission_share: float | None
     consecutive_failures: int
     restarts: int
     last_incident_at: datetime | None
@@ -139,6 +149,7 @@ class _Admission(TypedDict):
     inbound_limit: int | None
     rate_limit: float | None
     rate_at_limit: float | None
+    admission_share: float | None
 
 
 def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None) -> _Admission:
@@ -146,7 +157,13 @@ def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatu
     read the same gauges, and one sample counts once where the engine says when it was taken); its limit is set
     once every row has its batch (`with_inbound_limits`); nothing while admission is off."""
     if spec.admission.mode == "Off":
-        return {"saturated_batch": None, "inbound_limit": None, "rate_limit": None, "rate_at_limit": None}
+        return {
+            "saturated_batch": None,
+            "inbound_limit": None,
+            "rate_limit": None,
+            "rate_at_limit": None,
+            "admission_share": None,
+        }
     kept = prev.saturated_batch if prev is not None else None
     signals = verdict.signals
     seen = prev is not None and verdict.sampled_at is not None and prev.signals_sampled_at == verdict.sampled_at
@@ -161,7 +178,23 @@ def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatu
         "inbound_limit": None,
         "rate_limit": None,
         "rate_at_limit": None if at_limit is None or spec.admission.tenants is None else round(at_limit, 3),
+        "admission_share": _share(spec, prev, signals, fresh),
     }
+
+
+def _share(spec: InferencePoolSpec, prev: EndpointStatus | None, signals: PodSignals, fresh: bool) -> float | None:
+    """The pod's share of its batch under `admission.ttftTarget`, moved once per fresh sample by its TTFT p95
+    (`steer_share`); None without a target."""
+    target = spec.admission.ttft_target
+    if target is None:
+        return None
+    kept = prev.admission_share if prev is not None else None
+    share = spec.admission.batch_share if kept is None else kept
+    if not fresh:
+        return share
+    limit = prev.inbound_limit if prev is not None else None
+    bound = binds(limit, signals.running_requests, signals.refused_rate)
+    return steer_share(share, signals.ttft_p95_seconds, bound, target, spec.admission.batch_share)
 
 
 def with_inbound_limits(
@@ -174,7 +207,8 @@ def with_inbound_limits(
         return rows
     batches = [PodBatch(r["pod"], r["hardware_class"], r["saturated_batch"]) for r in rows]
     shown = {pod: row.inbound_limit for pod, row in before.items()}
-    limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit)
+    shares = {r["pod"]: r["admission_share"] for r in rows}
+    limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit, shares)
     rates: dict[str, float | None] = {}
     if spec.admission.tenants is not None:
         measured = [PodCapacity(r["pod"], r["hardware_class"], r["rate_at_limit"]) for r in rows]

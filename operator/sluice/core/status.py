@@ -217,33 +217,22 @@ def tenant_shares(enforcement: Enforcement, refusal: str | None) -> Want:
 
 def shedding(enforcement: Enforcement) -> Want:
     """`admission.mode: Enforce`: whether the sidecars sluice configures refused requests over the signals' window,
-    counted by Istio where every one of them has a count; where one has none, sampled instead (an engine running
-    at its limit has a sidecar refusing past it), and the message names the pods not counted."""
-    refused = enforcement.refused_rate
-    if refused is not None and enforcement.refused:
-        if refused > 0:
-            served = enforcement.served_rate
-            share = (
-                f" ({refused / (refused + served):.1%} of the requests that reached them)"
-                if served is not None and refused + served > 0
-                else ""
-            )
-            refusing = sorted((pod for pod, rate in enforcement.refused.items() if rate > 0))
-            message = (
-                f"the sidecars refused {refused:.3g} requests/s{share} over the signals' window: {_named(refusing)}"
-            )
-            return Want("Shedding", "True", "Refusing", message[:1000])
+    as Istio counted them: True where any counted sidecar refused, False only where every one was counted and none
+    refused. With some uncounted and none of the others refusing, a sample decides (an engine running at its limit
+    has a sidecar refusing past it), and the message names the pods not counted. The message names pods, never
+    rates (a condition's words are decisions, written at once; the rates are in `status.admission`)."""
+    uncounted = f"; refusals not counted for {_named(list(enforcement.uncounted))}" if enforcement.uncounted else ""
+    refusing = sorted(pod for pod, rate in enforcement.refused.items() if rate > 0)
+    if refusing:
+        message = f"sidecars refused requests over the signals' window: {_named(refusing)}{uncounted}"
+        return Want("Shedding", "True", "Refusing", message[:1000])
+    if enforcement.refused and not enforcement.uncounted:
         return Want(
             "Shedding",
             "False",
             "NoRefusals",
             f"none of the {len(enforcement.refused)} configured sidecars refused a request over the signals' window",
         )
-    uncounted = (
-        f"; refusals not counted for {_named(list(enforcement.uncounted))} (no istio_requests_total read for them)"
-        if enforcement.uncounted
-        else ""
-    )
     if enforcement.at_limit:
         message = (
             f"{len(enforcement.at_limit)} of {enforcement.read} limited pods ran at their limit at their last scrape "

@@ -64,6 +64,7 @@ OBSERVATIONS = frozenset(
         "learned_capacity",
         "saturated_batch",
         "rate_at_limit",
+        "admission_share",
     }
 )
 """A row's fields that move with every reading; a change of these alone waits for `status_refresh`."""
