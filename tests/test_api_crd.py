@@ -303,6 +303,7 @@ POSITIVE_DURATIONS = [
     ("metrics", "window", {"metrics": {"window": "0s"}}),
     ("metrics", "timeout", {"metrics": {"timeout": "0s"}}),
     ("metrics", "staleAfter", {"metrics": {"staleAfter": "0m"}}),
+    ("admission", "ttftTarget", {"admission": {"ttftTarget": "0s"}}),
     ("canary.analysis", "interval", {"canary": {"analysis": {"interval": "0s"}}}),
     ("protection.outlierDetection", "interval", {"protection": {"outlierDetection": {"interval": "0s"}}}),
     (
