@@ -22,10 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.helpers import spec
-from tests.test_envoy_inbound_limit import istio_inbound, patched, sidecar_config, slow_pod
+from tests.test_envoy_inbound_limit import slow_pod
 from tests.test_envoy_patches import ENVOYS
 from tests.test_envoy_refusals import envoy
 
+from sluice.bench.sidecar import istio_inbound, patched, sidecar_config
 from sluice.devstack.stack import free_port
 from sluice.istio.envoyfilters import inbound_patches
 
@@ -49,7 +50,7 @@ def main() -> None:
     for name, binary in sorted(ENVOYS.items()):
         with tempfile.TemporaryDirectory() as workdir, slow_pod() as app:
             listen = free_port()
-            route_config, cluster = patched(*istio_inbound(listen, app), inbound_patches(spec(), args.limit))
+            route_config, cluster = patched(*istio_inbound(app), inbound_patches(spec(), args.limit))
             with envoy(binary, sidecar_config(listen, route_config, cluster), Path(workdir), "sidecar"):
                 refused: list[float] = []
                 served = 0

@@ -1,17 +1,11 @@
 """The admission limit sluice renders (`admission.mode: Enforce`) bounds a pod's requests on real Envoy.
 
-What istiod builds for a sidecar's inbound HTTP port, as far as the limit is concerned (istio/istio, 1.30):
-- the inbound cluster `inbound|<port>||` with one circuit-breaker threshold, DEFAULT priority, every field at
-  math.MaxUint32 and `track_remaining` (pilot/pkg/networking/core/cluster_traffic_policy.go
-  `getDefaultCircuitBreakerThresholds`, applied to every inbound cluster by `applyConnectionPool`);
-- a route configuration named after that cluster, one virtual host `inbound|http|<port>`, one route named
-  `default` to the cluster with no timeout (httproute.go `buildSidecarInboundHTTPRouteConfig`,
-  route/route.go `BuildDefaultHTTPInboundRoute`).
-An EnvoyFilter MERGE is a protobuf merge that appends repeated fields (pkg/proto/merge/merge.go; Istio 1.31 adds
-MERGE_AND_REPLACE_LIST, envoyfilter/util.go), and Envoy takes the first threshold of a priority
-(source/common/upstream/upstream_impl.cc, `ResourceManagers::load`). These tests build that sidecar, apply the
-patches the way Istio's MERGE does (`proto_merge`), and send it more requests at once than the limit, against a
-pod that holds each request long enough for all of them to be in flight together.
+The sidecar is built as istiod builds its inbound side, and sluice's patches applied as Istio's MERGE and
+INSERT_BEFORE apply them (`sluice.bench.sidecar`, which cites istio/istio 1.30 for each part). An EnvoyFilter MERGE
+appends repeated fields (pkg/proto/merge/merge.go; Istio 1.31 adds MERGE_AND_REPLACE_LIST, envoyfilter/util.go),
+and Envoy takes the first threshold of a priority (source/common/upstream/upstream_impl.cc,
+`ResourceManagers::load`). These tests send the sidecar more requests at once than the limit, against a pod that
+holds each request long enough for all of them to be in flight together.
 """
 
 from __future__ import annotations
@@ -29,13 +23,13 @@ from typing import Any
 import pytest
 
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus, TenantsSpec
+from sluice.bench.sidecar import TARGET_PORT, istio_inbound, patched, sidecar_config, with_http_filters
 from sluice.core.inbound import NO_CLASS, NO_SIDECAR, NOT_MEASURED
 from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import ObservedPod, PodSignals
 from sluice.devstack.stack import SHARED_ISTIO, free_port
 from sluice.emulator.apivalidation import SchemaRegistry
 from sluice.istio.envoyfilters import (
-    UNBOUNDED,
     inbound_patches,
     render_inbound_envoy_filters,
     tenant_buckets,
@@ -45,14 +39,13 @@ from sluice.istio.envoyfilters import (
 from sluice.istio.objects import PoolRef
 from sluice.istio.render import render
 from tests.helpers import T0, pod, run, sig, spec
-from tests.test_envoy_patches import ENVOYS, proto_merge
-from tests.test_envoy_refusals import HCM, ROUTER, envoy, pod_server
+from tests.test_envoy_patches import ENVOYS
+from tests.test_envoy_refusals import envoy, pod_server
 
 HOLD = 1.5
 """Seconds the pod holds each request: every request of a burst is in flight while the first ones are."""
 BURST = 6
 LIMIT = 2
-TARGET_PORT = 8000
 POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
 
 
@@ -60,150 +53,6 @@ POOL = PoolRef("llama", "llm", "0d6c6f1c-7c49-4d7e-9a0e-1f3a1e1b2c3d")
 def slow_pod() -> Iterator[int]:
     with pod_server(HOLD) as port:
         yield port
-
-
-CLUSTER = f"inbound|{TARGET_PORT}||"
-
-
-def istio_inbound(listen: int, app: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The inbound route configuration and cluster of a sidecar, shaped as istiod builds them (module docstring);
-    STATIC to the loopback app instead of ORIGINAL_DST, so no iptables are needed."""
-    route_config = {
-        "name": CLUSTER,
-        "virtual_hosts": [
-            {
-                "name": f"inbound|http|{TARGET_PORT}",
-                "domains": ["*"],
-                "routes": [
-                    {
-                        "name": "default",
-                        "match": {"prefix": "/"},
-                        "decorator": {"operation": f"llama.llm.svc.cluster.local:{TARGET_PORT}/*"},
-                        "route": {
-                            "cluster": CLUSTER,
-                            "timeout": "0s",
-                            "max_stream_duration": {"max_stream_duration": "0s", "grpc_timeout_header_max": "0s"},
-                        },
-                    }
-                ],
-            }
-        ],
-        "validate_clusters": False,
-    }
-    cluster = {
-        "name": CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "10s",
-        "circuit_breakers": {
-            "thresholds": [
-                {
-                    "max_connections": UNBOUNDED,
-                    "max_pending_requests": UNBOUNDED,
-                    "max_requests": UNBOUNDED,
-                    "max_retries": UNBOUNDED,
-                    "track_remaining": True,
-                }
-            ]
-        },
-        "load_assignment": {
-            "cluster_name": CLUSTER,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": app}}}}
-                    ]
-                }
-            ],
-        },
-    }
-    return route_config, cluster
-
-
-def patched(route_config: dict[str, Any], cluster: dict[str, Any], patches: list[Any]) -> tuple[Any, Any]:
-    """Istio's MERGE of each SIDECAR_INBOUND patch whose match reaches this port (envoyfilter/cluster_patch.go
-    `clusterMatch`: portNumber against the inbound cluster name's port; rc_patch.go: the route configuration's
-    port from its name, the route by name)."""
-    for patch in patches:
-        if patch["applyTo"] == "HTTP_FILTER":
-            continue  # `with_http_filters`
-        assert patch["match"]["context"] == "SIDECAR_INBOUND"
-        assert patch["patch"]["operation"] == "MERGE"
-        value = patch["patch"]["value"]
-        if patch["applyTo"] == "CLUSTER":
-            assert patch["match"]["cluster"] == {"portNumber": TARGET_PORT}
-            cluster = proto_merge(cluster, value)
-        elif patch["applyTo"] == "HTTP_ROUTE":
-            match = patch["match"]["routeConfiguration"]
-            assert match["portNumber"] == TARGET_PORT
-            for vhost in route_config["virtual_hosts"]:
-                vhost["routes"] = [
-                    proto_merge(r, value) if r["name"] == match["vhost"]["route"]["name"] else r
-                    for r in vhost["routes"]
-                ]
-        else:
-            raise AssertionError(f"unexpected patch {patch['applyTo']}")
-    return route_config, cluster
-
-
-def with_http_filters(patches: list[Any]) -> list[dict[str, Any]]:
-    """The inbound HTTP filter chain after Istio's INSERT_BEFORE of each HTTP_FILTER patch whose match reaches
-    this port's chain on virtualInbound (envoyfilter/listener_patch.go `filterChainMatch`: the chain's destination
-    port; `patchHTTPFilters`: inserted before the sub-filter named)."""
-    filters: list[dict[str, Any]] = [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
-    for patch in patches:
-        if patch["applyTo"] != "HTTP_FILTER":
-            continue  # `patched`
-        assert patch["match"]["context"] == "SIDECAR_INBOUND"
-        listener = patch["match"]["listener"]
-        assert listener["portNumber"] == TARGET_PORT
-        chain = listener["filterChain"]["filter"]
-        assert chain["name"] == "envoy.filters.network.http_connection_manager"
-        assert patch["patch"]["operation"] == "INSERT_BEFORE"
-        at = next(i for i, f in enumerate(filters) if f["name"] == chain["subFilter"]["name"])
-        filters.insert(at, patch["patch"]["value"])
-    return filters
-
-
-FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
-
-
-def sidecar_config(
-    listen: int,
-    route_config: dict[str, Any],
-    cluster: dict[str, Any],
-    http_filters: list[Any] | None = None,
-    access_log: Path | None = None,
-) -> dict[str, Any]:
-    manager: dict[str, Any] = {
-        "@type": HCM,
-        "stat_prefix": "inbound",
-        "route_config": route_config,
-        "http_filters": http_filters or with_http_filters([]),
-    }
-    if access_log is not None:  # each answer's status and Envoy's response flags, as Istio's stats filter reads them
-        line = {"text_format_source": {"inline_string": "%RESPONSE_CODE% %RESPONSE_FLAGS%\n"}}
-        config = {"@type": FILE_LOG, "path": str(access_log), "log_format": line}
-        manager["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": config}]
-    return {
-        "node": {"id": "sidecar", "cluster": "sidecar"},
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}},
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "virtualInbound",
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
-                            ]
-                        }
-                    ],
-                }
-            ],
-            "clusters": [cluster],
-        },
-    }
 
 
 def burst(port: int) -> Counter[tuple[int, bool]]:
@@ -224,7 +73,7 @@ def burst(port: int) -> Counter[tuple[int, bool]]:
 def scene(binary: Path, workdir: Path, patches: list[Any]) -> Counter[tuple[int, bool]]:
     with slow_pod() as app:
         listen = free_port()
-        route_config, cluster = patched(*istio_inbound(listen, app), patches)
+        route_config, cluster = patched(*istio_inbound(app), patches)
         config = sidecar_config(listen, route_config, cluster, with_http_filters(patches), workdir / "access.log")
         with envoy(binary, config, workdir, "sidecar"):
             return burst(listen)
@@ -372,7 +221,7 @@ def tenant_scene(binary: Path, workdir: Path, patch: dict[str, Any]) -> tuple[Co
     tenant (the same bucket as no header)."""
     with pod_server() as app:
         listen = free_port()
-        route_config, cluster = istio_inbound(listen, app)
+        route_config, cluster = istio_inbound(app)
         config = sidecar_config(listen, route_config, cluster, with_http_filters([patch]), workdir / "access.log")
         with envoy(binary, config, workdir, "sc"):
             return (

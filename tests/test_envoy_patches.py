@@ -1,12 +1,12 @@
 """The Envoy configuration inside sluice's EnvoyFilter patches is accepted by real Envoy (`envoy --mode validate`).
 
 Istio's MERGE is a protobuf merge: maps merge, repeated fields append, and setting one member of a oneof clears
-its siblings. `proto_merge` reproduces that for the fields our patches touch; the merged config goes to Envoy.
+its siblings. `proto_merge` (`sluice.bench.sidecar`) does that for the fields our patches touch; the merged config
+goes to Envoy.
 """
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sluice.bench.sidecar import proto_merge
 from sluice.istio.envoyfilters import cluster_name
 from sluice.istio.objects import PoolRef, destination_host, destination_port
 from sluice.istio.render import render
@@ -32,33 +33,6 @@ ENVOYS = {"envoy-1.40": ENVOY, "envoy-1.38-istio-1.30": ENVOY_ISTIO}
 POOL = PoolRef("llama", "llm")
 PODS = [pod("v1-a", "a100", "v1"), pod("v1-b", "rtx4090", "v1"), pod("v2-a", "a100", "v2")]
 SIGNALS = {"v1-a": sig(ttft=0.04), "v1-b": sig(ttft=0.08), "v2-a": sig(ttft=0.04, rps=2)}
-
-# oneof groups of the messages our patches reach (envoy.config.route.v3.RouteAction, envoy.config.cluster.v3.Cluster)
-ONEOFS = [
-    {"cluster", "cluster_header", "weighted_clusters", "cluster_specifier_plugin", "inline_cluster_specifier_plugin"},
-    {
-        "ring_hash_lb_config",
-        "maglev_lb_config",
-        "original_dst_lb_config",
-        "least_request_lb_config",
-        "round_robin_lb_config",
-    },
-]
-
-
-def proto_merge(base: Any, patch: Any) -> Any:
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = dict(base)
-        for key, value in patch.items():
-            for group in ONEOFS:
-                if key in group:
-                    for sibling in group - {key}:
-                        out.pop(sibling, None)
-            out[key] = proto_merge(out[key], value) if key in out else copy.deepcopy(value)
-        return out
-    if isinstance(base, list) and isinstance(patch, list):
-        return base + copy.deepcopy(patch)
-    return copy.deepcopy(patch)
 
 
 def istio_cluster(name: str) -> dict[str, Any]:

@@ -36,11 +36,10 @@ from typing import Any
 import pytest
 import yaml
 
+from sluice.bench.sidecar import HCM, ROUTER
 from sluice.devstack.stack import free_port
 from tests.test_envoy_patches import ENVOYS
 
-HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 LOCAL_RATE_LIMIT = "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
 PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 REQUESTS = 20

@@ -50,6 +50,7 @@ from sluice.api.jsontypes import members, text
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
 from sluice.bench.scenario import Scenario
+from sluice.bench.sidecar import HCM, ROUTER
 from sluice.bench.sim import Simulation, summarise
 from sluice.bench.trace import Arrival, make_trace
 from sluice.core.observed import ObservedPod
@@ -69,8 +70,6 @@ SERVERS = [
 ]
 STRATEGIES = ("round-robin", "least-request", "sluice")
 ENVOY = Path(sys.executable).parent / "envoy"
-HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 
 
 def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str) -> dict[str, Any]:
