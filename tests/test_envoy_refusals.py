@@ -36,12 +36,11 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.bench.sidecar import HCM, ROUTER
+from sluice.bench.sidecar import HCM, ISTIO_DEFAULT_RETRY_ON, PREVIOUS_HOSTS, ROUTER
 from sluice.devstack.stack import free_port
 from tests.test_envoy_patches import ENVOYS
 
 LOCAL_RATE_LIMIT = "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
-PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 REQUESTS = 20
 
 
@@ -283,12 +282,6 @@ def test_a_client_pool_overflow_is_refused_by_the_caller_and_never_retried(binar
     # retry condition brings it back (an Overflow reset is never retried).
     refused = scene(binary, tmp_path, None, "gateway-error,5xx,reset,retriable-status-codes", [503], client_max=0)
     assert refused == Counter({(503, "1", "overloaded"): REQUESTS})
-
-
-ISTIO_DEFAULT_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
-"""The retry policy istiod renders for a route whose VirtualService sets no `retries` (istio/istio
-`pilot/pkg/networking/core/route/retry/retry.go`, `DefaultPolicy`, 1.30): 2 retries on these conditions,
-retriable status code 503, the previous_hosts predicate with 5 host selections."""
 
 
 def test_istios_default_retry_policy_retries_an_inbound_overflow_and_not_a_rate_limit(

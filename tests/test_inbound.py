@@ -483,6 +483,37 @@ def test_under_a_target_a_binding_limit_rises_while_the_p95_is_well_within_it_an
     assert abs(limit - 40) <= HYSTERESIS * limit  # 0.5 x 80, or the one shown while within the hysteresis
 
 
+def test_a_share_above_one_is_kept_and_a_raised_batch_share_lifts_a_share_kept_below_it() -> None:
+    assert steer_share(1.5, 0.01, True, 0.5, floor=1.5) == 1.5  # batchShare 1.5: a target never cuts it to 1
+    s = spec(admission={"mode": "Report", "batchShare": 0.5, "ttftTarget": "500ms"})
+    held = _holding(80).model_copy(update={"ttft_p95_seconds": 0.45})  # between 0.8 x target and target: holds
+    known = {"freshness_known": True}
+    status = run(s, [pod("a")], {"a": held}, 100, sampled_at={"a": at(99)}, **known).status
+    assert status.endpoints[0].admission_share == 0.5
+    raised = spec(admission={"mode": "Report", "batchShare": 0.75, "ttftTarget": "500ms"})
+    status = run(raised, [pod("a")], {"a": held}, 115, status, sampled_at={"a": at(114)}, **known).status
+    assert status.endpoints[0].admission_share == 0.75
+    assert status.endpoints[0].inbound_limit == 60
+
+
+def test_without_a_sample_time_the_share_does_not_move_between_scrapes() -> None:
+    # An engine whose sample times are not known (custom): every pass would look fresh, so the share holds.
+    s = spec(admission={"mode": "Report", "batchShare": 0.5, "ttftTarget": "500ms"})
+    fast = _holding(80).model_copy(update={"ttft_p95_seconds": 0.1})
+    status = run(s, [pod("a")], {"a": fast}, 100).status
+    for k in range(1, 5):
+        status = run(s, [pod("a")], {"a": fast}, 100 + 5 * k, status).status
+    assert status.endpoints[0].admission_share == 0.5
+
+
+def test_removing_the_target_clears_the_share() -> None:
+    s = spec(admission={"mode": "Report", "batchShare": 0.5, "ttftTarget": "500ms"})
+    status = run(s, [pod("a")], {"a": _holding(80)}, 100).status
+    assert status.endpoints[0].admission_share == 0.5
+    plain = spec(admission={"mode": "Report", "batchShare": 0.5})
+    assert run(plain, [pod("a")], {"a": _holding(80)}, 115, status).status.endpoints[0].admission_share is None
+
+
 def test_without_a_target_the_share_is_batch_share_and_no_share_is_shown() -> None:
     s = spec(admission={"mode": "Report", "batchShare": 0.75})
     slow = _holding(80).model_copy(update={"ttft_p95_seconds": 2.0})

@@ -38,6 +38,7 @@ MEMORY_FIELDS = (
     "inbound_limit",
     "rate_limit",
     "rate_at_limit",
+    "admission_share",
 )
 
 
@@ -184,6 +185,26 @@ def test_a_reported_admission_limit_survives_the_compact_form() -> None:
     rows = plan_pass(s, 1, observed(pods, queued, at(0)), None, at(0)).status.endpoints
     back = decode(encode(rows))
     assert {(r.saturated_batch, r.inbound_limit) for r in back} == {(40.0, 30)}
+
+
+def test_a_steered_share_survives_the_compact_form() -> None:
+    s = spec(admission={"mode": "Report", "batchShare": 0.5, "ttftTarget": "1s"})
+    pods, signals = fleet(100, seed=5)
+    held = {n: v.model_copy(update={"kv_cache_usage": 0.5, "running_requests": 20.0}) for n, v in signals.items()}
+    first = plan_pass(
+        s, 1, observed(pods, held, at(0), sampled_at=dict.fromkeys(held, at(0)), freshness_known=True), None, at(0)
+    )
+    fast = {n: v.model_copy(update={"ttft_p95_seconds": 0.1}) for n, v in held.items()}  # binding, well under 1 s
+    second = plan_pass(
+        s,
+        1,
+        observed(pods, fast, at(15), sampled_at=dict.fromkeys(fast, at(15)), freshness_known=True),
+        first.status,
+        at(15),
+    )
+    rows = second.status.endpoints
+    assert {r.admission_share for r in rows} == {0.515}
+    assert {r.admission_share for r in decode(encode(rows))} == {0.515}
 
 
 def test_a_tenant_pools_rates_survive_the_compact_form() -> None:

@@ -39,6 +39,8 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,20 @@ from sluice.api.jsontypes import members, text
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
 from sluice.bench.scenario import Scenario
-from sluice.bench.sidecar import HCM, ROUTER
+from sluice.bench.sidecar import (
+    HCM,
+    ROUTER,
+    dynamic_sidecar_config,
+    inbound_listener,
+    istio_default_retry_policy,
+    istio_inbound,
+    patched,
+    with_http_filters,
+    write_dynamic,
+)
 from sluice.bench.sim import Simulation, summarise
 from sluice.bench.trace import Arrival, make_trace
+from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import ObservedPod
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.modelserver import SERVED_BY
@@ -69,19 +82,24 @@ SERVERS = [
     PodSpec("cpu-0", "cpu", "v1", "127.0.30.3"),
 ]
 STRATEGIES = ("round-robin", "least-request", "sluice")
+ADMISSION = "sluice-admission"
+"""sluice with `admission.mode: Enforce`: each server behind its own sidecar Envoy, built as istiod builds its
+inbound side, with the EnvoyFilters sluice renders merged in as Istio merges them (`sluice.bench.sidecar`); the
+calling Envoy retries as Istio's default route policy does. Not run unless asked (no simulated twin)."""
+KNOWN = (*STRATEGIES, ADMISSION)
+SLO_SECONDS = 1.0
+"""Seed 000's TTFT SLO (benchmarks/scenarios/seed-000.yaml): `served_within_slo_per_s` counts answers under it."""
 ENVOY = Path(sys.executable).parent / "envoy"
 
 
-def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str) -> dict[str, Any]:
-    """One listener routing everything to cluster `pool`, whose endpoints come from a watched EDS file."""
+def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str, retry: bool = False) -> dict[str, Any]:
+    """One listener routing everything to cluster `pool`, whose endpoints come from a watched EDS file; `retry`:
+    with Istio's default route retry policy (a sidecar's 503 retried on another pod)."""
+    route: dict[str, Any] = {"cluster": "pool", "timeout": "60s"}
+    if retry:
+        route["retry_policy"] = istio_default_retry_policy()
     routes = {
-        "virtual_hosts": [
-            {
-                "name": "pool",
-                "domains": ["*"],
-                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "pool", "timeout": "60s"}}],
-            }
-        ]
+        "virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "route": route}]}]
     }
     manager = {
         "@type": HCM,
@@ -112,11 +130,13 @@ def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str) -> dict
     }
 
 
-def write_eds(workdir: Path, endpoints: list[tuple[str, int]]) -> None:
-    """Atomically replace the EDS file Envoy watches (write, then rename in the watched directory)."""
+def write_eds(workdir: Path, endpoints: list[tuple[str, int]], ports: Mapping[str, int] | None = None) -> None:
+    """Atomically replace the EDS file Envoy watches (write, then rename in the watched directory); `ports`: an
+    address's port where it is not the servers' 8000 (its sidecar's)."""
+    ports = ports or {}
     lb_endpoints = [
         {
-            "endpoint": {"address": {"socket_address": {"address": address, "port_value": 8000}}},
+            "endpoint": {"address": {"socket_address": {"address": address, "port_value": ports.get(address, 8000)}}},
             "load_balancing_weight": max(1, weight),
         }
         for address, weight in endpoints
@@ -136,23 +156,63 @@ def write_eds(workdir: Path, endpoints: list[tuple[str, int]]) -> None:
     tmp.replace(workdir / "eds.yaml")
 
 
-def idle_eds(workdir: Path) -> None:
+def idle_eds(workdir: Path, ports: Mapping[str, int] | None = None) -> None:
     """Before sluice (and for the other strategies): every server at weight 1."""
-    write_eds(workdir, [(spec.ip, 1) for spec in SERVERS])
+    write_eds(workdir, [(spec.ip, 1) for spec in SERVERS], ports)
+
+
+@dataclass
+class Sidecar:
+    """One server's sidecar Envoy (`ADMISSION`): inbound listener on the server's address at `port`."""
+
+    server: PodSpec
+    port: int
+    workdir: Path
+    limits: list[tuple[float, int | None]] = field(default_factory=list)
+    """(seconds into the run, the inbound limit its configuration carries) at each change."""
+
+    def configure(self, patches: list[Any], at: float) -> None:
+        """Its LDS and CDS as istiod would push them with `patches` (the class's EnvoyFilter) merged in."""
+        route_config, cluster = patched(*istio_inbound(8000, self.server.ip), patches)
+        listener = inbound_listener(
+            self.port, route_config, with_http_filters(patches), self.workdir / "access.log", self.server.ip
+        )
+        write_dynamic(self.workdir, listener, cluster, str(time.monotonic_ns()))
+        high = [t for t in cluster["circuit_breakers"]["thresholds"] if t.get("priority") == "HIGH"]
+        self.limits.append((at, int(high[0]["max_requests"]) if high else None))
+
+    def refused(self) -> int:
+        """503s its inbound limit answered (response flag UO in its access log)."""
+        log = self.workdir / "access.log"
+        return sum(1 for line in log.read_text().splitlines() if line.split()[1:2] == ["UO"]) if log.exists() else 0
 
 
 class EdsFileCluster(MemoryCluster):
     """The `Cluster` port for a bare Envoy: the ServiceEntry sluice applies becomes the EDS file Envoy watches
-    (its endpoints, and only those, with their weights), exactly as Istio would turn it into EDS."""
+    (its endpoints, and only those, with their weights), exactly as Istio would turn it into EDS; with sidecars
+    (`ADMISSION`), each EnvoyFilter it applies is merged into the sidecars of the pods it selects, as istiod
+    pushes them."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, sidecars: list[Sidecar] | None = None, class_label: str = "") -> None:
         super().__init__()
         self.workdir = workdir
+        self.sidecars = sidecars or []
+        self.class_label = class_label
+        self.started = time.monotonic()
 
     def apply(self, desired: Rendered, pool_uid: str | None, adopt: bool) -> WriteResult:
         result = super().apply(desired, pool_uid, adopt)
-        if desired.kind == "ServiceEntry" and result.action in ("created", "updated"):
-            write_eds(self.workdir, _endpoint_weights(desired))
+        if result.action not in ("created", "updated"):
+            return result
+        if desired.kind == "ServiceEntry":
+            write_eds(self.workdir, _endpoint_weights(desired), {s.server.ip: s.port for s in self.sidecars})
+        elif desired.kind == "EnvoyFilter" and self.sidecars:
+            spec = members(desired.body, "spec")
+            selected = members(spec, "workloadSelector", "labels").get(self.class_label)
+            patches = spec.get("configPatches")
+            for sidecar in self.sidecars:
+                if sidecar.server.hardware == selected and isinstance(patches, list):
+                    sidecar.configure(patches, time.monotonic() - self.started)
         return result
 
 
@@ -164,9 +224,12 @@ def _endpoint_weights(entry: Rendered) -> list[tuple[str, int]]:
     return [(address, weight) for address, weight in pairs if isinstance(weight, int)]
 
 
-def pool_spec(prometheus_url: str, interval: float, window: float) -> InferencePoolSpec:
+def pool_spec(
+    prometheus_url: str, interval: float, window: float, admission: dict[str, Any] | None = None
+) -> InferencePoolSpec:
     return InferencePoolSpec.model_validate(
         {
+            **({"admission": admission} if admission else {}),
             "selector": {"matchLabels": {"app": "bench"}},
             "targetPort": 8000,
             "service": "bench",
@@ -184,13 +247,19 @@ def pool_spec(prometheus_url: str, interval: float, window: float) -> InferenceP
 
 
 async def sluice_loop(
-    workdir: Path, spec: InferencePoolSpec, stop: asyncio.Event, timeline: list[tuple[float, dict[str, int]]]
+    workdir: Path,
+    spec: InferencePoolSpec,
+    stop: asyncio.Event,
+    timeline: list[tuple[float, dict[str, int]]],
+    sidecars: list[Sidecar] | None = None,
 ) -> None:
-    """sluice's one reconcile loop on real Prometheus signals, publishing to Envoy through the EDS-file cluster."""
+    """sluice's one reconcile loop on real Prometheus signals, publishing to Envoy through the EDS-file cluster
+    (and, with `sidecars`, its EnvoyFilters to them)."""
     prom = PromIO()
-    cluster = EdsFileCluster(workdir)
+    cluster = EdsFileCluster(workdir, sidecars, spec.capacity.class_label)
+    injected = {TLS_MODE_LABEL: "istio"} if sidecars else {}
     cluster.pod_list = [
-        ObservedPod(name=s.name, ip=s.ip, labels={"app": "bench", "sluice.dev/hardware-class": s.hardware})
+        ObservedPod(name=s.name, ip=s.ip, labels={"app": "bench", spec.capacity.class_label: s.hardware, **injected})
         for s in SERVERS
     ]
     reconciler = Reconciler(cluster, prom)
@@ -319,6 +388,7 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, An
         "e2e_p99_ms": q(e2e, 0.99),
         "output_tokens_per_s": sum(r["tokens"] for r in ok) / span,
         "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
+        "served_within_slo_per_s": sum(1 for r in ok if r["ttft"] <= SLO_SECONDS) / span,
         "completed": len(ok),
         "failed": len(measured) - len(ok),
         "share": {name: n / len(measured) for name, n in sorted(servers.items())} if measured else {},
@@ -389,16 +459,37 @@ def run_router(
     return figures(results)
 
 
+def start_sidecars(stack: Stack, envoy_dir: Path) -> tuple[list[Sidecar], list[Any]]:
+    """`ADMISSION`: a sidecar Envoy per server, its inbound side as istiod builds it and no EnvoyFilter merged yet
+    (no limit until sluice renders one). Returns the sidecars and their processes."""
+    sidecars, processes = [], []
+    for server in SERVERS:
+        workdir = envoy_dir / f"sidecar-{server.name}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "access.log").unlink(missing_ok=True)
+        sidecar = Sidecar(server, free_port(), workdir)
+        sidecar.configure([], 0.0)
+        admin = free_port()
+        (workdir / "envoy.yaml").write_text(yaml.safe_dump(dynamic_sidecar_config(workdir, admin)))
+        argv = [str(ENVOY), "-c", str(workdir / "envoy.yaml"), "--use-dynamic-base-id", "--log-level", "warn"]
+        processes.append(stack.spawn([*argv, "--concurrency", "1"], f"sidecar-{server.name}.log"))
+        stack.wait_http(f"http://127.0.0.1:{admin}/ready", 30, f"sidecar of {server.name}")
+        sidecars.append(sidecar)
+    return sidecars, processes
+
+
 def run_strategy(
     stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
 ) -> dict[str, Any]:
     restart_servers(stack, quiet_seconds(args.window))
     envoy_dir = workdir / strategy
     envoy_dir.mkdir(parents=True, exist_ok=True)
-    idle_eds(envoy_dir)
+    sidecars, processes = start_sidecars(stack, envoy_dir) if strategy == ADMISSION else ([], [])
+    idle_eds(envoy_dir, {s.server.ip: s.port for s in sidecars})
     listen, admin = free_port(), free_port()
     lb = "ROUND_ROBIN" if strategy == "round-robin" else "LEAST_REQUEST"
-    (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(envoy_config(envoy_dir, listen, admin, lb)))
+    config = envoy_config(envoy_dir, listen, admin, lb, retry=strategy == ADMISSION)
+    (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(config))
     envoy = stack.spawn(
         [
             *(str(ENVOY), "-c", str(envoy_dir / "envoy.yaml"), "--use-dynamic-base-id", "--log-level", "warn"),
@@ -406,15 +497,19 @@ def run_strategy(
         ],
         f"envoy-{strategy}.log",
     )
+    processes.append(envoy)
     stack.wait_http(f"http://127.0.0.1:{admin}/ready", 30, "Envoy")
     timeline: list[tuple[float, dict[str, int]]] = []
 
     async def go() -> list[dict[str, Any]]:
         stop = asyncio.Event()
         control = None
-        if strategy == "sluice":
-            spec = pool_spec(stack.prometheus_url, args.interval, args.window)
-            control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline))
+        if strategy in ("sluice", ADMISSION):
+            admission = {"mode": "Enforce", "batchShare": args.batch_share} if strategy == ADMISSION else None
+            if admission is not None and args.ttft_target:
+                admission["ttftTarget"] = f"{args.ttft_target:g}s"
+            spec = pool_spec(stack.prometheus_url, args.interval, args.window, admission)
+            control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline, sidecars))
         try:
             return await load(f"http://127.0.0.1:{listen}/v1/completions", trace)
         finally:
@@ -425,10 +520,14 @@ def run_strategy(
     try:
         results = asyncio.run(go())
     finally:
-        os.killpg(envoy.pid, signal.SIGTERM)
-        envoy.wait(timeout=10)
+        for process in processes:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=10)
     row = figures(results)
     row["weights"] = timeline[-1][1] if timeline else None
+    if sidecars:  # what each sidecar refused (its access log, written out as it stopped) and its limits
+        row["refused_by_sidecar"] = {s.server.hardware: s.refused() for s in sidecars}
+        row["limits"] = {s.server.hardware: s.limits for s in sidecars}
     # every request (arrival index, start, TTFT, server) and every published weight set, for diagnosis
     (envoy_dir / "requests.json").write_text(json.dumps(sorted(results, key=lambda r: r["i"])) + "\n")
     (envoy_dir / "weights.json").write_text(json.dumps(timeline) + "\n")
@@ -572,6 +671,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=7, help="the first trace's seed")
+    parser.add_argument("--batch-share", type=float, default=0.6, help=f"{ADMISSION}: admission.batchShare")
+    parser.add_argument(
+        "--ttft-target", type=float, default=0.0, help=f"{ADMISSION}: admission.ttftTarget in seconds (0: none)"
+    )
     parser.add_argument("--seeds", type=int, default=1, help="traces (seeds --seed, --seed + 1, ...), each replayed")
     parser.add_argument(
         "--strategies",
@@ -599,9 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     peers = [("vllm-router", p) for p in args.peers.split(",") if p]
     peers += [("sglang-router", p) for p in args.sglang_peers.split(",") if p]
     strategies = [s for s in args.strategies.split(",") if s]
-    unknown = sorted(set(strategies) - set(STRATEGIES))
+    unknown = sorted(set(strategies) - set(KNOWN))
     if unknown or not {"least-request", "sluice"} <= set(strategies):
-        parser.error(f"--strategies: {unknown or strategies}: choose from {STRATEGIES}, with least-request and sluice")
+        parser.error(f"--strategies: {unknown or strategies}: choose from {KNOWN}, with least-request and sluice")
     if args.seeds < 1:
         parser.error("--seeds: at least 1")
     for router in sorted({router for router, _ in peers}):
@@ -645,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario, trace = plans[run["seed"]]
         simulated = {}
         models = {PEER_MODELS[p] for _, p in peers if p in PEER_MODELS}
-        for strategy in [*strategies, *sorted(models)]:
+        for strategy in [*(s for s in strategies if s in STRATEGIES), *sorted(models)]:  # ADMISSION: no twin
             row = summarise(Simulation(scenario, strategy, trace).run())
             simulated[strategy] = {k: row[k] for k in (*COLUMNS, "share")}
         with_ratios(run["real"])

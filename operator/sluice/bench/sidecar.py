@@ -31,6 +31,25 @@ HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_mana
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 TARGET_PORT = 8000
+PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+ISTIO_DEFAULT_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+"""The retry policy istiod renders for a route whose VirtualService sets no `retries` (istio/istio
+`pilot/pkg/networking/core/route/retry/retry.go`, `DefaultPolicy`, 1.30): 2 retries on these conditions,
+retriable status code 503, the previous_hosts predicate with 5 host selections."""
+
+
+def istio_default_retry_policy() -> dict[str, Any]:
+    """`ISTIO_DEFAULT_RETRY_ON`'s whole route retry policy, as Envoy configuration."""
+    return {
+        "retry_on": ISTIO_DEFAULT_RETRY_ON,
+        "num_retries": 2,
+        "retriable_status_codes": [503],
+        "retry_host_predicate": [
+            {"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {"@type": PREVIOUS_HOSTS}}
+        ],
+        "host_selection_retry_max_attempts": 5,
+    }
+
 
 # oneof groups of the messages the patches reach (envoy.config.route.v3.RouteAction, envoy.config.cluster.v3.Cluster)
 ONEOFS = [

@@ -84,7 +84,8 @@ def steer_share(
 ) -> float:
     """The pod's share of its batch after a fresh sample (`admission.ttftTarget`): down while its TTFT p95 is above
     the target, up while its limit binds and the p95 is below `SHARE_SLACK` of it, held otherwise and by a missing
-    or non-finite p95 (no evidence, no move); never below `floor` (batchShare) nor outside `SHARE_RANGE`."""
+    or non-finite p95 (no evidence, no move); never below `floor` (batchShare) nor outside `SHARE_RANGE` (whose top
+    a batchShare above it raises: a target only ever adds room)."""
     down, up = steps or (SHARE_DOWN, SHARE_UP)
     p95 = finite(ttft_p95)
     if p95 is None:
@@ -96,7 +97,7 @@ def steer_share(
     else:
         return previous
     low, high = SHARE_RANGE
-    return round(min(high, max(low, floor, moved)), 4)
+    return round(min(max(high, floor), max(low, floor, moved)), 4)
 
 
 def binds(limit: int | None, running: float | None, refused: float | None) -> bool:

@@ -178,18 +178,20 @@ def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatu
         "inbound_limit": None,
         "rate_limit": None,
         "rate_at_limit": None if at_limit is None or spec.admission.tenants is None else round(at_limit, 3),
-        "admission_share": _share(spec, prev, signals, fresh),
+        "admission_share": _share(spec, prev, signals, fresh and verdict.sampled_at is not None),
     }
 
 
 def _share(spec: InferencePoolSpec, prev: EndpointStatus | None, signals: PodSignals, fresh: bool) -> float | None:
     """The pod's share of its batch under `admission.ttftTarget`, moved once per fresh sample by its TTFT p95
-    (`steer_share`); None without a target."""
+    (`steer_share`; `fresh` only where the engine tells when its sample was taken: without that, passes between
+    two scrapes would each move it), never below batchShare (raised since, it lifts a share kept below it); None
+    without a target."""
     target = spec.admission.ttft_target
     if target is None:
         return None
     kept = prev.admission_share if prev is not None else None
-    share = spec.admission.batch_share if kept is None else kept
+    share = spec.admission.batch_share if kept is None else max(kept, spec.admission.batch_share)
     if not fresh:
         return share
     limit = prev.inbound_limit if prev is not None else None
