@@ -12,7 +12,12 @@ the benchmark's iteration-level engine); real Prometheus scrapes them every seco
 - `least-request`: LEAST_REQUEST, equal weights (power of two choices; Istio's default);
 - `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
   signals, the real core plans, and the ServiceEntry's endpoint weights are written to the EDS file (what istiod
-  would push as EDS `load_balancing_weight`).
+  would push as EDS `load_balancing_weight`);
+- `sluice-admission` (only when listed): `sluice` with `admission.mode: Enforce` (`--batch-share`,
+  `--ttft-target`): each server behind its own real sidecar Envoy, whose inbound listener and cluster are built as
+  istiod builds them and rewritten, as watched LDS/CDS files, whenever sluice applies an EnvoyFilter selecting its
+  class (`sluice.bench.sidecar` merges the patches as Istio does); the calling Envoy retries as Istio's default
+  route policy does (503 on another host, twice). Each sidecar's access log counts its refusals (flag UO).
 With `--peers`, the real vLLM router (PyPI `vllm-router`), and with `--sglang-peers` the real SGLang router (PyPI
 `sglang-router`), run each listed policy in front of the same servers (`make bench-real`). A bounded open-loop
 generator on loopback replays one trace (`sluice.bench.trace`, the same for every strategy, one keep-alive
@@ -73,6 +78,7 @@ from sluice.devstack.stack import ROOT, Stack, free_port
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import WriteResult
 from sluice.io.prometheus import PromIO
+from sluice.istio.envoyfilters import UNBOUNDED
 from sluice.istio.rendered import Rendered
 from sluice.runtime.reconciler import Reconciler
 
@@ -94,7 +100,10 @@ ENVOY = Path(sys.executable).parent / "envoy"
 
 def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str, retry: bool = False) -> dict[str, Any]:
     """One listener routing everything to cluster `pool`, whose endpoints come from a watched EDS file; `retry`:
-    with Istio's default route retry policy (a sidecar's 503 retried on another pod)."""
+    with Istio's default route retry policy (a sidecar's 503 retried on another pod) and the cluster's circuit
+    breakers as istiod sets them on every cluster (every field MaxUint32: cluster_traffic_policy.go
+    `getDefaultCircuitBreakerThresholds`). Envoy's own defaults allow 3 retries at once per cluster, and a 503 whose
+    retry finds that budget spent goes back to the client: a first run lost 196 of 1200 requests that way."""
     route: dict[str, Any] = {"cluster": "pool", "timeout": "60s"}
     if retry:
         route["retry_policy"] = istio_default_retry_policy()
@@ -123,6 +132,9 @@ def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str, retry: 
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "eds_cluster_config": {"eds_config": {"resource_api_version": "V3", "path_config_source": eds}},
     }
+    if retry:
+        unbounded = ("max_connections", "max_pending_requests", "max_requests", "max_retries")
+        cluster["circuit_breakers"] = {"thresholds": [{**dict.fromkeys(unbounded, UNBOUNDED), "track_remaining": True}]}
     return {
         "node": {"id": "sluice-bench", "cluster": "sluice-bench"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
