@@ -326,6 +326,7 @@ TGI: dict[SignalName, Reading] = {
 # bucket). A series appears with its first request of that label set, so a pod whose sidecar answered requests
 # and refused none has measurably refused 0; a pod without the metric (no sidecar, metrics merging off) reads
 # nothing.
+_INBOUND = ',reporter="destination"'
 ISTIO_REQUESTS = Series(
     "istio_requests_total",
     (
@@ -355,13 +356,12 @@ ISTIO_REQUESTS = Series(
         "response_flags",
         "connection_security_policy",
     ),
-    ',reporter="destination"',
+    _INBOUND,
     needed=False,
     lazy=True,
 )
 SIDECAR_REFUSED_FLAGS = "(.*,)?(UO|RL)(,.*)?"
 """Envoy's short response flags of a request the sidecar refused: inbound overflow or local rate limit."""
-_INBOUND = ',reporter="destination"'
 _REFUSED = _INBOUND + ',response_flags=~"' + SIDECAR_REFUSED_FLAGS + '"'
 SIDECAR: dict[SignalName, Reading] = {
     "refusedRate": Reading(
