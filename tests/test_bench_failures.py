@@ -7,8 +7,11 @@ checkHostForUneject, onIntervalTimer's back-off count-down) with what Istio writ
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sluice.bench import targets
 from sluice.bench.capacity import fleet_capacity, saturated_throughput
+from sluice.bench.control import Published
 from sluice.bench.dataplane import OutlierDetector
 from sluice.bench.scenario import Scenario
 from sluice.bench.sim import Simulation, summarise
@@ -222,17 +225,21 @@ def test_a_pods_own_inbound_limit_takes_the_place_of_the_data_planes() -> None:
 
 
 class _Admitted(Simulation):
-    """Records every admission past the limit in force for its pod (the one sluice last published)."""
+    """Records every admission under a limit (the one sluice last published for its pod): past what its sidecar's
+    circuit breaker counts, and past what the pod runs."""
 
     over: int = 0
     limited: int = 0
+    past_in_flight: int = 0
 
     def _track(self, server: str, sidecar: int, delta: int) -> None:
         super()._track(server, sidecar, delta)
         limit = self.published.limits.get(server) if delta > 0 and self.published is not None else None
         if limit is not None:
             self.limited += 1
-            self.over += self.global_active[server] > limit
+            _, _, counted = self.limit_counts[server]  # before this admission is counted
+            self.over += counted >= limit
+            self.past_in_flight += self.global_active[server] > limit
 
 
 def _reporting(mode: str, enforced: bool) -> dict[str, float]:
@@ -245,7 +252,12 @@ def _reporting(mode: str, enforced: bool) -> dict[str, float]:
     )
     trace = make_trace(scenario.workload, 1.5 * _capacity(scenario), 40, 5, scenario.dataplane.sidecars)
     sim = _Admitted(scenario, "sluice", trace)
-    return {**summarise(sim.run()), "admitted_under_a_limit": sim.limited, "admitted_past_it": sim.over}
+    return {
+        **summarise(sim.run()),
+        "admitted_under_a_limit": sim.limited,
+        "admitted_past_it": sim.over,
+        "past_in_flight": sim.past_in_flight,
+    }
 
 
 def test_the_sidecars_enforce_the_limits_sluice_reports_only_when_the_data_plane_is_told_to() -> None:
@@ -255,7 +267,56 @@ def test_the_sidecars_enforce_the_limits_sluice_reports_only_when_the_data_plane
     assert enforced["refused"] > 0
     assert enforced["admitted_under_a_limit"] > 0
     assert enforced["admitted_past_it"] == 0
+    # as Envoy does, the sidecar's new cluster counts from zero: the requests admitted before the first limit are
+    # not counted, and for a while a pod runs more than its limit
+    assert enforced["past_in_flight"] > 0
     reported = _reporting("Report", enforced=False)  # reported, not enforced: Report mode
     assert reported["refused"] == 0
     assert reported["admitted_past_it"] > 0
     assert _reporting("Off", enforced=True)["refused"] == 0  # nothing reported, nothing to enforce
+
+
+class _Moving(Simulation):
+    """The published limit of every pod alternates between 8 and 9 at each pass (a limit moved by one request
+    at a time), or stays at 8; records the most requests a pod ran at once after `SETTLED` seconds (the requests
+    admitted before the first limit are done by then)."""
+
+    moving = True
+    passes = 0
+    peak = 0
+
+    def _publish(self, t: float, published: Published | None) -> None:
+        if published is not None:
+            self.passes += 1
+            limit = 8 + (self.passes % 2 if self.moving else 0)
+            published = replace(published, limits=dict.fromkeys(self.names, limit))
+        super()._publish(t, published)
+
+    def _track(self, server: str, sidecar: int, delta: int) -> None:
+        super()._track(server, sidecar, delta)
+        if self.now > SETTLED:
+            self.peak = max(self.peak, self.global_active[server])
+
+
+SETTLED = 40.0
+
+
+def test_a_limit_that_keeps_moving_lets_a_pod_run_far_past_it() -> None:
+    # Each change is a new Envoy cluster counting from zero (tests/test_envoy_inbound_limit.py shows it on real
+    # Envoy): the simulated sidecars count the same way, so a limit moved every pass bounds little.
+    scenario = _three_a100s(
+        "moving",
+        output_tokens=256,
+        duration=80,
+        dataplane={"reported_limits": True, "outlier_detection": False},
+        sluice={"interval": 2, "scrape_interval": 1, "pool": {"admission": {"mode": "Report"}}},
+    )
+    trace = make_trace(scenario.workload, 1.5 * _capacity(scenario), 80, 5, scenario.dataplane.sidecars)
+    steady = _Moving(scenario, "sluice", trace)
+    steady.moving = False
+    steady.run()
+    moving = _Moving(scenario, "sluice", trace)
+    moving.run()
+    assert moving.passes > 20
+    assert steady.peak == 8
+    assert moving.peak > 9  # past the largest limit it was ever given (17 here: nearly two limits at once)

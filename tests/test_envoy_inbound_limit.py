@@ -11,6 +11,7 @@ holds each request long enough for all of them to be in flight together.
 from __future__ import annotations
 
 import hashlib
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -21,9 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sluice.api.v1alpha1 import EndpointStatus, InferencePoolStatus, TenantsSpec
-from sluice.bench.sidecar import TARGET_PORT, istio_inbound, patched, sidecar_config, with_http_filters
+from sluice.bench.sidecar import (
+    TARGET_PORT,
+    dynamic_sidecar_config,
+    inbound_listener,
+    istio_inbound,
+    patched,
+    sidecar_config,
+    with_http_filters,
+    write_dynamic,
+)
 from sluice.core.inbound import NO_CLASS, NO_SIDECAR, NOT_MEASURED
 from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import ObservedPod, PodSignals
@@ -330,3 +341,56 @@ def test_a_class_with_a_rate_and_no_limit_gets_the_tenant_buckets_alone() -> Non
     assert body["spec"]["workloadSelector"] == {"labels": {"app": "llama", "sluice.dev/hardware-class": "a100"}}
     # without tenants, a rate renders nothing
     assert render_inbound_envoy_filters(POOL, spec(admission={"mode": "Enforce"}), {}, {"a100": 12.0}) == []
+
+
+def _admin_stat(admin: int, name: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats?filter=^{name}$", timeout=2) as answer:
+        line = answer.read().decode().strip()
+    return int(line.rpartition(": ")[2]) if line else 0
+
+
+def test_a_changed_limit_starts_the_new_cluster_counting_from_zero(binary: Path, tmp_path: Path) -> None:
+    """Envoy builds a new cluster for a changed CDS resource, with its own circuit-breaker counts: requests still
+    in flight on the old one are not counted against the new limit. So a limit rewritten while a pod is full lets
+    up to a whole new limit through on top (upstream: source/common/upstream/cluster_manager_impl.cc,
+    `addOrUpdateCluster` replaces the cluster; its ResourceManager belongs to the cluster's info). Why a limit
+    must not move with every reading (`sluice.core.inbound.HYSTERESIS`)."""
+    admin = free_port()
+    (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(dynamic_sidecar_config(tmp_path, admin)))
+    with pod_server(4.0) as app:
+        listen = free_port()
+
+        def configure(limit: int, version: str) -> None:
+            patches = inbound_patches(spec(), limit)
+            route_config, cluster = patched(*istio_inbound(app), patches)
+            listener = inbound_listener(listen, route_config, with_http_filters(patches))
+            write_dynamic(tmp_path, listener, cluster, version)
+
+        configure(LIMIT, "1")
+        with (
+            envoy(binary, dynamic_sidecar_config(tmp_path, admin), tmp_path, "sidecar"),
+            ThreadPoolExecutor(8) as pool,
+        ):
+            first = [pool.submit(_get, listen) for _ in range(LIMIT)]  # the pod full: LIMIT in flight
+            time.sleep(1.0)
+            updates = _admin_stat(admin, "cluster_manager.cds.update_success")
+            configure(LIMIT + 1, "2")  # one more allowed
+            deadline = time.monotonic() + 5
+            while _admin_stat(admin, "cluster_manager.cds.update_success") <= updates:
+                assert time.monotonic() < deadline, "the new cluster was not taken"
+                time.sleep(0.05)
+            later = Counter(pool.map(lambda _: _get(listen), range(LIMIT + 3)))
+            assert [f.result() for f in first] == [200] * LIMIT
+    # Counted together, one of the later five would be served (LIMIT in flight + 1 = the new limit) and four
+    # refused. The new cluster counts from zero: it enforces its limit, but on the later requests alone — LIMIT + 1
+    # served beside the LIMIT still in flight, 2 * LIMIT + 1 at once against a limit of LIMIT + 1.
+    assert later == Counter({200: LIMIT + 1, 503: 2})
+
+
+def _get(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as answer:
+            answer.read()
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)

@@ -170,6 +170,12 @@ class Simulation:
         self.power_of_two = PowerOfTwoRouter(self.names, self.rng)
         self.hash_ring = ConsistentHashRouter(self.names)
         self.global_active = dict.fromkeys(self.names, 0)
+        self.limit_counts: dict[str, tuple[int | None, int, int]] = dict.fromkeys(self.names, (None, 0, 0))
+        """Each sidecar's inbound circuit breaker: (its limit, which cluster it is, the requests it counts). A
+        changed limit is a new Envoy cluster whose count starts at zero: the requests still in flight on the old
+        one are not counted (real Envoy: tests/test_envoy_inbound_limit.py)."""
+        self.counted: dict[int, tuple[str, int]] = {}
+        """Request -> (server, the cluster that counted it)."""
         self.flights: dict[int, tuple[Outcome, int]] = {}
         self.retrying: dict[int, Outcome] = {}
         self.outcomes: list[Outcome] = []
@@ -308,6 +314,7 @@ class Simulation:
         server.scraped.observe_outcome(at, True)
         self._track(name, sidecar, -1)
         del self.flights[sequence.req_id]
+        self._uncount(sequence.req_id)
 
     def _arrive(self, arrival: Arrival, attempt: int = 0, tried: frozenset[str] = frozenset()) -> None:
         name = self._pick(arrival)
@@ -331,7 +338,11 @@ class Simulation:
             return
         reported = self.published.limits.get(name) if plane.reported_limits and self.published else None
         limit = reported or server.spec.inbound_max_requests or plane.inbound_max_requests
-        if limit is not None and self.global_active[name] >= limit:
+        shown, cluster, counted = self.limit_counts[name]
+        if limit != shown:  # a new cluster, counting from zero
+            shown, cluster, counted = limit, cluster + 1, 0
+            self.limit_counts[name] = (shown, cluster, counted)
+        if limit is not None and counted >= limit:
             self._refuse(arrival, outcome, name, sidecar, attempt, tried)
             return
         draw = arrival.draw if attempt == 0 else self._draw(arrival, attempt)
@@ -348,9 +359,19 @@ class Simulation:
             return
         self._track(name, sidecar, +1)
         self.flights[arrival.index] = (outcome, sidecar)
+        self.limit_counts[name] = (shown, cluster, counted + 1)
+        self.counted[arrival.index] = (name, cluster)
         server.engine.submit(arrival.index, self.now, arrival.prompt, arrival.output)
         server.peak_kv = max(server.peak_kv, server.engine.kv_usage)
         server.peak_waiting = max(server.peak_waiting, server.engine.num_waiting)
+
+    def _uncount(self, index: int) -> None:
+        """A request done: its sidecar's circuit breaker counts it no more, if the cluster that counted it is still
+        the sidecar's."""
+        name, cluster = self.counted.pop(index)
+        shown, current, counted = self.limit_counts[name]
+        if cluster == current:
+            self.limit_counts[name] = (shown, current, counted - 1)
 
     def _within_share(self, name: str, tenant: str | None) -> bool:
         """The pod's sidecar's tenant bucket has a token (or it has none): the buckets sluice renders for the rate
