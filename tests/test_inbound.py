@@ -9,10 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluice.api.memory import decode, encode
 from sluice.core.inbound import (
     BATCH_GAIN,
     HYSTERESIS,
     KV_EVIDENCE,
+    LIMIT_HOLD_SECONDS,
     SHARE_DOWN,
     SHARE_RANGE,
     SHARE_UP,
@@ -87,9 +89,9 @@ def test_the_batch_never_leaves_the_readings_taken(readings: list[tuple[float | 
             assert batch is None
 
 
-def _row(signals: PodSignals, mode: str = "Report", previous=None, **snapshot):  # type: ignore[no-untyped-def]
+def _row(signals: PodSignals, mode: str = "Report", previous=None, seconds: float = 100, **snapshot):  # type: ignore[no-untyped-def]
     plan = run(
-        spec(admission={"mode": mode, "batchShare": 0.75}), [pod("a")], {"a": signals}, 100, previous, **snapshot
+        spec(admission={"mode": mode, "batchShare": 0.75}), [pod("a")], {"a": signals}, seconds, previous, **snapshot
     )
     return plan.status, plan.status.endpoints[0]
 
@@ -109,9 +111,24 @@ def test_a_pool_reporting_admission_shows_each_pods_batch_and_limit_and_holds_th
     assert (row.saturated_batch, row.inbound_limit) == (40, 30)
     status, row = _row(_light(), previous=status)  # nearly idle: what it read before stands
     assert (row.saturated_batch, row.inbound_limit) == (40, 30)
-    _, row = _row(_holding(80), previous=status)
+    _, row = _row(_holding(80), previous=status, seconds=100 + LIMIT_HOLD_SECONDS)
     assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)
     assert row.inbound_limit == math.floor(0.75 * (40 + BATCH_GAIN * 40))
+
+
+def test_a_limit_shown_holds_for_a_minute_before_it_moves() -> None:
+    # a changed limit is a new Envoy cluster counting from zero (test_envoy_inbound_limit.py): one change a minute
+    status, row = _row(_holding(40))
+    assert (row.inbound_limit, row.limit_since) == (30, at(100))
+    status, row = _row(_holding(80), previous=status, seconds=100 + LIMIT_HOLD_SECONDS - 1)
+    assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)  # the batch moves
+    assert (row.inbound_limit, row.limit_since) == (30, at(100))  # the limit does not, yet
+    status, row = _row(_holding(80), previous=status, seconds=100 + LIMIT_HOLD_SECONDS)
+    assert row.inbound_limit == math.floor(0.75 * row.saturated_batch)
+    assert row.limit_since == at(100 + LIMIT_HOLD_SECONDS)
+    # kept across a restart: the compact memory carries when it was set
+    remembered_row = decode(encode([row]))[0]
+    assert remembered_row.limit_since == at(100 + LIMIT_HOLD_SECONDS)
 
 
 def test_a_pod_never_read_has_no_limit_and_admission_off_shows_none() -> None:
@@ -491,7 +508,8 @@ def test_a_share_above_one_is_kept_and_a_raised_batch_share_lifts_a_share_kept_b
     status = run(s, [pod("a")], {"a": held}, 100, sampled_at={"a": at(99)}, **known).status
     assert status.endpoints[0].admission_share == 0.5
     raised = spec(admission={"mode": "Report", "batchShare": 0.75, "ttftTarget": "500ms"})
-    status = run(raised, [pod("a")], {"a": held}, 115, status, sampled_at={"a": at(114)}, **known).status
+    later = 100 + LIMIT_HOLD_SECONDS  # the limit shown at 100 s moves no sooner
+    status = run(raised, [pod("a")], {"a": held}, later, status, sampled_at={"a": at(later - 1)}, **known).status
     assert status.endpoints[0].admission_share == 0.75
     assert status.endpoints[0].inbound_limit == 60
 
@@ -519,3 +537,12 @@ def test_without_a_target_the_share_is_batch_share_and_no_share_is_shown() -> No
     slow = _holding(80).model_copy(update={"ttft_p95_seconds": 2.0})
     row = run(s, [pod("a")], {"a": slow}, 100).status.endpoints[0]
     assert (row.admission_share, row.inbound_limit) == (None, 60)
+
+
+def test_a_held_class_keeps_its_limit_and_a_pod_joining_it_takes_that_one() -> None:
+    pods = [PodBatch("a1", "a100", 80.0), PodBatch("a2", "a100", 80.0), PodBatch("a3", "a100", None)]
+    shown = {"a1": 30, "a2": 30}
+    assert pod_limits(pods, 0.75, shown, held={"a1", "a2"}) == {"a1": 30, "a2": 30, "a3": 30}
+    assert pod_limits(pods, 0.75, shown) == {"a1": 60, "a2": 60, "a3": 60}  # not held: it moves
+    # a held pod showing another limit than its class's does not hold the class
+    assert pod_limits(pods, 0.75, {**shown, "a3": 12}, held={"a3"}) == {"a1": 60, "a2": 60, "a3": 60}

@@ -114,6 +114,12 @@ class EndpointStatus(StatusModel):
         "absent without a batch. Report: not enforced. Enforce: what its sidecar is given; absent for a pod the "
         "AdmissionEnforced condition names (no sidecar, no class label).",
     )
+    limit_since: datetime | None = Field(
+        default=None,
+        description="admission: when the pod's inboundLimit was set; it moves no sooner than a minute after (a "
+        "changed limit is a new Envoy cluster whose count starts from zero, letting a whole limit through on top "
+        "of the requests in flight); absent without a limit.",
+    )
     admission_share: float | None = Field(
         default=None,
         description="admission.ttftTarget: the share of its batch the pod's limit is, steered by its TTFT p95 "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -47,6 +47,14 @@ HYSTERESIS = 0.1
 """A limit moves only when the new one differs by more than this share of the one shown: the batch moves a little
 with every reading, and a limit that changes every pass would be an object rewritten every pass once enforced.
 Provenance: hand-set, not swept."""
+LIMIT_HOLD_SECONDS = 60.0
+"""A limit shown stays at least this long before it moves (the first one is set at once). Envoy builds a new
+cluster for every changed CDS resource, and the new cluster's circuit breaker counts from zero: the requests still
+in flight on the old one are not counted, so each change lets up to a whole new limit through on top of them
+(real Envoy 1.38 and 1.40: `tests/test_envoy_inbound_limit.py`). On the real data plane a small limit moved by a
+request at a time (10 % of 5 is half a request) changed 37 times in 470 s, and its pod ran 36 requests at once
+under limits of 4-10 (docs/benchmarks.md, "Admission on the real data plane"). Provenance: hand-set, one change
+a minute at most."""
 
 
 def learn_batch(previous: float | None, running: float | None, kv_usage: float | None) -> float | None:
@@ -109,11 +117,16 @@ def binds(limit: int | None, running: float | None, refused: float | None) -> bo
     return (refused is not None and refused > 0) or (running is not None and running >= limit)
 
 
-def inbound_limit(batch: float | None, share: float, shown: int | None, least: int = 1) -> int | None:
+def inbound_limit(
+    batch: float | None, share: float, shown: int | None, least: int = 1, held: bool = False
+) -> int | None:
     """The pod's limit: `share` of its learned batch (at least `least`, `admission.minLimit`), or the one shown
-    while the new one is within `HYSTERESIS` of it; None without a batch."""
+    while the new one is within `HYSTERESIS` of it or while it is `held` (shown for less than
+    `LIMIT_HOLD_SECONDS`); None without a batch."""
     if batch is None:
         return None
+    if held and shown is not None:
+        return shown
     limit = max(least, math.floor(share * batch))
     if shown is not None and abs(limit - shown) <= HYSTERESIS * shown:
         return shown
@@ -160,17 +173,25 @@ def pod_limits(
     shown: Mapping[str, int | None],
     least: int = 1,
     shares: Mapping[str, float | None] | None = None,
+    held: Collection[str] = (),
 ) -> dict[str, int | None]:
     """Every pod's limit: `share` of its class's batch (`class_batches`), one limit for the whole class, or of its
     own batch where it has no class. `shown` holds the limits the previous status showed: a class's hysteresis is
     taken from the limit most of its pods showed (the larger on a tie), so a pod joining it takes the class's.
-    `shares`: each pod's own share (`steer_share`), in place of `share`; a class takes its pods' median."""
+    `shares`: each pod's own share (`steer_share`), in place of `share`; a class takes its pods' median. `held`:
+    the pods whose limit was shown for less than `LIMIT_HOLD_SECONDS`; a class is held while one of its pods that
+    shows the class's limit is."""
     shares = shares or {}
     by_class = class_batches(pods)
     class_share = _class_medians((p.hardware_class, shares.get(p.pod)) for p in pods)
     class_shown = _class_shown({p.pod: p.hardware_class for p in pods}, by_class, shown)
+    class_held = {
+        p.hardware_class
+        for p in pods
+        if p.pod in held and p.hardware_class in class_shown and shown.get(p.pod) == class_shown[p.hardware_class]
+    }
     class_limits = {
-        name: inbound_limit(batch, class_share.get(name, share), class_shown[name], least)
+        name: inbound_limit(batch, class_share.get(name, share), class_shown[name], least, name in class_held)
         for name, batch in by_class.items()
     }
     out: dict[str, int | None] = {}
@@ -179,7 +200,7 @@ def pod_limits(
             out[p.pod] = class_limits[p.hardware_class]
         else:
             own = finite(shares.get(p.pod))
-            out[p.pod] = inbound_limit(p.batch, share if own is None else own, shown.get(p.pod), least)
+            out[p.pod] = inbound_limit(p.batch, share if own is None else own, shown.get(p.pod), least, p.pod in held)
     return out
 
 

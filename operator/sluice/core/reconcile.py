@@ -112,7 +112,7 @@ def plan_pass(
     verdicts = [judge_pod(spec, p, before.get(p.name), signals, metrics.usable, now) for p in pods]
     allocations = allocate(spec.scoring, spec.protection, verdicts, _bias(spec), spec.metrics.window)
     canary = _step_canary(spec, previous, verdicts, allocations, metrics.usable, now, operation)
-    rows = with_inbound_limits(spec, [render_row(spec, v, allocations[v.name], now) for v in verdicts], before)
+    rows = with_inbound_limits(spec, [render_row(spec, v, allocations[v.name], now) for v in verdicts], before, now)
     eligible = [v for v in verdicts if v.eligible]
     routable = [v for v in eligible if allocations[v.name].routable]
     mesh = assess(spec, pool, observed.mesh, bool(canary.weights))

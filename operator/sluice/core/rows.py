@@ -5,13 +5,14 @@ weight in words, its score, and what the headroom policy remembers of it. Pure.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypedDict
 
 from sluice.api.v1alpha1 import EndpointState, EndpointStatus, InferencePoolSpec
 from sluice.core.allocation import Allocation
 from sluice.core.headroom import PodHeadroom
 from sluice.core.inbound import (
+    LIMIT_HOLD_SECONDS,
     PodBatch,
     PodCapacity,
     binds,
@@ -84,6 +85,7 @@ class StatusRow(TypedDict):
     rate_limit: float | None
     rate_at_limit: float | None
     admission_share: float | None
+    limit_since: datetime | None
     consecutive_failures: int
     restarts: int
     last_incident_at: datetime | None
@@ -150,6 +152,7 @@ class _Admission(TypedDict):
     rate_limit: float | None
     rate_at_limit: float | None
     admission_share: float | None
+    limit_since: datetime | None
 
 
 def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None) -> _Admission:
@@ -163,6 +166,7 @@ def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatu
             "rate_limit": None,
             "rate_at_limit": None,
             "admission_share": None,
+            "limit_since": None,
         }
     kept = prev.saturated_batch if prev is not None else None
     signals = verdict.signals
@@ -179,6 +183,7 @@ def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatu
         "rate_limit": None,
         "rate_at_limit": None if at_limit is None or spec.admission.tenants is None else round(at_limit, 3),
         "admission_share": _share(spec, prev, signals, fresh and verdict.sampled_at is not None),
+        "limit_since": None,
     }
 
 
@@ -200,17 +205,23 @@ def _share(spec: InferencePoolSpec, prev: EndpointStatus | None, signals: PodSig
 
 
 def with_inbound_limits(
-    spec: InferencePoolSpec, rows: list[StatusRow], before: Mapping[str, EndpointStatus]
+    spec: InferencePoolSpec, rows: list[StatusRow], before: Mapping[str, EndpointStatus], now: datetime
 ) -> list[StatusRow]:
     """Every row's limit, from its class's batch or its own (`pod_limits`), and with `admission.tenants` its
     admitted rate, from its class's rate at the limit or its own (`pod_rates`), each moved past the hysteresis from
-    the one the previous status showed."""
+    the one the previous status showed, and a limit no sooner than `LIMIT_HOLD_SECONDS` after it was set."""
     if spec.admission.mode == "Off":
         return rows
     batches = [PodBatch(r["pod"], r["hardware_class"], r["saturated_batch"]) for r in rows]
     shown = {pod: row.inbound_limit for pod, row in before.items()}
     shares = {r["pod"]: r["admission_share"] for r in rows}
-    limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit, shares)
+    hold = timedelta(seconds=LIMIT_HOLD_SECONDS)
+    held = {
+        pod
+        for pod, row in before.items()
+        if row.inbound_limit is not None and row.limit_since is not None and now - row.limit_since < hold
+    }
+    limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit, shares, held)
     rates: dict[str, float | None] = {}
     if spec.admission.tenants is not None:
         measured = [PodCapacity(r["pod"], r["hardware_class"], r["rate_at_limit"]) for r in rows]
@@ -218,7 +229,16 @@ def with_inbound_limits(
     out: list[StatusRow] = []
     for row in rows:
         limited = row.copy()
-        limited["inbound_limit"] = limits[row["pod"]]
+        limit = limits[row["pod"]]
+        previous = before.get(row["pod"])
+        limited["inbound_limit"] = limit
+        limited["limit_since"] = (
+            None
+            if limit is None
+            else previous.limit_since
+            if previous is not None and previous.inbound_limit == limit and previous.limit_since is not None
+            else now
+        )
         limited["rate_limit"] = rates.get(row["pod"])
         out.append(limited)
     return out
