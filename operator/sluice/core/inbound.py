@@ -53,8 +53,9 @@ cluster for every changed CDS resource, and the new cluster's circuit breaker co
 in flight on the old one are not counted, so each change lets up to a whole new limit through on top of them
 (real Envoy 1.38 and 1.40: `tests/test_envoy_inbound_limit.py`). On the real data plane a small limit moved by a
 request at a time (10 % of 5 is half a request) changed 37 times in 470 s, and its pod ran 36 requests at once
-under limits of 4-10 (docs/benchmarks.md, "Admission on the real data plane"). Provenance: hand-set, one change
-a minute at most."""
+under limits of 4-10 (docs/benchmarks.md, "Admission on the real data plane"); held a minute, 9. Provenance:
+hand-set, one change a minute at most; too short where requests last minutes (agent-heavy at 150 %: two A100s ran
+249 at once under limits of 31-61 each), where it should follow the pods' time in system."""
 
 
 def learn_batch(previous: float | None, running: float | None, kv_usage: float | None) -> float | None:
