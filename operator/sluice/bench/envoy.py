@@ -42,11 +42,9 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -83,6 +81,7 @@ from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import ObservedPod
 from sluice.devstack.kubelet import PodSpec
 from sluice.devstack.modelserver import SERVED_BY
+from sluice.devstack.processes import stop_processes
 from sluice.devstack.stack import ROOT, Stack, free_port
 from sluice.io.memory import MemoryCluster
 from sluice.io.ports import WriteResult
@@ -482,19 +481,6 @@ def figures(results: list[dict[str, Any]], slo_seconds: float, warm_up: float = 
     }
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """End a process this run started (its process group): SIGTERM, and SIGKILL if it has not exited within 10 s
-    (a server still holding a backlog past the run's timeout finishes its streams before exiting)."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-
 def restart_servers(stack: Stack, servers: tuple[PodSpec, ...], quiet: float) -> None:
     """Every strategy starts with idle servers: stop the ones this run started, start fresh ones, and let them sit
     idle for `quiet` seconds. The servers keep their names and addresses, so Prometheus' series go on across runs:
@@ -504,7 +490,7 @@ def restart_servers(stack: Stack, servers: tuple[PodSpec, ...], quiet: float) ->
     for name in list(stack.pods):
         state = stack.pods.pop(name)
         if state.process is not None:
-            stop(state.process)
+            stop_processes([state.process])
     for spec in servers:
         stack.add_server(spec)
     stack.wait_ready([s.name for s in servers])
@@ -562,7 +548,7 @@ def run_router(
         stack.wait_http(f"http://127.0.0.1:{port}/health", 60, router)
         results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace, timeout))
     finally:
-        stop(process)
+        stop_processes([process])
     return figures(results, fleet.slo_seconds)
 
 
@@ -627,8 +613,7 @@ def run_strategy(
     try:
         results = asyncio.run(go())
     finally:
-        for process in processes:
-            stop(process)
+        stop_processes(processes)
     row = figures(results, fleet.slo_seconds)
     row["weights"] = timeline[-1][1] if timeline else None
     if sidecars:  # what each sidecar refused (its access log, written out as it stopped) and its limits

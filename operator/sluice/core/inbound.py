@@ -52,7 +52,7 @@ LIMIT_HOLD_SECONDS = 60.0
 cluster for every changed CDS resource, and the new cluster's circuit breaker counts from zero: the requests still
 in flight on the old one are not counted, so each change lets up to a whole new limit through on top of them
 (real Envoy 1.38 and 1.40: `tests/test_envoy_inbound_limit.py`). On the real data plane a small limit moved by a
-request at a time (10 % of 5 is half a request) changed 37 times in 470 s, and its pod ran 36 requests at once
+request at a time (10 % of 5 is half a request) changed 35 times in 446 s, and its pod ran 36 requests at once
 under limits of 4-10 (docs/benchmarks.md, "Admission on the real data plane"); held a minute, 9. Provenance:
 hand-set, one change a minute at most; too short where requests last minutes (agent-heavy at 150 %: two A100s ran
 249 at once under limits of 31-61 each), where it should follow the pods' time in system."""

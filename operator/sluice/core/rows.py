@@ -232,13 +232,8 @@ def with_inbound_limits(
         limit = limits[row["pod"]]
         previous = before.get(row["pod"])
         limited["inbound_limit"] = limit
-        limited["limit_since"] = (
-            None
-            if limit is None
-            else previous.limit_since
-            if previous is not None and previous.inbound_limit == limit and previous.limit_since is not None
-            else now
-        )
+        kept = previous.limit_since if previous is not None and previous.inbound_limit == limit else None
+        limited["limit_since"] = None if limit is None else kept or now
         limited["rate_limit"] = rates.get(row["pod"])
         out.append(limited)
     return out
