@@ -127,9 +127,14 @@ def run_alone(scenario: Scenario, hardware: str, rate: float, seed: int) -> Alon
 
 
 @functools.lru_cache(maxsize=64)
+def _saturated(scenario_json: str, hardware: str) -> float:
+    return saturated_throughput(Scenario.model_validate_json(scenario_json), hardware)
+
+
+@functools.lru_cache(maxsize=64)
 def _curve(scenario_json: str, hardware: str) -> ServerCurve:
     scenario = Scenario.model_validate_json(scenario_json)
-    capacity = saturated_throughput(scenario, hardware)
+    capacity = _saturated(scenario_json, hardware)
     points, runs, worst = [], [], 0.0
     for fraction in CURVE_POINTS:
         run = run_alone(scenario, hardware, fraction * capacity, scenario.seed)
@@ -139,15 +144,24 @@ def _curve(scenario_json: str, hardware: str) -> ServerCurve:
     return ServerCurve(hardware, capacity, tuple(points), tuple(runs))
 
 
+def _key(scenario: Scenario) -> str:
+    """What a server's curve depends on (model, engine, lengths, seed), as a cache key."""
+    key = scenario.model_copy(update={"servers": [], "events": [], "loads": [1.0], "name": "", "description": ""})
+    return key.model_dump_json()
+
+
 def server_curves(scenario: Scenario) -> dict[str, ServerCurve]:
     """Hardware class -> its curve, measured once per (model, engine, lengths) in a process."""
-    key = scenario.model_copy(update={"servers": [], "events": [], "loads": [1.0], "name": "", "description": ""})
-    return {s.hardware: _curve(key.model_dump_json(), s.hardware) for s in scenario.servers}
+    key = _key(scenario)
+    return {s.hardware: _curve(key, s.hardware) for s in scenario.servers}
 
 
 def fleet_capacity(scenario: Scenario) -> float:
-    curves = server_curves(scenario)
-    return sum(curves[s.hardware].capacity for s in scenario.servers)
+    """Requests per second the fleet completes at saturation on the scenario's lengths: each server's engine alone
+    under a sustained overload (`saturated_throughput`, the top of its curve), summed; measured once per hardware
+    class in a process, without the curves."""
+    key = _key(scenario)
+    return sum(_saturated(key, s.hardware) for s in scenario.servers)
 
 
 def best_split(scenario: Scenario, rate: float) -> dict[str, float]:

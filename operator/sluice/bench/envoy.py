@@ -60,7 +60,7 @@ import yaml
 from sluice.api.jsontypes import members, text
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
-from sluice.bench.capacity import saturated_throughput
+from sluice.bench.capacity import fleet_capacity as scenario_capacity
 from sluice.bench.control import CAPACITY_CLASSES
 from sluice.bench.scenario import EngineSpec, Scenario, ServerSpec, WorkloadSpec
 from sluice.bench.scenario import load as load_scenario
@@ -140,16 +140,10 @@ def run_workload(run: Fleet, lengths: str, prompt_tokens: int, output_tokens: in
 
 
 def fleet_capacity(run: Fleet, workload: WorkloadSpec) -> float:
-    """Requests per second the fleet completes at saturation on `workload`'s lengths: each server's engine alone
-    under a sustained overload (`sluice.bench.capacity.saturated_throughput`), summed."""
-    scenario = Scenario(
-        name=run.name,
-        seed=run.seed,
-        servers=[ServerSpec(name=s.name, hardware=s.hardware) for s in run.servers],
-        workload=workload,
-    )
-    alone = {h: saturated_throughput(scenario, h) for h in {s.hardware for s in run.servers}}
-    return sum(alone[s.hardware] for s in run.servers)
+    """Requests per second the fleet completes at saturation on `workload`'s lengths, as the simulation measures
+    it (`sluice.bench.capacity.fleet_capacity`)."""
+    servers = [ServerSpec(name=s.name, hardware=s.hardware) for s in run.servers]
+    return scenario_capacity(Scenario(name=run.name, seed=run.seed, servers=servers, workload=workload))
 
 
 STRATEGIES = ("round-robin", "least-request", "sluice")
