@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from sluice.api.memory import decode, encode
 from sluice.core.inbound import (
     BATCH_GAIN,
+    HOLD_TURNOVERS,
     HYSTERESIS,
     KV_EVIDENCE,
+    LIMIT_HOLD_MAX_SECONDS,
     LIMIT_HOLD_SECONDS,
     SHARE_DOWN,
     SHARE_RANGE,
@@ -24,6 +26,7 @@ from sluice.core.inbound import (
     inbound_limit,
     learn_batch,
     learn_rate_at_limit,
+    limit_hold,
     pod_limits,
     pod_rates,
     rate_limit,
@@ -129,6 +132,39 @@ def test_a_limit_shown_holds_for_a_minute_before_it_moves() -> None:
     # kept across a restart: the compact memory carries when it was set
     remembered_row = decode(encode([row]))[0]
     assert remembered_row.limit_since == at(100 + LIMIT_HOLD_SECONDS)
+
+
+def test_the_hold_follows_the_pods_time_in_system_between_a_minute_and_ten() -> None:
+    # by Little's law: 40 running and 10 waiting, finishing 0.5/s, stay 100 s in the engine
+    assert limit_hold(40, 10, 0.5) == HOLD_TURNOVERS * 100
+    assert limit_hold(40, None, 1.0) == HOLD_TURNOVERS * 40  # no queue reading: the running requests alone
+    assert limit_hold(8, 0, 4.0) == LIMIT_HOLD_SECONDS  # short requests: the floor
+    assert limit_hold(400, 0, 0.5) == LIMIT_HOLD_MAX_SECONDS  # never past ten minutes
+    assert limit_hold(40, 0, 0.0) == LIMIT_HOLD_MAX_SECONDS  # in flight and none finished: longer than the window
+    assert limit_hold(0, 0, 0.0) == LIMIT_HOLD_SECONDS  # idle
+
+
+@pytest.mark.parametrize(("running", "served"), [(None, 1.0), (40.0, None), (math.nan, 1.0), (40.0, math.inf)])
+def test_no_reading_of_the_time_in_system_holds_only_the_floor(running: float | None, served: float | None) -> None:
+    assert limit_hold(running, 0, served) == LIMIT_HOLD_SECONDS
+
+
+def _lasting(batch: float, seconds_in_system: float) -> PodSignals:
+    """`_holding(batch)` with requests that stay `seconds_in_system` in the engine."""
+    return _holding(batch).model_copy(update={"request_rate": batch / 2 / seconds_in_system})
+
+
+def test_a_limit_on_pods_whose_requests_last_minutes_holds_for_several_of_them() -> None:
+    # agent-heavy at 150 % on the real data plane: requests lasting minutes, a limit moved once a minute stacked the
+    # counts of three clusters; held HOLD_TURNOVERS times 40 s, the second change waits for the old requests
+    status, row = _row(_lasting(40, 40))
+    assert (row.inbound_limit, row.limit_since) == (30, at(100))
+    hold = HOLD_TURNOVERS * 40
+    status, row = _row(_lasting(80, 40), previous=status, seconds=100 + hold - 1)
+    assert (row.inbound_limit, row.limit_since) == (30, at(100))
+    status, row = _row(_lasting(80, 40), previous=status, seconds=100 + hold)
+    assert row.inbound_limit == math.floor(0.75 * row.saturated_batch) != 30
+    assert row.limit_since == at(100 + hold)
 
 
 def test_a_pod_never_read_has_no_limit_and_admission_off_shows_none() -> None:

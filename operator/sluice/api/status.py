@@ -116,9 +116,10 @@ class EndpointStatus(StatusModel):
     )
     limit_since: datetime | None = Field(
         default=None,
-        description="admission: when the pod's inboundLimit was set; it moves no sooner than a minute after (a "
-        "changed limit is a new Envoy cluster whose count starts from zero, letting a whole limit through on top "
-        "of the requests in flight); absent without a limit.",
+        description="admission: when the pod's inboundLimit was set; it moves no sooner than five of the pod's "
+        "times in system after (running and waiting requests over the rate it finishes them), at least a minute "
+        "and at most ten: a changed limit is a new Envoy cluster whose count starts from zero, letting a whole "
+        "limit through on top of the requests in flight; absent without a limit.",
     )
     admission_share: float | None = Field(
         default=None,

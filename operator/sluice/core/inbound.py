@@ -54,8 +54,31 @@ in flight on the old one are not counted, so each change lets up to a whole new 
 (real Envoy 1.38 and 1.40: `tests/test_envoy_inbound_limit.py`). On the real data plane a small limit moved by a
 request at a time (10 % of 5 is half a request) changed 35 times in 446 s, and its pod ran 36 requests at once
 under limits of 4-10 (docs/benchmarks.md, "Admission on the real data plane"); held a minute, 9. Provenance:
-hand-set, one change a minute at most; too short where requests last minutes (agent-heavy at 150 %: two A100s ran
-249 at once under limits of 31-61 each), where it should follow the pods' time in system."""
+hand-set, one change a minute at most: the floor of `limit_hold`."""
+HOLD_TURNOVERS = 5.0
+"""A limit is held at least this many times the pod's time in system (`limit_hold`): after a change the old
+cluster's requests run on uncounted until they finish, about one time in system, so a limit held k of those is
+stacked at most 1/k of the time. A minute alone was too short where requests last minutes (agent-heavy at 150 %:
+two A100s ran 249 at once under limits of 31-61 each). Provenance: hand-set, then run (docs/benchmarks.md)."""
+LIMIT_HOLD_MAX_SECONDS = 600.0
+"""The longest hold: a limit wrong for the load is corrected within ten minutes whatever the requests' length."""
+
+
+def limit_hold(running: float | None, waiting: float | None, served: float | None) -> float:
+    """Seconds a pod's limit is held once shown: `HOLD_TURNOVERS` x its time in system (by Little's law, the
+    requests in its engine, running and waiting, over the rate it finishes them), between `LIMIT_HOLD_SECONDS` and
+    `LIMIT_HOLD_MAX_SECONDS`. Nothing in flight: the floor. Requests in flight and none finished over the window:
+    the ceiling (they last longer than the window). No reading of the running count or the rate: the floor — no
+    time is invented for a pod that shows none."""
+    running, waiting, served = finite(running), finite(waiting), finite(served)
+    if running is None or served is None:
+        return LIMIT_HOLD_SECONDS
+    in_flight = running + max(waiting or 0.0, 0.0)
+    if in_flight <= 0:
+        return LIMIT_HOLD_SECONDS
+    if served <= 0:
+        return LIMIT_HOLD_MAX_SECONDS
+    return min(LIMIT_HOLD_MAX_SECONDS, max(LIMIT_HOLD_SECONDS, HOLD_TURNOVERS * in_flight / served))
 
 
 def learn_batch(previous: float | None, running: float | None, kv_usage: float | None) -> float | None:
@@ -123,7 +146,7 @@ def inbound_limit(
 ) -> int | None:
     """The pod's limit: `share` of its learned batch (at least `least`, `admission.minLimit`), or the one shown
     while the new one is within `HYSTERESIS` of it or while it is `held` (shown for less than
-    `LIMIT_HOLD_SECONDS`); None without a batch."""
+    its `limit_hold`); None without a batch."""
     if batch is None:
         return None
     if held and shown is not None:
@@ -180,7 +203,7 @@ def pod_limits(
     own batch where it has no class. `shown` holds the limits the previous status showed: a class's hysteresis is
     taken from the limit most of its pods showed (the larger on a tie), so a pod joining it takes the class's.
     `shares`: each pod's own share (`steer_share`), in place of `share`; a class takes its pods' median. `held`:
-    the pods whose limit was shown for less than `LIMIT_HOLD_SECONDS`; a class is held while one of its pods that
+    the pods whose limit was shown for less than their `limit_hold`; a class is held while one of its pods that
     shows the class's limit is."""
     shares = shares or {}
     by_class = class_batches(pods)

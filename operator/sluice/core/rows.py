@@ -18,6 +18,7 @@ from sluice.core.inbound import (
     binds,
     learn_batch,
     learn_rate_at_limit,
+    limit_hold,
     pod_limits,
     pod_rates,
     steer_share,
@@ -209,17 +210,23 @@ def with_inbound_limits(
 ) -> list[StatusRow]:
     """Every row's limit, from its class's batch or its own (`pod_limits`), and with `admission.tenants` its
     admitted rate, from its class's rate at the limit or its own (`pod_rates`), each moved past the hysteresis from
-    the one the previous status showed, and a limit no sooner than `LIMIT_HOLD_SECONDS` after it was set."""
+    the one the previous status showed, and a limit no sooner than its `limit_hold` after it was set (from the
+    pod's time in system as this pass reads it)."""
     if spec.admission.mode == "Off":
         return rows
     batches = [PodBatch(r["pod"], r["hardware_class"], r["saturated_batch"]) for r in rows]
     shown = {pod: row.inbound_limit for pod, row in before.items()}
     shares = {r["pod"]: r["admission_share"] for r in rows}
-    hold = timedelta(seconds=LIMIT_HOLD_SECONDS)
+    holds = {
+        r["pod"]: limit_hold(r["signals"].running_requests, r["signals"].queue_length, r["signals"].request_rate)
+        for r in rows
+    }
     held = {
         pod
         for pod, row in before.items()
-        if row.inbound_limit is not None and row.limit_since is not None and now - row.limit_since < hold
+        if row.inbound_limit is not None
+        and row.limit_since is not None
+        and now - row.limit_since < timedelta(seconds=holds.get(pod, LIMIT_HOLD_SECONDS))
     }
     limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit, shares, held)
     rates: dict[str, float | None] = {}
