@@ -43,8 +43,11 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# Two runs: the tests that start no long-lived processes on every core, then the end-to-end ones (marked slow) one
+# at a time, as they share the stack's loopback addresses.
 test: lint stack-deps envoy-istio
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto -m "not slow"
+	$(PY) -m pytest -q -m slow
 
 # Tests without the lint step, for quick iteration.
 test-fast: venv envoy-istio
