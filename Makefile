@@ -43,8 +43,8 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# Two runs: the tests that start no long-lived processes on every core, then the end-to-end ones (marked slow) one
-# at a time, as they share the stack's loopback addresses.
+# Two runs: the tests not marked slow on every core (the processes they start take free loopback ports), then the
+# end-to-end ones (marked slow) one at a time, as they share the local stack's loopback addresses.
 test: lint stack-deps envoy-istio
 	$(PY) -m pytest -q -n auto -m "not slow"
 	$(PY) -m pytest -q -m slow
