@@ -39,6 +39,7 @@ MEMORY_FIELDS = (
     "rate_limit",
     "rate_at_limit",
     "admission_share",
+    "batch_since",
 )
 
 
