@@ -20,11 +20,8 @@ from sluice.core.inbound import (
     SHARE_DOWN,
     SHARE_RANGE,
     SHARE_UP,
-    YOUNG_BATCH_MAX_SECONDS,
-    YOUNG_DISCOUNT,
     PodBatch,
     PodCapacity,
-    batch_young,
     binds,
     inbound_limit,
     learn_batch,
@@ -93,64 +90,6 @@ def test_the_batch_never_leaves_the_readings_taken(readings: list[tuple[float | 
             assert min(seen) * (1 - 1e-9) <= batch <= max(seen) * (1 + 1e-9)
         else:
             assert batch is None
-
-
-def test_a_young_batch_is_replaced_by_each_reading_discounted_while_requests_wait() -> None:
-    # a cache filled by requests that have just started seems to hold more of them than it will once they age
-    assert learn_batch(None, running=20, kv_usage=0.5, waiting=3, young=True) == pytest.approx(40 * YOUNG_DISCOUNT)
-    assert learn_batch(None, running=20, kv_usage=0.5, waiting=0, young=True) == 40  # nothing waits: as it is
-    assert learn_batch(None, running=20, kv_usage=0.5, waiting=None, young=True) == 40
-    assert learn_batch(24.0, running=30, kv_usage=0.5, waiting=0, young=True) == 60  # replaced, not moved towards
-    assert learn_batch(24.0, running=30, kv_usage=0.1, waiting=5, young=True) == 24.0  # no reading: held
-    assert learn_batch(24.0, running=30, kv_usage=0.5, waiting=5) == pytest.approx(24 + BATCH_GAIN * 36)  # aged
-
-
-def test_a_batch_is_young_for_one_time_in_system_of_its_pod_at_most_two_minutes() -> None:
-    assert batch_young(None, 40, 10, 0.5)  # not read yet
-    assert batch_young(99, 40, 10, 0.5)  # requests stay 100 s
-    assert not batch_young(100, 40, 10, 0.5)
-    assert batch_young(YOUNG_BATCH_MAX_SECONDS - 1, 400, 0, 0.5)  # 800 s in system: at most two minutes
-    assert not batch_young(YOUNG_BATCH_MAX_SECONDS, 400, 0, 0.5)
-    assert batch_young(YOUNG_BATCH_MAX_SECONDS - 1, 40, 0, 0.0)  # none finished: longer than the window
-    assert batch_young(YOUNG_BATCH_MAX_SECONDS - 1, math.nan, 0, 1.0)  # no reading of its time: the longest
-    assert not batch_young(1, 0, 0, 1.0)  # nothing in flight: nothing young
-
-
-def _waiting(batch: float, waiting: float = 4) -> PodSignals:
-    """`_holding(batch)` with requests waiting in the engine, whose requests stay 40 s in it."""
-    return _holding(batch).model_copy(update={"queue_length": waiting, "request_rate": (batch / 2 + waiting) / 40})
-
-
-def test_a_young_batchs_limit_falls_once_at_once_and_rises_only_when_its_hold_is_over() -> None:
-    # mixed-fleet at 150 %: the first limits, read from young caches, were 1.45-1.9x what the pods held a minute
-    # later; held, each let a queue form behind it for the whole hold (docs/benchmarks.md)
-    status, row = _row(_waiting(100))
-    assert row.saturated_batch == pytest.approx(100 * YOUNG_DISCOUNT)
-    assert (row.inbound_limit, row.batch_since, row.limit_since) == (45, at(100), at(100))
-    status, row = _row(_waiting(60), previous=status, seconds=115)  # still young (40 s in system): falls at once
-    assert row.saturated_batch == pytest.approx(60 * YOUNG_DISCOUNT)
-    assert (row.inbound_limit, row.limit_since) == (27, at(115))
-    status, row = _row(_waiting(120), previous=status, seconds=125)  # a young reading higher: the hold keeps it
-    assert row.saturated_batch == pytest.approx(120 * YOUNG_DISCOUNT)
-    assert (row.inbound_limit, row.limit_since) == (27, at(115))
-    # ... and once fallen, a lower one too: each fall stacks a new count on requests still in flight (real data
-    # plane, agent-heavy requests at 150 %: an A100's young limit fell four times in 65 s)
-    status, row = _row(_waiting(40), previous=status, seconds=130)
-    assert row.saturated_batch == pytest.approx(40 * YOUNG_DISCOUNT)
-    assert (row.inbound_limit, row.limit_since) == (27, at(115))
-    status, row = _row(_waiting(40), previous=status, seconds=140)  # aged (40 s since the first reading)
-    assert row.saturated_batch == pytest.approx(24 + BATCH_GAIN * (40 - 24))
-    assert (row.inbound_limit, row.limit_since, row.batch_since) == (27, at(115), at(100))  # held
-    # kept across a restart: the compact memory carries when the batch was first read
-    assert decode(encode([row]))[0].batch_since == at(100)
-
-
-def test_a_batch_kept_from_before_its_first_reading_was_timed_is_not_young() -> None:
-    status, _ = _row(_holding(40))
-    kept = status.model_copy(update={"endpoints": [status.endpoints[0].model_copy(update={"batch_since": None})]})
-    _, row = _row(_waiting(100), previous=kept, seconds=105)
-    assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 60)
-    assert (row.inbound_limit, row.batch_since) == (30, None)
 
 
 def _row(signals: PodSignals, mode: str = "Report", previous=None, seconds: float = 100, **snapshot):  # type: ignore[no-untyped-def]
@@ -238,10 +177,9 @@ def test_a_pod_never_read_has_no_limit_and_admission_off_shows_none() -> None:
 def test_passes_between_two_scrapes_count_the_scrape_once() -> None:
     # A 5 s pass reads a 15 s scrape's gauges three times: the engine says when the sample was taken.
     status, _ = _row(_holding(40), sampled_at={"a": at(75)}, freshness_known=True)
-    # (at 110 s the batch is no longer young: its pod's requests last 8 s)
-    status, row = _row(_holding(80), previous=status, seconds=110, sampled_at={"a": at(90)}, freshness_known=True)
+    status, row = _row(_holding(80), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
     assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)
-    _, row = _row(_holding(80), previous=status, seconds=110, sampled_at={"a": at(90)}, freshness_known=True)
+    _, row = _row(_holding(80), previous=status, sampled_at={"a": at(90)}, freshness_known=True)
     assert row.saturated_batch == pytest.approx(40 + BATCH_GAIN * 40)  # the same sample: one step, not two
 
 

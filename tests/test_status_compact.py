@@ -39,7 +39,6 @@ MEMORY_FIELDS = (
     "rate_limit",
     "rate_at_limit",
     "admission_share",
-    "batch_since",
 )
 
 

@@ -52,7 +52,6 @@ FIELDS: tuple[tuple[str, int | float | None], ...] = (
     ("rate_at_limit", None),
     ("admission_share", None),
     ("limit_since", None),
-    ("batch_since", None),
 )
 _ROWS: TypeAdapter[list[EndpointStatus]] = TypeAdapter(list[EndpointStatus])
 
@@ -91,7 +90,6 @@ def _pack(row: EndpointStatus) -> list[JsonValue]:
         row.rate_at_limit,
         row.admission_share,
         _time(row.limit_since),
-        _time(row.batch_since),
     ]
     while values and values[-1] == FIELDS[len(values) - 1][1]:
         values.pop()

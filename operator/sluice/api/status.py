@@ -105,15 +105,7 @@ class EndpointStatus(StatusModel):
         default=None,
         description="admission: the requests the pod's engine holds at once when its KV cache is full (running "
         "requests / KV-cache usage, read while the cache is at least a quarter full, moved 0.3 of the way by each "
-        "scrape and held between them; while young, replaced by each reading: batchSince); absent until one is "
-        "read.",
-    )
-    batch_since: datetime | None = Field(
-        default=None,
-        description="admission: when the pod's saturatedBatch was first read. For one of the pod's times in system "
-        "after (at most two minutes), while the requests that fill its cache are young, each reading replaces the "
-        "batch, counted at 0.6 of itself while requests wait, and the pod's inboundLimit may fall at once, "
-        "once, whatever limitSince says; absent without a batch, and for a batch kept from before this field.",
+        "scrape and held between them); absent until one is read.",
     )
     inbound_limit: int | None = Field(
         default=None,

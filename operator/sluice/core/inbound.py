@@ -64,75 +64,31 @@ LIMIT_HOLD_MAX_SECONDS = 600.0
 """The longest hold: a limit wrong for the load is corrected within ten minutes whatever the requests' length."""
 
 
-YOUNG_DISCOUNT = 0.6
-"""A young reading (`batch_young`) taken while requests wait in the engine counts at this share of itself. A cache
-filled by requests that have just started holds their prompts and little of their outputs, so it seems to hold
-more of them than it will once they age: on the benchmark's fleets at 150 % the batches read in the first seconds
-of load were 1.45-1.9x those read a minute or two later (docs/benchmarks.md, "A first limit that does not trust
-a young reading"), and a limit that binds costs a backlog at every change. Only while requests wait: below
-capacity the first readings come with nothing waiting, and a discount there refused requests a fleet had room
-for (0.1-5.1 % at 80 % where every young reading was discounted). Provenance: the batches' ratio above, run at
-0.6 only."""
-YOUNG_BATCH_MAX_SECONDS = 120.0
-"""The longest a batch stays young: a pod whose requests last minutes is not left with a provisional batch for
-longer than this. Provenance: hand-set."""
-
-
-def time_in_system(running: float | None, waiting: float | None, served: float | None) -> float | None:
-    """Seconds a request stays in the pod's engine, by Little's law: the requests in it, running and waiting, over
-    the rate it finishes them. 0 with nothing in flight; infinite with requests in flight and none finished over
-    the window (they last longer than it); None without a reading of the running count or the rate."""
+def limit_hold(running: float | None, waiting: float | None, served: float | None) -> float:
+    """Seconds a pod's limit is held once shown: `HOLD_TURNOVERS` x its time in system (by Little's law, the
+    requests in its engine, running and waiting, over the rate it finishes them), between `LIMIT_HOLD_SECONDS` and
+    `LIMIT_HOLD_MAX_SECONDS`. Nothing in flight: the floor. Requests in flight and none finished over the window:
+    the ceiling (they last longer than the window). No reading of the running count or the rate: the floor — no
+    time is invented for a pod that shows none."""
     running, waiting, served = finite(running), finite(waiting), finite(served)
     if running is None or served is None:
-        return None
+        return LIMIT_HOLD_SECONDS
     in_flight = running + max(waiting or 0.0, 0.0)
     if in_flight <= 0:
-        return 0.0
-    if served <= 0:
-        return math.inf
-    return in_flight / served
-
-
-def limit_hold(running: float | None, waiting: float | None, served: float | None) -> float:
-    """Seconds a pod's limit is held once shown: `HOLD_TURNOVERS` x its `time_in_system`, between
-    `LIMIT_HOLD_SECONDS` and `LIMIT_HOLD_MAX_SECONDS`. Nothing in flight: the floor. Requests in flight and none
-    finished over the window: the ceiling. No reading of the running count or the rate: the floor — no time is
-    invented for a pod that shows none."""
-    seconds = time_in_system(running, waiting, served)
-    if seconds is None:
         return LIMIT_HOLD_SECONDS
-    return min(LIMIT_HOLD_MAX_SECONDS, max(LIMIT_HOLD_SECONDS, HOLD_TURNOVERS * seconds))
+    if served <= 0:
+        return LIMIT_HOLD_MAX_SECONDS
+    return min(LIMIT_HOLD_MAX_SECONDS, max(LIMIT_HOLD_SECONDS, HOLD_TURNOVERS * in_flight / served))
 
 
-def batch_young(age: float | None, running: float | None, waiting: float | None, served: float | None) -> bool:
-    """Whether a pod's batch, first read `age` seconds ago (None: not read yet), is still young: younger than one
-    `time_in_system` of the pod (its requests not yet turned over once since), at most
-    `YOUNG_BATCH_MAX_SECONDS`; without a reading of the time in system, that longest."""
-    if age is None:
-        return True
-    seconds = time_in_system(running, waiting, served)
-    return age < min(YOUNG_BATCH_MAX_SECONDS, YOUNG_BATCH_MAX_SECONDS if seconds is None else seconds)
-
-
-def learn_batch(
-    previous: float | None,
-    running: float | None,
-    kv_usage: float | None,
-    waiting: float | None = None,
-    young: bool = False,
-) -> float | None:
-    """The batch after this pass's reading `running / kv_usage`, taken while the cache is at least `KV_EVIDENCE`
-    full and something runs: a `young` batch (`batch_young`) is replaced by the reading, at `YOUNG_DISCOUNT` of it
-    while requests wait; an older one moves `BATCH_GAIN` of the way to it. Held without a reading, and by a
-    missing or non-finite one."""
+def learn_batch(previous: float | None, running: float | None, kv_usage: float | None) -> float | None:
+    """The batch after this pass's reading: moved towards `running / kv_usage` while the cache is at least
+    `KV_EVIDENCE` full and something runs; held otherwise, and by a missing or non-finite reading."""
     previous = finite(previous)
     running, kv_usage = finite(running), finite(kv_usage)
     if running is None or kv_usage is None or kv_usage < KV_EVIDENCE or running < 1:
         return previous
     reading = running / min(kv_usage, 1.0)
-    if young:
-        waits = (finite(waiting) or 0.0) > 0
-        return reading * YOUNG_DISCOUNT if waits else reading
     if previous is None:
         return reading
     return previous + BATCH_GAIN * (reading - previous)
@@ -186,18 +142,17 @@ def binds(limit: int | None, running: float | None, refused: float | None) -> bo
 
 
 def inbound_limit(
-    batch: float | None, share: float, shown: int | None, least: int = 1, held: bool = False, young: bool = False
+    batch: float | None, share: float, shown: int | None, least: int = 1, held: bool = False
 ) -> int | None:
     """The pod's limit: `share` of its learned batch (at least `least`, `admission.minLimit`), or the one shown
-    while the new one is within `HYSTERESIS` of it or while it is `held` (shown for less than its `limit_hold`) —
-    except that a `young` limit falls at once: a limit read too high lets a queue form behind it, and the sooner
-    it falls the smaller the backlog; it rises only when its hold is over. None without a batch."""
+    while the new one is within `HYSTERESIS` of it or while it is `held` (shown for less than
+    its `limit_hold`); None without a batch."""
     if batch is None:
         return None
+    if held and shown is not None:
+        return shown
     limit = max(least, math.floor(share * batch))
-    if shown is None:
-        return limit
-    if abs(limit - shown) <= HYSTERESIS * shown or (held and not (young and limit < shown)):
+    if shown is not None and abs(limit - shown) <= HYSTERESIS * shown:
         return shown
     return limit
 
@@ -243,15 +198,13 @@ def pod_limits(
     least: int = 1,
     shares: Mapping[str, float | None] | None = None,
     held: Collection[str] = (),
-    young: Collection[str] = (),
 ) -> dict[str, int | None]:
     """Every pod's limit: `share` of its class's batch (`class_batches`), one limit for the whole class, or of its
     own batch where it has no class. `shown` holds the limits the previous status showed: a class's hysteresis is
     taken from the limit most of its pods showed (the larger on a tie), so a pod joining it takes the class's.
     `shares`: each pod's own share (`steer_share`), in place of `share`; a class takes its pods' median. `held`:
     the pods whose limit was shown for less than their `limit_hold`; a class is held while one of its pods that
-    shows the class's limit is. `young`: the pods whose limit may fall while held (a young batch's, once:
-    `sluice.core.rows`); a class's, while all its pods' may."""
+    shows the class's limit is."""
     shares = shares or {}
     by_class = class_batches(pods)
     class_share = _class_medians((p.hardware_class, shares.get(p.pod)) for p in pods)
@@ -261,13 +214,8 @@ def pod_limits(
         for p in pods
         if p.pod in held and p.hardware_class in class_shown and shown.get(p.pod) == class_shown[p.hardware_class]
     }
-    class_young = {p.hardware_class for p in pods if p.pod in young} - {
-        p.hardware_class for p in pods if p.pod not in young
-    }
     class_limits = {
-        name: inbound_limit(
-            batch, class_share.get(name, share), class_shown[name], least, name in class_held, name in class_young
-        )
+        name: inbound_limit(batch, class_share.get(name, share), class_shown[name], least, name in class_held)
         for name, batch in by_class.items()
     }
     out: dict[str, int | None] = {}
@@ -276,8 +224,7 @@ def pod_limits(
             out[p.pod] = class_limits[p.hardware_class]
         else:
             own = finite(shares.get(p.pod))
-            own_share = share if own is None else own
-            out[p.pod] = inbound_limit(p.batch, own_share, shown.get(p.pod), least, p.pod in held, p.pod in young)
+            out[p.pod] = inbound_limit(p.batch, share if own is None else own, shown.get(p.pod), least, p.pod in held)
     return out
 
 

@@ -15,7 +15,6 @@ from sluice.core.inbound import (
     LIMIT_HOLD_SECONDS,
     PodBatch,
     PodCapacity,
-    batch_young,
     binds,
     learn_batch,
     learn_rate_at_limit,
@@ -83,7 +82,6 @@ class StatusRow(TypedDict):
     learned_capacity: float | None
     idle_ttft_samples: int | None
     saturated_batch: float | None
-    batch_since: datetime | None
     inbound_limit: int | None
     rate_limit: float | None
     rate_at_limit: float | None
@@ -132,7 +130,7 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
             spec, allocation, lambda h: h.learned, prev.learned_capacity if prev is not None else None
         ),
         "idle_ttft_samples": _idle_samples(spec, allocation, prev.idle_ttft_samples if prev is not None else None),
-        **_admission(spec, verdict, prev, now),
+        **_admission(spec, verdict, prev),
         "consecutive_failures": verdict.assessment.consecutive_failures,
         "restarts": verdict.pod.restarts,
         "last_incident_at": verdict.memory.last_incident_at,
@@ -151,7 +149,6 @@ def render_row(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
 
 class _Admission(TypedDict):
     saturated_batch: float | None
-    batch_since: datetime | None
     inbound_limit: int | None
     rate_limit: float | None
     rate_at_limit: float | None
@@ -159,16 +156,13 @@ class _Admission(TypedDict):
     limit_since: datetime | None
 
 
-def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None, now: datetime) -> _Admission:
+def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatus | None) -> _Admission:
     """The pod's batch at a full cache (moved only by a fresh scrape sample, `learn_batch`: passes between two scrapes
-    read the same gauges, and one sample counts once where the engine says when it was taken), young until the pod
-    has turned its requests over once since it was first read (`batch_young`; a batch a status kept without that
-    time is not); its limit is set once every row has its batch (`with_inbound_limits`); nothing while admission
-    is off."""
+    read the same gauges, and one sample counts once where the engine says when it was taken); its limit is set
+    once every row has its batch (`with_inbound_limits`); nothing while admission is off."""
     if spec.admission.mode == "Off":
         return {
             "saturated_batch": None,
-            "batch_since": None,
             "inbound_limit": None,
             "rate_limit": None,
             "rate_at_limit": None,
@@ -176,40 +170,22 @@ def _admission(spec: InferencePoolSpec, verdict: PodVerdict, prev: EndpointStatu
             "limit_since": None,
         }
     kept = prev.saturated_batch if prev is not None else None
-    since = prev.batch_since if prev is not None else None
     signals = verdict.signals
     seen = prev is not None and verdict.sampled_at is not None and prev.signals_sampled_at == verdict.sampled_at
     fresh = verdict.evidence and not seen
-    batch = kept
-    if fresh:
-        young = kept is None or (since is not None and _young(since, signals, now))
-        batch = learn_batch(kept, signals.running_requests, signals.kv_cache_usage, signals.queue_length, young)
-    if kept is None and batch is not None:
-        since = now
+    batch = learn_batch(kept, signals.running_requests, signals.kv_cache_usage) if fresh else kept
     at_limit = prev.rate_at_limit if prev is not None else None
     if fresh and spec.admission.tenants is not None:
         limit = prev.inbound_limit if prev is not None else None
         at_limit = learn_rate_at_limit(at_limit, signals.request_rate, signals.running_requests, limit)
     return {
         "saturated_batch": None if batch is None else round(batch, 3),
-        "batch_since": since if batch is not None else None,
         "inbound_limit": None,
         "rate_limit": None,
         "rate_at_limit": None if at_limit is None or spec.admission.tenants is None else round(at_limit, 3),
         "admission_share": _share(spec, prev, signals, fresh and verdict.sampled_at is not None),
         "limit_since": None,
     }
-
-
-def _young(since: datetime, signals: PodSignals, now: datetime) -> bool:
-    """`batch_young` for a batch first read at `since`."""
-    age = (now - since).total_seconds()
-    return batch_young(age, signals.running_requests, signals.queue_length, signals.request_rate)
-
-
-def _moved_since(previous: EndpointStatus | None, since: datetime) -> bool:
-    """Whether the pod's limit moved after its batch was first read (`since`)."""
-    return previous is not None and previous.limit_since is not None and previous.limit_since > since
 
 
 def _share(spec: InferencePoolSpec, prev: EndpointStatus | None, signals: PodSignals, fresh: bool) -> float | None:
@@ -235,8 +211,7 @@ def with_inbound_limits(
     """Every row's limit, from its class's batch or its own (`pod_limits`), and with `admission.tenants` its
     admitted rate, from its class's rate at the limit or its own (`pod_rates`), each moved past the hysteresis from
     the one the previous status showed, and a limit no sooner than its `limit_hold` after it was set (from the
-    pod's time in system as this pass reads it) — except that a young batch's limit falls at once, once
-    (`inbound_limit`): each fall, like each rise, stacks a new count on the requests in flight."""
+    pod's time in system as this pass reads it)."""
     if spec.admission.mode == "Off":
         return rows
     batches = [PodBatch(r["pod"], r["hardware_class"], r["saturated_batch"]) for r in rows]
@@ -253,14 +228,7 @@ def with_inbound_limits(
         and row.limit_since is not None
         and now - row.limit_since < timedelta(seconds=holds.get(pod, LIMIT_HOLD_SECONDS))
     }
-    young = {
-        r["pod"]
-        for r in rows
-        if (since := r["batch_since"]) is not None
-        and _young(since, r["signals"], now)
-        and not _moved_since(before.get(r["pod"]), since)
-    }
-    limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit, shares, held, young)
+    limits = pod_limits(batches, spec.admission.batch_share, shown, spec.admission.min_limit, shares, held)
     rates: dict[str, float | None] = {}
     if spec.admission.tenants is not None:
         measured = [PodCapacity(r["pod"], r["hardware_class"], r["rate_at_limit"]) for r in rows]
