@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv envoy-istio stack-deps lint test test-fast crds check-crds demo chaos chaos-shards chaos-scale plan-examples bench bench-report bench-envoy bench-real bench-core bench-scale clean
+.PHONY: venv envoy-istio stack-deps lint test test-fast crds check-crds demo chaos chaos-shards chaos-scale plan-examples bench bench-report bench-envoy bench-real bench-core bench-prefix bench-scale clean
 
 venv: $(STAMP)
 
@@ -115,6 +115,12 @@ bench-real: venv stack-deps
 
 bench-core: venv
 	$(PY) benchmarks/bench_core.py --out out/bench-core
+
+# Prefix reuse: chat sessions on a homogeneous and a mixed fleet, Mooncake's conversation trace, servers with vLLM's
+# prefix caching, every session-aware strategy beside least-request; tables on stdout (about 30 minutes).
+PREFIX_SCENARIOS := chat-sessions chat-sessions-mixed mooncake-conversation
+bench-prefix: venv
+	$(foreach s,$(PREFIX_SCENARIOS),PYTHONPATH=operator:. $(PY) benchmarks/bench_prefix.py --scenario benchmarks/scenarios/$(s).yaml --loads 0.5,1,1.5,2 &&) true
 
 # What one operator process costs at 100 / 300 / 1000 pools of 16 pods (interval 5 s) on the local stack: CPU, RSS,
 # API requests/s by verb, PromQL queries/s, pass lag, status age; report in out/bench-scale/. About 15 minutes.

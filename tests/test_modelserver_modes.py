@@ -82,6 +82,8 @@ PER_ENGINE_FAMILIES = (
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
     "vllm:num_preemptions",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
 )
 
 
@@ -125,6 +127,42 @@ async def test_one_engine_keeps_the_single_engine_exposition() -> None:
         assert {s.labels["engine"] for s in metrics[family]} == {"0"}, family
     assert value(metrics["vllm:request_success"], finished_reason="length") == 1
     assert value(metrics["http_requests"], handler="/v1/completions", status="2xx", method="POST") == 1
+
+
+# ---------------------------------------------------------------------------------------------- prefix caching
+
+
+async def _ttft(client: TestClient[Any, Any], prompt: str) -> float:
+    started = time.monotonic()
+    response = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "stream": True})
+    assert response.status == 200
+    async for line in response.content:
+        if line.startswith(b"data: {"):
+            elapsed = time.monotonic() - started
+            await response.read()
+            return elapsed
+    raise AssertionError("no token streamed")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("caching", [True, False])
+async def test_a_prompt_sharing_words_with_an_earlier_one_finds_them_cached(caching: bool) -> None:
+    server = ModelServer("cpu", "llama", seed=0, enable_prefix_caching=caching)  # a slow prefill: 4000 words
+    shared = " ".join(f"s{k}" for k in range(4000))
+    async with serving(server) as client:
+        first = await bounded(_ttft(client, f"{shared} first question"))
+        again = await bounded(_ttft(client, f"{shared} second question"))
+        if caching:
+            await until(lambda: server._prefix_counted[0][0] >= 2 * 4002, "the lookups counted by the ticker")
+        metrics = await scrape(client)
+    queries = value(metrics["vllm:prefix_cache_queries"], engine="0")
+    hits = value(metrics["vllm:prefix_cache_hits"], engine="0")
+    if caching:
+        assert (queries, hits) == (2 * 4002, 4000 // 16 * 16)  # the shared words' full blocks
+        assert again < 0.5 * first
+    else:
+        assert (queries, hits) == (0, 0)
+        assert again > 0.5 * first
 
 
 # ---------------------------------------------------------------------------------------------- sleep mode

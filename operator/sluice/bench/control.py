@@ -88,10 +88,16 @@ class ScrapedServer:
         )
 
 
-def pool_spec(scenario: Scenario, cube: bool = False) -> InferencePoolSpec:
+SESSION_HEADER = "x-session-id"
+"""The header the benchmark's clients carry their session in (the vLLM router's first `consistent_hash` key)."""
+
+
+def pool_spec(scenario: Scenario, cube: bool = False, affinity: bool = False) -> InferencePoolSpec:
     """The InferencePool the benchmark runs sluice with: defaults plus the scenario's overrides.
 
     `cube`: the same pool with `scoring.policy: cube` (the policy before headroom), for side-by-side figures.
+    `affinity`: with `routing.sessionAffinity` on the session header, bounded load 150, where the scenario's pool
+    sets none.
     """
     s = scenario.sluice
     base: dict[str, Any] = {
@@ -105,6 +111,8 @@ def pool_spec(scenario: Scenario, cube: bool = False) -> InferencePoolSpec:
     merged = _merge(base, s.pool)
     if cube:
         merged = _merge(merged, {"scoring": {"policy": "cube"}})
+    if affinity and "sessionAffinity" not in merged.get("routing", {}):
+        merged = _merge(merged, {"routing": {"sessionAffinity": {"header": SESSION_HEADER, "hashBalanceFactor": 150}}})
     return InferencePoolSpec.model_validate(merged)
 
 
@@ -146,8 +154,8 @@ class SluiceControl:
     weights and the VirtualService's split — exactly what a mesh would be handed.
     """
 
-    def __init__(self, scenario: Scenario, cube: bool = False) -> None:
-        self.spec = pool_spec(scenario, cube)
+    def __init__(self, scenario: Scenario, cube: bool = False, affinity: bool = False) -> None:
+        self.spec = pool_spec(scenario, cube, affinity)
         self.window = scenario.sluice.window
         self.cluster = MemoryCluster()
         self.source = SnapshotSource()

@@ -18,6 +18,9 @@ delivered by a watched EDS file:
 - `sluice`: LEAST_REQUEST with the weights sluice publishes: every interval the real Prometheus I/O reads the
   signals, the real core plans, and the ServiceEntry's endpoint weights are written to the EDS file (what istiod
   would push as EDS `load_balancing_weight`);
+- `ring-hash-bounded` (only when listed): RING_HASH on the `X-Session-ID` header with bounded load
+  (`hash_balance_factor` 150), equal weights; `sluice-affinity`: the same over the weights sluice publishes for a
+  pool with `routing.sessionAffinity` on that header;
 - `sluice-admission` (only when listed): `sluice` with `admission.mode: Enforce` (`--batch-share`,
   `--ttft-target`): each server behind its own real sidecar Envoy, whose inbound listener and cluster are built as
   istiod builds them and rewritten, as watched LDS/CDS files, whenever sluice applies an EnvoyFilter selecting its
@@ -47,6 +50,7 @@ import signal
 import statistics
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,12 +60,13 @@ from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.api.jsontypes import members, text
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
 from sluice.bench.capacity import fleet_capacity as scenario_capacity
-from sluice.bench.control import CAPACITY_CLASSES
+from sluice.bench.control import CAPACITY_CLASSES, SESSION_HEADER
 from sluice.bench.scenario import EngineSpec, Scenario, ServerSpec, WorkloadSpec
 from sluice.bench.scenario import load as load_scenario
 from sluice.bench.sidecar import (
@@ -76,11 +81,11 @@ from sluice.bench.sidecar import (
     write_dynamic,
 )
 from sluice.bench.sim import Simulation, summarise
-from sluice.bench.trace import Arrival, make_trace
+from sluice.bench.trace import ANSWER, Arrival, make_trace
 from sluice.core.mesh import TLS_MODE_LABEL
 from sluice.core.observed import ObservedPod
 from sluice.devstack.kubelet import PodSpec
-from sluice.devstack.modelserver import SERVED_BY
+from sluice.devstack.modelserver import ANSWER_WORD, NO_PREFIX_CACHING, SERVED_BY
 from sluice.devstack.processes import stop_processes
 from sluice.devstack.stack import ROOT, Stack, free_port
 from sluice.io.memory import MemoryCluster
@@ -102,6 +107,9 @@ class Fleet:
     """The scenario's request lengths (`--lengths scenario` replays them; arrivals are always Poisson)."""
     seed: int = 7
     """The scenario's first seed: the capacity is measured on its trace, as the simulated benchmark measures it."""
+    prefix_caching: bool = False
+    """The servers cache prefixes (the scenario's `engine.prefix_caching`); without, they run with vLLM's
+    `--no-enable-prefix-caching`."""
 
     @property
     def classes(self) -> dict[str, float]:
@@ -120,15 +128,25 @@ def fleet(scenario: Scenario) -> Fleet:
     been honoured."""
     differs = [
         *(["model"] if scenario.model != Scenario.model_fields["model"].default else []),
-        *(["engine"] if scenario.engine != EngineSpec() else []),
+        *(["engine"] if scenario.engine != EngineSpec(prefix_caching=scenario.engine.prefix_caching) else []),
         *(f"servers[{s.name}]" for s in scenario.servers if s.error_rate or s.inbound_max_requests),
     ]
     if differs:
         raise ValueError(f"{scenario.name}: {', '.join(differs)}: the real run has the default model and engine only")
+    # the servers cache prefixes as the simulation's do (vLLM's default is on; traces without reuse run without)
+    caching = () if scenario.engine.prefix_caching else (NO_PREFIX_CACHING,)
     servers = tuple(
-        PodSpec(s.name, s.hardware, s.revision, f"127.0.30.{i + 1}") for i, s in enumerate(scenario.servers)
+        PodSpec(s.name, s.hardware, s.revision, f"127.0.30.{i + 1}", server_args=caching)
+        for i, s in enumerate(scenario.servers)
     )
-    return Fleet(scenario.name, servers, scenario.slo.ttft_p99_ms / 1000, scenario.workload, scenario.seed)
+    return Fleet(
+        scenario.name,
+        servers,
+        scenario.slo.ttft_p99_ms / 1000,
+        scenario.workload,
+        scenario.seed,
+        scenario.engine.prefix_caching,
+    )
 
 
 def run_workload(run: Fleet, lengths: str, prompt_tokens: int, output_tokens: int) -> WorkloadSpec:
@@ -147,16 +165,25 @@ def fleet_capacity(run: Fleet, workload: WorkloadSpec) -> float:
 
 
 STRATEGIES = ("round-robin", "least-request", "sluice")
+HASHING = ("ring-hash-bounded", "sluice-affinity")
+"""RING_HASH on the session header with bounded load: run only where listed (workloads with sessions)."""
+BALANCE_FACTOR = 150
 ADMISSION = "sluice-admission"
 """sluice with `admission.mode: Enforce`: each server behind its own sidecar Envoy, built as istiod builds its
 inbound side, with the EnvoyFilters sluice renders merged in as Istio merges them (`sluice.bench.sidecar`); the
 calling Envoy retries as Istio's default route policy does. Not run unless asked (no simulated twin)."""
-KNOWN = (*STRATEGIES, ADMISSION)
+KNOWN = (*STRATEGIES, *HASHING, ADMISSION)
 ENVOY = Path(sys.executable).parent / "envoy"
 
 
 def envoy_config(
-    workdir: Path, listen: int, admin: int, lb_policy: str, retry: bool = False, timeout: float = 60.0
+    workdir: Path,
+    listen: int,
+    admin: int,
+    lb_policy: str,
+    retry: bool = False,
+    timeout: float = 60.0,
+    hash_header: str | None = None,
 ) -> dict[str, Any]:
     """One listener routing everything to cluster `pool`, whose endpoints come from a watched EDS file; `retry`:
     with Istio's default route retry policy (a sidecar's 503 retried on another pod) and the cluster's circuit
@@ -164,6 +191,8 @@ def envoy_config(
     `getDefaultCircuitBreakerThresholds`). Envoy's own defaults allow 3 retries at once per cluster, and a 503 whose
     retry finds that budget spent goes back to the client: a first run lost 196 of 1200 requests that way."""
     route: dict[str, Any] = {"cluster": "pool", "timeout": f"{timeout:g}s"}
+    if hash_header is not None:  # what a DestinationRule's consistentHash.httpHeaderName renders on the route
+        route["hash_policy"] = [{"header": {"header_name": hash_header}}]
     if retry:
         route["retry_policy"] = istio_default_retry_policy()
     routes = {
@@ -183,12 +212,15 @@ def envoy_config(
         ],
     }
     eds = {"path": str(workdir / "eds.yaml"), "watched_directory": {"path": str(workdir)}}
-    cluster = {
+    common: dict[str, Any] = {"healthy_panic_threshold": {"value": 0}}
+    if lb_policy == "RING_HASH":  # sluice's `-lb` EnvoyFilter: bounded-load hashing
+        common["consistent_hashing_lb_config"] = {"hash_balance_factor": BALANCE_FACTOR}
+    cluster: dict[str, Any] = {
         "name": "pool",
         "type": "EDS",
         "connect_timeout": "1s",
         "lb_policy": lb_policy,
-        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+        "common_lb_config": common,
         "eds_cluster_config": {"eds_config": {"resource_api_version": "V3", "path_config_source": eds}},
     }
     if retry:
@@ -301,10 +333,15 @@ def pool_spec(
     window: float,
     classes: Mapping[str, float],
     admission: dict[str, Any] | None = None,
+    affinity: bool = False,
 ) -> InferencePoolSpec:
+    """The pool sluice runs in front of the real Envoy; `affinity`: `routing.sessionAffinity` on the session header
+    (bounded load 150), as the simulation's `sluice-affinity`."""
+    session = {"sessionAffinity": {"header": SESSION_HEADER, "hashBalanceFactor": BALANCE_FACTOR}}
     return InferencePoolSpec.model_validate(
         {
             **({"admission": admission} if admission else {}),
+            **({"routing": session} if affinity else {}),
             "selector": {"matchLabels": {"app": "bench"}},
             "targetPort": 8000,
             "service": "bench",
@@ -358,6 +395,25 @@ async def sluice_loop(
         prom.close()
 
 
+def prompt_text(arrival: Arrival) -> str:
+    """The words the modelserver counts as the request's tokens. A trace with reuse (`segments`): each piece of
+    content as its own word repeated, an earlier answer as the `tok` words the server streamed; so two prompts
+    share exactly the words their segments share, for the servers' prefix caches and the routers' prefix trees.
+    Without: the session's word, then `w` (every request of a session alike: the routers see sessions)."""
+    if arrival.segments is None:
+        return f"s{arrival.session} " + "w " * max(0, arrival.prompt - 1)
+    words: list[str] = []
+    left = arrival.prompt
+    for content, length in arrival.segments:
+        take = min(length, left)
+        word = ANSWER_WORD if content == ANSWER else f"c{content}"
+        words += [word] * take
+        left -= take
+        if left == 0:
+            break
+    return " ".join(words)
+
+
 async def stream_request(
     http: aiohttp.ClientSession, url: str, arrival: Arrival
 ) -> tuple[float | None, bool, str | None]:
@@ -365,7 +421,7 @@ async def stream_request(
     the body's `user` (what vLLM router's `consistent_hash` keys on), and a per-session first word, so prefix-aware
     policies see sessions; the modelserver counts the words as tokens. Returns the TTFT, whether the answer
     completed, and the hardware class of the server that answered (its `X-Served-By` header)."""
-    prompt = f"s{arrival.session} " + "w " * max(0, arrival.prompt - 1)
+    prompt = prompt_text(arrival)
     body = {
         "model": "llama",  # the servers' model (SGLang router refuses a completion without one)
         "prompt": prompt,
@@ -375,7 +431,7 @@ async def stream_request(
     }
     started, ttft, server = time.monotonic(), None, None
     try:
-        async with http.post(url, json=body, headers={"X-Session-ID": str(arrival.session)}) as answer:
+        async with http.post(url, json=body, headers={SESSION_HEADER: str(arrival.session)}) as answer:
             server = answer.headers.get(SERVED_BY)
             if answer.status != 200:
                 return None, False, server
@@ -418,10 +474,15 @@ async def load(url: str, trace: list[Arrival], timeout: float = 60.0) -> list[di
     return results
 
 
-PEER_MODELS = {"round_robin": "round-robin", "power_of_two": "power-of-two", "consistent_hash": "consistent-hash"}
-"""Peer routers' policies and the simulation's model of each (`cache_aware` has none: the engine has no prefix
-cache). The model of `power_of_two` is vLLM router's (its load polled every second); SGLang router's is compared
-with it too, though its picks were seen to ignore the reported load."""
+PEER_MODELS = {
+    "round_robin": "round-robin",
+    "power_of_two": "power-of-two",
+    "consistent_hash": "consistent-hash",
+    "cache_aware": "cache-aware",
+}
+"""Peer routers' policies and the simulation's model of each. The models of `power_of_two` and `cache_aware` are
+vLLM router's (`sluice.bench.dataplane`); SGLang router's are compared with them too, though its `power_of_two`
+picks were seen to ignore the reported load."""
 
 
 def peer_model(name: str) -> str:
@@ -434,7 +495,15 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} ms"
 
 
-COLUMNS = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "output_tokens_per_s", "error_rate")
+COLUMNS = (
+    "ttft_mean_ms",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "e2e_p99_ms",
+    "output_tokens_per_s",
+    "error_rate",
+    "prefix_hit_rate",
+)
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
@@ -541,9 +610,26 @@ def run_router(
     try:
         stack.wait_http(f"http://127.0.0.1:{port}/health", 60, router)
         results = asyncio.run(load(f"http://127.0.0.1:{port}/v1/completions", trace, timeout))
+        hit_rate = prefix_hit_rate(fleet.servers)
     finally:
         stop_processes([process])
-    return figures(results, fleet.slo_seconds)
+    return {**figures(results, fleet.slo_seconds), "prefix_hit_rate": hit_rate}
+
+
+def prefix_hit_rate(servers: tuple[PodSpec, ...]) -> float | None:
+    """The servers' prefix caches since they were restarted: `vllm:prefix_cache_hits_total` over
+    `vllm:prefix_cache_queries_total`, summed over the servers (None when nothing was looked up)."""
+    queries = hits = 0.0
+    for server in servers:
+        with urllib.request.urlopen(f"http://{server.ip}:8000/metrics", timeout=5) as answer:
+            text_ = answer.read().decode()
+        for family in text_string_to_metric_families(text_):
+            for sample in family.samples:
+                if sample.name == "vllm:prefix_cache_queries_total":
+                    queries += sample.value
+                elif sample.name == "vllm:prefix_cache_hits_total":
+                    hits += sample.value
+    return hits / queries if queries else None
 
 
 def start_sidecars(stack: Stack, envoy_dir: Path, servers: tuple[PodSpec, ...]) -> tuple[list[Sidecar], list[Any]]:
@@ -574,8 +660,10 @@ def run_strategy(
     sidecars, processes = start_sidecars(stack, envoy_dir, fleet.servers) if strategy == ADMISSION else ([], [])
     idle_eds(envoy_dir, fleet.servers, {s.server.ip: s.port for s in sidecars})
     listen, admin = free_port(), free_port()
-    lb = "ROUND_ROBIN" if strategy == "round-robin" else "LEAST_REQUEST"
-    config = envoy_config(envoy_dir, listen, admin, lb, retry=strategy == ADMISSION, timeout=args.timeout)
+    hashing = strategy in HASHING
+    lb = "ROUND_ROBIN" if strategy == "round-robin" else "RING_HASH" if hashing else "LEAST_REQUEST"
+    header = SESSION_HEADER if hashing else None
+    config = envoy_config(envoy_dir, listen, admin, lb, strategy == ADMISSION, args.timeout, header)
     (envoy_dir / "envoy.yaml").write_text(yaml.safe_dump(config))
     envoy = stack.spawn(
         [
@@ -591,11 +679,12 @@ def run_strategy(
     async def go() -> list[dict[str, Any]]:
         stop = asyncio.Event()
         control = None
-        if strategy in ("sluice", ADMISSION):
+        if strategy in ("sluice", "sluice-affinity", ADMISSION):
             admission = {"mode": "Enforce", "batchShare": args.batch_share} if strategy == ADMISSION else None
             if admission is not None and args.ttft_target:
                 admission["ttftTarget"] = f"{args.ttft_target:g}s"
-            spec = pool_spec(stack.prometheus_url, args.interval, args.window, fleet.classes, admission)
+            affinity = strategy == "sluice-affinity"
+            spec = pool_spec(stack.prometheus_url, args.interval, args.window, fleet.classes, admission, affinity)
             control = asyncio.create_task(sluice_loop(envoy_dir, spec, stop, timeline, fleet.servers, sidecars))
         try:
             return await load(f"http://127.0.0.1:{listen}/v1/completions", trace, args.timeout)
@@ -606,9 +695,11 @@ def run_strategy(
 
     try:
         results = asyncio.run(go())
+        hit_rate = prefix_hit_rate(fleet.servers)
     finally:
         stop_processes(processes)
     row = figures(results, fleet.slo_seconds)
+    row["prefix_hit_rate"] = hit_rate
     row["weights"] = timeline[-1][1] if timeline else None
     if sidecars:  # what each sidecar refused (its access log, written out as it stopped) and its limits
         row["refused_by_sidecar"] = {s.server.name: s.refused() for s in sidecars}
@@ -631,6 +722,7 @@ def crosscheck_scenario(
             "seeds": 1,
             "servers": [{"name": s.name, "hardware": s.hardware, "revision": s.revision} for s in fleet.servers],
             "slo": {"ttft_p99_ms": fleet.slo_seconds * 1000},
+            "engine": {"prefix_caching": fleet.prefix_caching},
             "workload": {**args.workload.model_dump(), "duration": duration},
             "dataplane": {"sidecars": 1, "propagation_delay": 0.05},
             # One client Envoy: the pool says so (scoring.clientSidecars), as a user would for this mesh.
@@ -868,7 +960,8 @@ def main(argv: list[str] | None = None) -> int:
         scenario, trace = plans[run["seed"]]
         simulated = {}
         models = {PEER_MODELS[p] for _, p in peers if p in PEER_MODELS}
-        for strategy in [*(s for s in strategies if s in STRATEGIES), *sorted(models)]:  # ADMISSION: no twin
+        twins = [*(s for s in strategies if s in (*STRATEGIES, *HASHING)), *sorted(models)]  # ADMISSION: no twin
+        for strategy in twins:
             row = summarise(Simulation(scenario, strategy, trace).run())
             simulated[strategy] = {k: row[k] for k in (*COLUMNS, "share")}
         with_ratios(run["real"])
@@ -904,7 +997,11 @@ def main(argv: list[str] | None = None) -> int:
             "",
             table({k: {x: y for x, y in v.items() if x != "weights"} for k, v in real.items()}),
             "",
-            f"sluice's last published weights: {real.get('sluice', {}).get('weights')}",
+            *(
+                f"{name}'s last published weights: {row['weights']}"
+                for name, row in real.items()
+                if row.get("weights") is not None
+            ),
             "",
             "### The simulation of the same setup",
             "",

@@ -9,13 +9,18 @@ model: llama-3.1-8b            # one model per pool (sluice.sim.profiles.MODELS)
 servers:                       # one iteration-level engine each (sluice.sim.engine)
   - {name: a100-0, hardware: a100, revision: v1}
   - {name: cpu-0, hardware: cpu}
-engine: {max_num_batched_tokens: 2048, max_num_seqs: 256}
+engine: {max_num_batched_tokens: 2048, max_num_seqs: 256, prefix_caching: false}
 workload:
   arrival: poisson             # poisson | bursty (`burst_factor` x the quiet rate for `burst_seconds` every `period`)
   lengths: fixed               # fixed | lmsys | azure | agent_heavy (fleet_sim's length CDFs)
   prompt_tokens: 2048          # for `fixed`
   output_tokens: 128
   sessions: 200                # distinct session ids (consistent hashing keys on them)
+  conversation:                # optional: requests that share prefixes (then sessions are conversations)
+    turns: 5                   # mean turns per session; each turn's prompt is the conversation so far
+    think_seconds: 20          # mean gap between turns
+    system_prompts: 8          # shared system prompts (and their length)
+    system_tokens: 1500
   duration: 300                # seconds of arrivals per run
   warm_up: 60                  # seconds of arrivals left out of the figures
 loads: [0.2, 0.5, 0.8, 1.0]    # offered load as fractions of the fleet's measured capacity (a sweep)
@@ -66,6 +71,24 @@ class ServerSpec(_Model):
 class EngineSpec(_Model):
     max_num_batched_tokens: int = Field(default=2048, gt=0)
     max_num_seqs: int = Field(default=256, gt=0)
+    prefix_caching: bool = False
+    """vLLM's automatic prefix caching (`sluice.sim.engine`); set it where requests share prefixes."""
+
+
+class ConversationSpec(_Model):
+    """Requests that share tokens: sessions of several turns (each turn's prompt is the conversation so far) and
+    system prompts shared across sessions. A turn's new user tokens and its answer are one draw of `lengths` (its
+    prompt and output); a session ends after its turns, or when its next prompt would pass `max_prompt_tokens`."""
+
+    turns: float = Field(default=1.0, ge=1)
+    """Mean turns per session (geometric: a session goes on after each turn with probability 1 - 1/turns)."""
+    think_seconds: float = Field(default=0.0, ge=0)
+    """Mean gap between one turn's arrival and the next's (exponential; not scaled by the load)."""
+    system_prompts: int = Field(default=0, ge=0)
+    """Distinct system prompts, one per session, shared across sessions; 0: none."""
+    system_tokens: int = Field(default=0, ge=0)
+    popularity: float = Field(default=0.0, ge=0)
+    """Zipf exponent of the system prompt a session takes (0: uniform)."""
 
 
 class WorkloadSpec(_Model):
@@ -81,9 +104,21 @@ class WorkloadSpec(_Model):
     period: float = 60.0
     duration: float = Field(default=300.0, gt=0)
     warm_up: float = Field(default=60.0, ge=0)
+    trace_file: str | None = None
+    """A Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, hash_ids of 512-token
+    blocks; `.xz` read as is), relative to the repository: its requests replayed (`sluice.bench.trace`)."""
+    conversation: ConversationSpec | None = None
+    """Requests that share prefixes (`sluice.bench.trace`): sessions are conversations, each carried in the
+    session header. None: every request's tokens are its own, and `sessions` ids are drawn at random."""
     tenants: dict[str, float] = Field(default_factory=dict)
     """Tenant -> its share of the arrivals (relative weights), sent in the pool's `admission.tenants.header`: a
     noisy tenant is one whose share of a load exceeds its percent in the pool. Empty: no tenant header."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        if self.trace_file is not None and self.conversation is not None:
+            raise ValueError("workload: set trace_file or conversation, not both")
+        return self
 
 
 class SloSpec(_Model):

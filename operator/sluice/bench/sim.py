@@ -19,6 +19,13 @@ Strategies:
   knowledge (global active counts, the last 20 TTFTs of each server);
 - `power-of-two`: vLLM router's policy (load polled every second plus its own in-flight counts), one router;
 - `consistent-hash`: vLLM router's session-keyed hash ring, one router;
+- `ring-hash`: Envoy RING_HASH on the session header in every client sidecar, equal weights (a DestinationRule's
+  `consistentHash.httpHeaderName` alone), and `ring-hash-bounded` with Envoy's bounded load (`hash_balance_factor`
+  150);
+- `cache-aware`: vLLM router's `cache_aware` (a prefix tree of the prompts routed, load-balance thresholds), one
+  router;
+- `sluice-affinity`: sluice with `routing.sessionAffinity` (the scenario's, else the session header with
+  `hashBalanceFactor` 150): Envoy RING_HASH over the weights sluice publishes, with bounded load;
 - `blind-canary` (only where a scenario asks for it): the canary baseline without analysis, the pool's canary steps
   on a timer (VirtualService split, least-request in each subset), whatever the candidate does.
 """
@@ -36,7 +43,9 @@ from typing import Any
 
 from sluice.bench.control import CAPACITY_CLASSES, Published, ScrapedServer, SluiceControl, pool_spec
 from sluice.bench.dataplane import (
+    CacheAwareRouter,
     ConsistentHashRouter,
+    EnvoyRingHash,
     EnvoyRoundRobin,
     OutlierDetector,
     PowerOfTwoRouter,
@@ -45,7 +54,7 @@ from sluice.bench.dataplane import (
 from sluice.bench.scenario import Scenario, ServerSpec
 from sluice.bench.trace import Arrival
 from sluice.istio.envoyfilters import tenant_buckets
-from sluice.sim.engine import Engine, EngineConfig, Sequence
+from sluice.sim.engine import OWN_CONTENT, Engine, EngineConfig, Sequence, block_hashes
 from sluice.sim.leastrequest import EnvoyLeastRequest
 from sluice.sim.profiles import server_profile
 
@@ -60,8 +69,22 @@ STRATEGIES = (
     "power-of-two",
     "consistent-hash",
 )
-EXTRA_STRATEGIES = ("blind-canary",)
-ENVOY_PICKS = ("round-robin", "least-request", "static-capacity", "sluice", "sluice-cube", "blind-canary")
+EXTRA_STRATEGIES = ("blind-canary", "ring-hash", "ring-hash-bounded", "sluice-affinity", "cache-aware")
+"""Run only where a scenario lists them (canaries; sessions)."""
+ENVOY_PICKS = (
+    "round-robin",
+    "least-request",
+    "static-capacity",
+    "sluice",
+    "sluice-cube",
+    "blind-canary",
+    "ring-hash",
+    "ring-hash-bounded",
+    "sluice-affinity",
+)
+BALANCE_FACTOR = 150
+"""Bounded load for `ring-hash-bounded`, and `sluice-affinity` where the scenario's pool sets none (Envoy's
+documented example of `hash_balance_factor`)."""
 """Strategies where the client's Envoy picks the host: its outlier detection and retry host predicate apply."""
 HOST_SELECTIONS = 5
 """Istio's `host_selection_retry_max_attempts` with `retryIgnorePreviousHosts`: picks until one not tried."""
@@ -94,6 +117,8 @@ class Outcome:
     rate_limited: bool = False
     """Refused at least once by a tenant's bucket (a 429, `admission.tenants`)."""
     attempts: int = 1
+    cached_tokens: int = 0
+    """Prompt tokens its server found in its prefix cache (0 without one)."""
 
 
 @dataclass
@@ -128,7 +153,8 @@ class TokenBucket:
 
 
 def build_servers(scenario: Scenario) -> dict[str, SimServer]:
-    config = EngineConfig(scenario.engine.max_num_batched_tokens, scenario.engine.max_num_seqs)
+    engine = scenario.engine
+    config = EngineConfig(engine.max_num_batched_tokens, engine.max_num_seqs, prefix_caching=engine.prefix_caching)
     return {
         s.name: SimServer(
             spec=s,
@@ -158,7 +184,9 @@ class Simulation:
         plane = scenario.dataplane
         self.sidecar_active: list[dict[str, int]] = [dict.fromkeys(self.names, 0) for _ in range(plane.sidecars)]
         self.control = (
-            SluiceControl(scenario, cube=strategy == "sluice-cube") if strategy.startswith("sluice") else None
+            SluiceControl(scenario, cube=strategy == "sluice-cube", affinity=strategy == "sluice-affinity")
+            if strategy.startswith("sluice")
+            else None
         )
         bias = self.control.active_request_bias if self.control else 1.0
         self.balancers: list[dict[str, EnvoyLeastRequest]] = [{} for _ in range(plane.sidecars)]
@@ -169,6 +197,14 @@ class Simulation:
         self.best_split = WeightedRandom(split, self.rng) if split else None
         self.power_of_two = PowerOfTwoRouter(self.names, self.rng)
         self.hash_ring = ConsistentHashRouter(self.names)
+        self.cache_aware = CacheAwareRouter(self.names)
+        factor = None
+        if strategy == "ring-hash-bounded":
+            factor = BALANCE_FACTOR
+        elif self.control is not None and self.control.spec.routing.session_affinity is not None:
+            factor = self.control.spec.routing.session_affinity.hash_balance_factor
+        self.ring_factor = factor
+        self.rings: list[dict[str, EnvoyRingHash]] = [{} for _ in range(plane.sidecars)]
         self.global_active = dict.fromkeys(self.names, 0)
         self.limit_counts: dict[str, tuple[int | None, int, int]] = dict.fromkeys(self.names, (None, 0, 0))
         """Each sidecar's inbound circuit breaker: (its limit, which cluster it is, the requests it counts). A
@@ -225,6 +261,15 @@ class Simulation:
         balancer.update(weights)
         return balancer.pick()
 
+    def _ring_hash(self, sidecar: int, key: str, weights: dict[str, float], session: int) -> str:
+        weights = self._healthy(sidecar, weights)
+        ring = self.rings[sidecar].get(key)
+        if ring is None:
+            ring = EnvoyRingHash(self.sidecar_active[sidecar], self.ring_factor)
+            self.rings[sidecar][key] = ring
+        ring.update(weights)
+        return ring.pick(str(session))
+
     def _seed_adaptive(self) -> str:
         alpha, base = 0.7, 0.1
 
@@ -238,16 +283,21 @@ class Simulation:
         top = max(scores.values())
         return self.rng.choice([n for n in self.names if scores[n] == top])
 
-    def _sluice(self, sidecar: int) -> str:
+    def _sluice(self, sidecar: int, session: int) -> str:
+        def route(key: str, weights: dict[str, float]) -> str:
+            if self.strategy == "sluice-affinity":
+                return self._ring_hash(sidecar, key, weights, session)
+            return self._least_request(sidecar, key, weights)
+
         if self.published is None:
-            return self._least_request(sidecar, "all", dict.fromkeys(self.names, 1.0))  # Kubernetes endpoints
+            return route("all", dict.fromkeys(self.names, 1.0))  # Kubernetes endpoints
         weights = self.published.weights
         if not self.split:
-            return self._least_request(sidecar, "all", {n: float(w) for n, w in weights.items()})
+            return route("all", {n: float(w) for n, w in weights.items()})
         revisions = sorted(r for r, w in self.split.items() if w > 0)
         revision = self.rng.choices(revisions, weights=[self.split[r] for r in revisions])[0]
         subset = {n: float(w) for n, w in weights.items() if self.servers[n].spec.revision == revision}
-        return self._least_request(sidecar, revision, subset or {n: float(w) for n, w in weights.items()})
+        return route(revision, subset or {n: float(w) for n, w in weights.items()})
 
     def _blind_canary(self, sidecar: int, t: float) -> str:
         canary = self.canary
@@ -283,15 +333,22 @@ class Simulation:
                 return self.power_of_two.pick()
             case "consistent-hash":
                 return self.hash_ring.pick(arrival.session)
+            case "cache-aware":
+                segments = arrival.segments or ((OWN_CONTENT + arrival.index, arrival.prompt),)
+                size = self.cache_aware.block_size
+                return self.cache_aware.pick(block_hashes(segments, size)[: arrival.prompt // size], arrival.prompt)
+            case "ring-hash" | "ring-hash-bounded":
+                return self._ring_hash(sidecar, "all", dict.fromkeys(self.names, 1.0), arrival.session)
             case "blind-canary":
                 return self._blind_canary(sidecar, arrival.at)
             case _:
-                return self._sluice(sidecar)
+                return self._sluice(sidecar, arrival.session)
 
     def _track(self, server: str, sidecar: int, delta: int) -> None:
         self.sidecar_active[sidecar][server] += delta
         self.global_active[server] += delta
         self.power_of_two.in_flight[server] += delta
+        self.cache_aware.in_flight[server] += delta
 
     # ---------------------------------------------------------------------------------- the servers
 
@@ -306,6 +363,7 @@ class Simulation:
             if self.outliers is not None:
                 self.outliers[sidecar].result(name, at, False)  # the response's headers: not a 5xx
             outcome.ttft = at - outcome.arrival.at
+            outcome.cached_tokens = sequence.cached_tokens
             server.scraped.observe_ttft(at, outcome.ttft)
             server.recent_ttft.append(outcome.ttft)
             return
@@ -361,7 +419,7 @@ class Simulation:
         self.flights[arrival.index] = (outcome, sidecar)
         self.limit_counts[name] = (shown, cluster, counted + 1)
         self.counted[arrival.index] = (name, cluster)
-        server.engine.submit(arrival.index, self.now, arrival.prompt, arrival.output)
+        server.engine.submit(arrival.index, self.now, arrival.prompt, arrival.output, arrival.segments)
         server.peak_kv = max(server.peak_kv, server.engine.kv_usage)
         server.peak_waiting = max(server.peak_waiting, server.engine.num_waiting)
 
@@ -578,6 +636,10 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "share": {c: n / len(measured) for c, n in sorted(per_class.items())} if measured else {},
         "peak_kv": max((p["kv"] for p in result.peaks.values()), default=0.0),
         "preemptions": sum(p["preemptions"] for p in result.peaks.values()),
+        "prefix_hit_rate": (
+            sum(o.cached_tokens for o in served if o.ttft is not None)
+            / max(1, sum(o.arrival.prompt for o in served if o.ttft is not None))
+        ),
     }
     if result.incident_at is not None:
         during = [o for o in measured if result.incident_at <= o.arrival.at < result.incident_at + 60.0]

@@ -6,11 +6,15 @@ vllm-sr-sim's roofline over the hardware and the model) advanced in wall-clock t
 tests and the real-data-plane benchmark see the same servers as the simulation: a request's first SSE chunk leaves
 when the engine's step produces its first token, and tokens stream as the engine generates them.
 
-- `POST /v1/completions` (`stream: true` for SSE); the prompt's word count is its token count;
+- `POST /v1/completions` (`stream: true` for SSE); the prompt's word count is its token count, and each word is a
+  token for the engine's prefix cache (vLLM's automatic prefix caching, on as in vLLM: two prompts share the blocks
+  their words agree on); an answer is `tok` repeated, so a conversation that sends it back finds it cached;
 - `GET /metrics` with vLLM's metric names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:engine_sleep_state{sleep_state}`, `vllm:time_to_first_token_seconds`,
   `vllm:e2e_request_latency_seconds`, `vllm:request_success_total{finished_reason}`, `vllm:prompt_tokens_total`,
-  `vllm:generation_tokens_total`, `vllm:num_preemptions_total`), each labelled `model_name` and `engine`, plus,
+  `vllm:generation_tokens_total`, `vllm:num_preemptions_total`, `vllm:prefix_cache_queries_total` and
+  `vllm:prefix_cache_hits_total` (tokens, as vLLM v0.34 `vllm/v1/metrics/loggers.py`)), each labelled
+  `model_name` and `engine`, plus,
   since no engine has a standard one, `sluice_sim_lora_loads_total` and `sluice_sim_lora_load_failures_total`;
 - like vLLM's OpenAI server (instrumented with prometheus-fastapi-instrumentator), `http_requests_total{handler,
   method,status}` with statuses grouped as `2xx`/`4xx`/`5xx` for every API request;
@@ -42,6 +46,7 @@ Options beyond the defaults (which keep one engine, vLLM's exposition and no sle
   While asleep the engines do not run: new completions are accepted and wait (counted as waiting) until
   `/wake_up`, as vLLM's paused scheduler queues them. `vllm:engine_sleep_state{sleep_state="awake"|
   "weights_offloaded"|"discard_all"}` is exported whether or not sleep mode is enabled, as vLLM does;
+- `--no-enable-prefix-caching` (vLLM's flag): no prefix cache (vLLM V1 caches prefixes by default);
 - `--disable-log-stats` (vLLM's flag): no `vllm:` family on `/metrics`, only the HTTP instrumentator's;
 - `--exposition sglang`: `/metrics` speaks SGLang's names and labels for the same engine state instead:
   `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:num_used_tokens`,
@@ -78,7 +83,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sluice.sim.engine import Engine, Sequence
+from sluice.sim.engine import Engine, EngineConfig, Segments, Sequence
 from sluice.sim.profiles import DEFAULT_MODEL, HARDWARE, MODELS, server_profile
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
@@ -125,6 +130,7 @@ class Faults:
 @dataclass
 class _Flight:
     sequence: Sequence
+    segments: Segments | None = None
     first_token: asyncio.Event = field(default_factory=asyncio.Event)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: bool = False
@@ -137,9 +143,10 @@ class RealTimeEngine:
     it does not admit (paused, or draining before a sleep), new requests are held and join the queue on `resume`.
     """
 
-    def __init__(self, hardware: str, model: str) -> None:
+    def __init__(self, hardware: str, model: str, prefix_caching: bool = True) -> None:
         self.profile = server_profile(hardware, model)
-        self.engine = Engine(self.profile)
+        self.config = EngineConfig(prefix_caching=prefix_caching)
+        self.engine = Engine(self.profile, self.config)
         self.flights: dict[int, _Flight] = {}
         self.started = time.monotonic()
         self.ids = itertools.count()
@@ -147,6 +154,7 @@ class RealTimeEngine:
         self.admitting = True
         self.held: list[_Flight] = []
         self._preemptions_before = 0  # preemptions of the engines that `abort_all` replaced
+        self._prefix_before = (0, 0)  # their prefix cache's queries and hits
 
     def now(self) -> float:
         return (time.monotonic() if self.paused_at is None else self.paused_at) - self.started
@@ -169,17 +177,17 @@ class RealTimeEngine:
             return TICK_SECONDS
         return min(TICK_SECONDS, max(0.0, self.engine.next_event_time() - self.now()))
 
-    def submit(self, l_in: int, l_out: int) -> _Flight | None:
+    def submit(self, l_in: int, l_out: int, segments: Segments | None = None) -> _Flight | None:
         if not self.engine.fits(l_in, l_out):
             return None
         self.advance()
         if self.paused_at is not None or not self.admitting:
             sequence = Sequence(req_id=next(self.ids), arrival=self.now(), prompt=max(1, l_in), output=max(1, l_out))
-            flight = _Flight(sequence)
+            flight = _Flight(sequence, segments)
             self.held.append(flight)
         else:
-            sequence = self.engine.submit(next(self.ids), self.now(), l_in, l_out)
-            flight = _Flight(sequence)
+            sequence = self.engine.submit(next(self.ids), self.now(), l_in, l_out, segments)
+            flight = _Flight(sequence, segments)
         self.flights[sequence.req_id] = flight
         return flight
 
@@ -210,6 +218,12 @@ class RealTimeEngine:
     def preemptions_total(self) -> int:
         return self._preemptions_before + self.engine.preemptions_total
 
+    @property
+    def prefix_cache_totals(self) -> tuple[int, int]:
+        """Prompt tokens looked up in the prefix cache, and of those found cached, since the server started."""
+        queries, hits = self._prefix_before
+        return queries + self.engine.prefix_queries_total, hits + self.engine.prefix_hits_total
+
     def idle(self) -> bool:
         return not self.engine.num_running and not self.engine.num_waiting
 
@@ -230,7 +244,7 @@ class RealTimeEngine:
         self.admitting = True
         for flight in self.held:
             old = flight.sequence
-            flight.sequence = self.engine.submit(old.req_id, self.now(), old.prompt, old.output)
+            flight.sequence = self.engine.submit(old.req_id, self.now(), old.prompt, old.output, flight.segments)
         self.held.clear()
 
     def abort_all(self) -> None:
@@ -242,8 +256,9 @@ class RealTimeEngine:
             flight.finished.set()
         self.held.clear()
         self._preemptions_before += self.engine.preemptions_total
+        self._prefix_before = self.prefix_cache_totals
         slowdown = self.engine.slowdown
-        self.engine = Engine(self.profile)
+        self.engine = Engine(self.profile, self.config)
         self.engine.slowdown = slowdown
 
 
@@ -288,6 +303,9 @@ class _Meters:
     generation_tokens: Counter
     preemptions: Counter
     finished: Callable[[str], None]
+    prefix_queries: Counter | None = None
+    """vLLM's prefix cache counters (tokens); SGLang's exposition here has none."""
+    prefix_hits: Counter | None = None
 
 
 class ModelServer:
@@ -303,6 +321,7 @@ class ModelServer:
         exposition: str = "vllm",
         memory_events: Path | None = None,
         disable_log_stats: bool = False,
+        enable_prefix_caching: bool = True,
     ) -> None:
         if data_parallel_size < 1:
             raise ValueError("data_parallel_size must be at least 1")
@@ -310,7 +329,9 @@ class ModelServer:
             raise ValueError(f"exposition must be one of {EXPOSITIONS}")
         if enable_sleep_mode and exposition != "vllm":
             raise ValueError("sleep mode is vLLM's: it needs the vllm exposition")
-        self.engines = [RealTimeEngine(hardware, performance_model) for _ in range(data_parallel_size)]
+        self.engines = [
+            RealTimeEngine(hardware, performance_model, enable_prefix_caching) for _ in range(data_parallel_size)
+        ]
         self.engine = self.engines[0]
         self.hardware = hardware
         self.model = model
@@ -327,6 +348,7 @@ class ModelServer:
         self.sleeping_tags: set[str] = set()  # memory still released (vLLM executor's sleeping_tags)
         self._recorded_sleep = (0, 0)  # what vLLM's record_sleep_state last got: (sleep, level)
         self._preemptions_counted = [0] * data_parallel_size
+        self._prefix_counted = [(0, 0)] * data_parallel_size
         self._stalled_exposition: bytes | None = None
         labels = ["model_name", "engine"]
         self.label_values = {"model_name": model, "engine": "0"}
@@ -376,6 +398,15 @@ class ModelServer:
         prompt = Counter("vllm:prompt_tokens", "Prefill tokens.", labels, registry=r)
         generation = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
         preemptions = Counter("vllm:num_preemptions", "Preemptions.", labels, registry=r)
+        queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels,
+            registry=r,
+        )
+        hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r
+        )
         meters: list[_Meters] = []
         for index, engine in enumerate(self.engines):
             values = {"model_name": self.model, "engine": str(index)}
@@ -398,6 +429,8 @@ class ModelServer:
                     generation_tokens=generation.labels(**values),
                     preemptions=preemptions.labels(**values),
                     finished=finished,
+                    prefix_queries=queries.labels(**values),
+                    prefix_hits=hits.labels(**values),
                 )
             )
         return meters
@@ -570,9 +603,18 @@ class ModelServer:
                     if total > self._preemptions_counted[index]:
                         self.meters[index].preemptions.inc(total - self._preemptions_counted[index])
                         self._preemptions_counted[index] = total
+                    self._count_prefix_cache(index)
                 await asyncio.sleep(min(engine.seconds_to_next_step() for engine in self.engines))
 
         app["ticker"] = asyncio.get_running_loop().create_task(tick())
+
+    def _count_prefix_cache(self, index: int) -> None:
+        meters, counted = self.meters[index], self._prefix_counted[index]
+        queries, hits = self.engines[index].prefix_cache_totals
+        if meters.prefix_queries is not None and meters.prefix_hits is not None and queries > counted[0]:
+            meters.prefix_queries.inc(queries - counted[0])
+            meters.prefix_hits.inc(hits - counted[1])
+            self._prefix_counted[index] = (queries, hits)
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -687,7 +729,8 @@ class ModelServer:
         arrived = time.monotonic()
         body = await request.json()
         prompt = body.get("prompt", "")
-        l_in = max(1, len(prompt.split()) if isinstance(prompt, str) else len(prompt))
+        words = prompt.split() if isinstance(prompt, str) else [str(t) for t in prompt]
+        l_in = max(1, len(words))
         l_out = max(1, int(body.get("max_tokens", 16)))
         model = str(body.get("model", self.model))
         if model != self.model:
@@ -701,7 +744,7 @@ class ModelServer:
         index = self._least_loaded()
         engine = self.engines[index]
         meters = self.meters[index]
-        flight = engine.submit(l_in, l_out)
+        flight = engine.submit(l_in, l_out, token_segments(words, l_out))
         if flight is None:
             message = f"This model's maximum context is shorter than {l_in + l_out} tokens"
             return web.json_response({"error": {"message": message}}, status=400)
@@ -763,6 +806,18 @@ class ModelServer:
         return response
 
 
+NO_PREFIX_CACHING = "--no-enable-prefix-caching"
+"""vLLM's flag (V1 caches prefixes unless told not to), as the server takes it."""
+ANSWER_WORD = "tok"
+"""Every token an answer streams (`" tok"` each)."""
+
+
+def token_segments(words: list[str], output: int) -> list[tuple[int, int]]:
+    """The prompt's words and the answer's, one token each, as the engine's prefix cache identifies them."""
+    answer = zlib.crc32(ANSWER_WORD.encode())
+    return [(zlib.crc32(w.encode()), 1) for w in words] + [(answer, 1)] * output
+
+
 def _nodelay_socket(host: str, port: int) -> socket.socket:
     """A listening socket with TCP_NODELAY inherited by accepted connections (Python upstreams need it)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -797,6 +852,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--exposition", choices=EXPOSITIONS, default="vllm", help="whose metric names /metrics uses")
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as vLLM's flag (on by default in V1): the engine's automatic prefix caching",
+    )
+    parser.add_argument(
         "--disable-log-stats", action="store_true", help="as vLLM's flag: no vllm: family on /metrics (HTTP ones stay)"
     )
     parser.add_argument(
@@ -822,6 +883,7 @@ def main(argv: list[str] | None = None) -> None:
         exposition=args.exposition,
         memory_events=args.memory_events,
         disable_log_stats=args.disable_log_stats,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     server.faults.error_rate = args.error_rate
     with contextlib.suppress(KeyboardInterrupt):

@@ -172,7 +172,8 @@ class Traffic:
 
     async def run(self, seconds: float) -> None:
         rng = random.Random(self.seed)
-        prompt = "w " * PROMPT_WORDS
+        prompt = "w " * (PROMPT_WORDS - 1)
+        sent = 0
         end = time.monotonic() + min(seconds, self.stack.remaining())
         tasks: set[asyncio.Task[None]] = set()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
@@ -186,13 +187,15 @@ class Traffic:
                     choice = self.pick(rng, headers=headers)
                     if choice is None or len(tasks) > 200:
                         continue
-                    task = asyncio.create_task(self._one(http, prompt, *choice, headers=headers))
+                    sent += 1
+                    own = f"r{sent} {prompt}"  # a request's tokens are its own: no prefix cache hit between them
+                    task = asyncio.create_task(self._one(http, own, *choice, headers=headers))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     for mirror in self.mirrors:
                         target = self.pick_mirror(rng, mirror.revision) if rng.random() * 100 < mirror.percent else None
                         if target is not None:
-                            copy = asyncio.create_task(self._mirror(http, prompt, *target))
+                            copy = asyncio.create_task(self._mirror(http, own, *target))
                             tasks.add(copy)
                             copy.add_done_callback(tasks.discard)
             finally:
