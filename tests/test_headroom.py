@@ -959,3 +959,42 @@ def test_before_any_rate_is_seen_the_shares_follow_k_not_the_latency_ranking():
     assert all("no pod shows load" not in r.reason for r in plan_.status.endpoints)
     w = weights(plan_)
     assert w["a100-0"] / w["rtx4090-0"] == pytest.approx(10 / 4, rel=0.05)
+
+
+def test_under_session_affinity_the_pods_of_a_class_are_weighed_alike_whatever_the_hash_brought_them():
+    # Three identical A100s, lightly loaded; the sessions the hash brought one found more of their prompts cached
+    # (a lower TTFT), another fewer: least request ranks them by it, a ring would move sessions off their caches.
+    ring = spec(scoring={"policy": "headroom"}, routing={"sessionAffinity": {"header": "x-session-id"}})
+    least = spec(scoring={"policy": "headroom"})
+    signals = {"a100-0": _sig(1.0, 0.15), "a100-1": _sig(1.0, 0.3), "a100-2": _sig(1.0, 0.6)}
+    for s in (ring, least):
+        status = None
+        for i in range(6):
+            result = run(s, PODS, signals, 5 * i, status)
+            status = result.status
+        w = weights(result)
+        if s is ring:
+            assert len(set(w.values())) == 1, w
+        else:
+            assert w["a100-0"] > w["a100-1"] > w["a100-2"], w
+
+
+def test_under_session_affinity_a_pod_of_another_class_keeps_its_own_weight_and_a_zeroed_pod_stays_out():
+    s = spec(
+        scoring={"policy": "headroom"},
+        routing={"sessionAffinity": {"header": "x-session-id"}},
+        capacity=APART,
+    )
+    pods = [*PODS, pod("b-0", "a100-b")]
+    signals = {"a100-0": _sig(1.0, 0.15), "a100-1": _sig(1.0, 0.3), "a100-2": _sig(1.0, 0.6), "b-0": _sig(1.0, 0.9)}
+    status = None
+    for i in range(6):
+        result = run(s, pods, signals, 5 * i, status)
+        status = result.status
+    w = weights(result)
+    assert w["a100-0"] == w["a100-1"] == w["a100-2"]
+    assert w["b-0"] < w["a100-0"]
+    failing = {**signals, "a100-1": signals["a100-1"].model_copy(update={"error_rate": 0.9})}
+    zeroed = weights(run(s, pods, failing, 35, status))
+    assert zeroed["a100-1"] == 0
+    assert zeroed["a100-0"] == zeroed["a100-2"] > 0

@@ -54,13 +54,16 @@ def allocate(
     verdicts: Iterable[PodVerdict],
     active_request_bias: float = 1.0,
     window: float = 60.0,
+    hashing: bool = False,
 ) -> dict[str, Allocation]:
+    """Each pod's weight, per revision subset. `hashing`: the pool routes by consistent hash
+    (`routing.sessionAffinity`), so pods of a hardware class are weighed alike (`sluice.core.policies`)."""
     subsets: dict[str | None, list[PodVerdict]] = {}
     for verdict in verdicts:
         subsets.setdefault(verdict.revision, []).append(verdict)
     out: dict[str, Allocation] = {}
     for members in subsets.values():
-        out.update(_allocate_subset(scoring, protection, members, active_request_bias, window))
+        out.update(_allocate_subset(scoring, protection, members, active_request_bias, window, hashing))
     return out
 
 
@@ -70,9 +73,11 @@ def _allocate_subset(
     members: list[PodVerdict],
     active_request_bias: float,
     window: float,
+    hashing: bool = False,
 ) -> dict[str, Allocation]:
     live = [v for v in members if v.kind in ("scored", "ramping", "frozen")]
-    asked = POLICIES[scoring.policy](Subset(scoring, protection, members, live, active_request_bias, window))
+    subset = Subset(scoring, protection, members, live, active_request_bias, window, hashing)
+    asked = POLICIES[scoring.policy](subset)
     out = {
         v.name: _weigh(
             scoring,
