@@ -14,9 +14,10 @@ rebuilds per sidecar per minute (each weight change sluice publishes rebuilds th
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from sluice.bench.capacity import fleet_capacity
@@ -70,8 +71,11 @@ def main() -> None:
     seeds = [scenario.seed + k for k in range(scenario.seeds)]
     print(f"{scenario.name}: capacity without a cache {fleet_capacity(scenario):.2f} req/s; seeds {seeds}")
     with ProcessPoolExecutor(args.workers) as pool:
-        jobs = {(f, s): pool.submit(one, args.scenario, f, s, strategies) for f in loads for s in seeds}
-        results: dict[tuple[float, int], Any] = {key: job.result() for key, job in jobs.items()}
+        jobs = {pool.submit(one, args.scenario, f, s, strategies): (f, s) for f in loads for s in seeds}
+        results: dict[tuple[float, int], Any] = {}
+        for job in as_completed(jobs):  # each (load, seed) as it ends, so a run cut short keeps what it measured
+            results[jobs[job]] = job.result()
+            print(f"load {jobs[job][0]:g} seed {jobs[job][1]}: {json.dumps(results[jobs[job]])}", flush=True)
     print("| load | strategy | P50 TTFT ms | P99 TTFT ms | hit rate | goodput (x capacity) | ring rebuilds/min |")
     print("|---|---|---|---|---|---|---|")
     for f in loads:
