@@ -27,6 +27,8 @@ from sluice.bench.trace import make_trace
 
 
 def spread(values: list[float], digits: int = 0) -> str:
+    if any(math.isnan(v) for v in values):
+        return "- (no cache)"
     finite = [v for v in values if math.isfinite(v)]
     if len(finite) < len(values):
         return f"inf ({len(values) - len(finite)} of {len(values)})"
@@ -51,7 +53,7 @@ def one(path: str, load_fraction: float, seed: int, strategies: list[str]) -> di
         out[strategy] = {
             "p50": figures["ttft_p50_ms"] if figures["ttft_p50_ms"] is not None else math.inf,
             "p99": figures["ttft_p99_ms"] if figures["ttft_p99_ms"] is not None else math.inf,
-            "hit": figures["prefix_hit_rate"],
+            "hit": figures["prefix_hit_rate"] if figures["prefix_hit_rate"] is not None else math.nan,
             "goodput": good / span / capacity,
             "rebuilds": statistics.fmean(rebuilds) / (work.duration / 60.0) if rebuilds else 0.0,
         }

@@ -132,26 +132,22 @@ async def test_one_engine_keeps_the_single_engine_exposition() -> None:
 # ---------------------------------------------------------------------------------------------- prefix caching
 
 
-async def _ttft(client: TestClient[Any, Any], prompt: str) -> float:
-    started = time.monotonic()
-    response = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "stream": True})
+async def _answered(client: TestClient[Any, Any], prompt: str) -> None:
+    response = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
     assert response.status == 200
-    async for line in response.content:
-        if line.startswith(b"data: {"):
-            elapsed = time.monotonic() - started
-            await response.read()
-            return elapsed
-    raise AssertionError("no token streamed")
+    await response.read()
 
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("caching", [True, False])
 async def test_a_prompt_sharing_words_with_an_earlier_one_finds_them_cached(caching: bool) -> None:
-    server = ModelServer("cpu", "llama", seed=0, enable_prefix_caching=caching)  # a slow prefill: 4000 words
+    # What the cache saves in time is the engine's (tests/test_prefix_cache.py, in simulated time); here, that the
+    # server looks its prompts up by word and counts it as vLLM does, and that the flag turns it off.
+    server = ModelServer("a100", "llama", seed=0, enable_prefix_caching=caching)
     shared = " ".join(f"s{k}" for k in range(4000))
     async with serving(server) as client:
-        first = await bounded(_ttft(client, f"{shared} first question"))
-        again = await bounded(_ttft(client, f"{shared} second question"))
+        await bounded(_answered(client, f"{shared} first question"))
+        await bounded(_answered(client, f"{shared} second question"))
         if caching:
             await until(lambda: server._prefix_counted[0][0] >= 2 * 4002, "the lookups counted by the ticker")
         metrics = await scrape(client)
@@ -159,10 +155,8 @@ async def test_a_prompt_sharing_words_with_an_earlier_one_finds_them_cached(cach
     hits = value(metrics["vllm:prefix_cache_hits"], engine="0")
     if caching:
         assert (queries, hits) == (2 * 4002, 4000 // 16 * 16)  # the shared words' full blocks
-        assert again < 0.5 * first
     else:
         assert (queries, hits) == (0, 0)
-        assert again > 0.5 * first
 
 
 # ---------------------------------------------------------------------------------------------- sleep mode

@@ -117,8 +117,8 @@ class Outcome:
     rate_limited: bool = False
     """Refused at least once by a tenant's bucket (a 429, `admission.tenants`)."""
     attempts: int = 1
-    cached_tokens: int = 0
-    """Prompt tokens its server found in its prefix cache (0 without one)."""
+    cached_tokens: int | None = None
+    """Prompt tokens its server found in its prefix cache (None without one: nothing looked up)."""
 
 
 @dataclass
@@ -610,6 +610,9 @@ def summarise(result: RunResult) -> dict[str, Any]:
     ok = [o for o in served if o.ok and o.e2e is not None]
     tpots = [((o.e2e or 0.0) - (o.ttft or 0.0)) / (o.arrival.output - 1) for o in ok if o.arrival.output > 1 and o.ttft]
     span = result.measured_until - result.measured_from
+    looked_up = [
+        (o.cached_tokens, o.arrival.prompt) for o in served if o.ttft is not None and o.cached_tokens is not None
+    ]
     per_class = Counter(result.servers[o.server] for o in measured)
 
     def ms(value: float | None) -> float | None:
@@ -636,9 +639,9 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "share": {c: n / len(measured) for c, n in sorted(per_class.items())} if measured else {},
         "peak_kv": max((p["kv"] for p in result.peaks.values()), default=0.0),
         "preemptions": sum(p["preemptions"] for p in result.peaks.values()),
+        # the share of looked-up prompt tokens found cached; None where no server has a cache (not 0)
         "prefix_hit_rate": (
-            sum(o.cached_tokens for o in served if o.ttft is not None)
-            / max(1, sum(o.arrival.prompt for o in served if o.ttft is not None))
+            sum(hit for hit, _ in looked_up) / max(1, sum(prompt for _, prompt in looked_up)) if looked_up else None
         ),
     }
     if result.incident_at is not None:

@@ -12,7 +12,7 @@ What it keeps of vLLM's (V1) scheduler, because routing quality depends on exact
   running request loses its blocks and goes back to the head of the queue, to be prefilled again (prompt plus the
   tokens it had generated); no new waiting request is admitted in a step that preempted.
 
-With `prefix_caching` (vLLM V1's automatic prefix caching as of v0.34.0, `vllm/v1/core/kv_cache_manager.py`,
+With `prefix_caching` (vLLM V1's automatic prefix caching as of v0.34.0 (62d4bc3c7), `vllm/v1/core/kv_cache_manager.py`,
 `block_pool.py`, `kv_cache_utils.py`): every full block of a request's tokens, prompt and output, is identified by a
 hash chained from its parent's; a block stays cached after its request frees it (in reverse order, so its tail is
 evicted first) in a free queue taken from its head, least recently freed first (a block holding no full block's
@@ -101,8 +101,8 @@ class Sequence:
     """With prefix caching: the blocks it holds, in order."""
     registered: int = 0
     """With prefix caching: how many of its leading blocks are in the cache's table."""
-    cached_tokens: int = 0
-    """Prompt tokens found cached when it was first scheduled."""
+    cached_tokens: int | None = None
+    """Prompt tokens found cached when it was first scheduled; None where nothing was looked up (no cache)."""
 
     @property
     def tokens(self) -> int:
