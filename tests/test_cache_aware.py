@@ -1,10 +1,11 @@
 """The benchmark's model of the vLLM router's `cache_aware` policy, held to its source.
 
-vllm-project/router `src/policies/cache_aware.rs` (`select_worker`): imbalanced when max load - min load >
+vllm-project/router `src/policies/cache_aware.rs` @2f2db0d9a6d0 (`select_worker`): imbalanced when max load - min load >
 `balance_abs_threshold` and max load > min load x `balance_rel_threshold`, then the least loaded worker (the first
 minimum); otherwise the prompt is matched against the tree of routed prompts, and past `cache_threshold` (strictly)
 the worker that last took the deepest matched node is chosen, below it the least loaded; the prompt is inserted for
-the chosen worker at routing time. Defaults from its command line (`src/main.rs`): 0.3, 64, 1.5.
+the chosen worker at routing time. Defaults from its command line (`src/main.rs` @03e9af5c1982; vllm-router
+0.1.17's `--help` says the same): 0.3, 64, 1.5.
 """
 
 from __future__ import annotations

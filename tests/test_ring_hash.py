@@ -1,4 +1,6 @@
-"""The benchmark's Envoy RING_HASH with bounded load, held to Envoy 1.38's source.
+"""The benchmark's Envoy RING_HASH with bounded load, held to Envoy's source (envoyproxy/envoy; the copies read:
+`ring_hash_lb.cc` @0d2acde2e8d7, `thread_aware_lb_impl.cc` @0336fd611e57), and the real benchmark's ring
+configuration to the Envoy the test extra installs (1.40).
 
 `source/extensions/load_balancing_policies/ring_hash/ring_hash_lb.cc` (the ring: scale and per-host point counts)
 and `source/extensions/load_balancing_policies/common/thread_aware_lb_impl.cc` (`BoundedLoadHashingLoadBalancer`).

@@ -91,8 +91,11 @@ class ConsistentHashRouter:
 
 
 class CacheAwareRouter:
-    """The vLLM router's `cache_aware` policy (vllm-project/router `src/policies/cache_aware.rs`, `src/tree.rs`;
-    the command line's defaults, `src/main.rs`): one router, its own in-flight count per worker as the load.
+    """The vLLM router's `cache_aware` policy (vllm-project/router `src/policies/cache_aware.rs` @2f2db0d9a6d0,
+    `src/tree.rs` @1dbe5075a346; the command line's defaults, `src/main.rs` @03e9af5c1982, which the PyPI
+    vllm-router 0.1.17's `--help` shows too): one router, its own in-flight count per worker as the load. The
+    SGLang router 0.3.2's `cache_aware` runs this algorithm and matched this model on the real data plane; the vLLM
+    router 0.1.17 binary did not follow prefixes on `/v1/completions` (docs/benchmarks.md, "Prefix reuse").
 
     - imbalanced, when max load - min load > `balance_abs` and max load > min load x `balance_rel`: the least
       loaded worker;
@@ -181,16 +184,17 @@ class CacheAwareRouter:
 
 
 class EnvoyRingHash:
-    """One Envoy's RING_HASH cluster keyed by a request header, as Envoy 1.38 builds and walks it.
+    """One Envoy's RING_HASH cluster keyed by a request header, as Envoy's source builds and walks it.
 
-    `source/extensions/load_balancing_policies/ring_hash/ring_hash_lb.cc`: weights normalised to sum 1; the ring's
-    scale is min(ceil(min_w x 1024) / min_w, 8M) (`minimum_ring_size` 1024, Istio's default); host i (in host order)
-    gets ceil(T_i) - ceil(T_{i-1}) points, T_i the running sum of scale x weight, point k hashed
-    xxHash64("<host>_<k>"); a key goes to the first point at or after its hash, wrapping. The key: xxHash64 of the
-    header's value (`source/common/http/hash_policy.cc`). A weight change rebuilds the ring (`refresh()`).
+    `source/extensions/load_balancing_policies/ring_hash/ring_hash_lb.cc` (envoyproxy/envoy @0d2acde2e8d7): weights
+    normalised to sum 1; the ring's scale is min(ceil(min_w x 1024) / min_w, 8M) (`minimum_ring_size` 1024, Istio's
+    default); host i (in host order) gets ceil(T_i) - ceil(T_{i-1}) points, T_i the running sum of scale x weight,
+    point k hashed xxHash64("<host>_<k>"); a key goes to the first point at or after its hash, wrapping. The key:
+    xxHash64 of the header's value (`source/common/http/hash_policy.cc`). A weight change rebuilds the ring
+    (`refresh()`).
 
-    With `hash_balance_factor` (`thread_aware_lb_impl.cc`, `BoundedLoadHashingLoadBalancer`): this Envoy's active
-    requests A to the cluster and host h's a_h; total slots ceil((A + 1) x factor / 100), h's slots
+    With `hash_balance_factor` (`common/thread_aware_lb_impl.cc` @0336fd611e57, `BoundedLoadHashingLoadBalancer`):
+    this Envoy's active requests A to the cluster and host h's a_h; total slots ceil((A + 1) x factor / 100), h's slots
     max(ceil(total x w_h), 1); h is taken while a_h / slots <= 1. Past it, hosts are tried in an order shuffled by
     the key's hash (Envoy: Fisher-Yates with std::mt19937 seeded by the hash; here Python's Mersenne Twister seeded
     by it: an order fixed per key as Envoy's is, not the same order), the first within bounds taken, else the least
