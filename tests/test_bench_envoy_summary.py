@@ -36,3 +36,16 @@ def test_a_seed_without_a_ratio_is_shown_and_left_out_of_the_medians() -> None:
     lines = summary_lines([run(1, None, 0.61), run(2, 0.70, 0.61)])
     assert any(line.startswith("| 1 | - |") for line in lines)
     assert "Over 1 seed(s): real 0.70x" in lines[-1]
+
+
+def test_each_sluice_strategy_that_ran_gets_its_own_verdict() -> None:
+    # sluice-affinity's ratios on the chat-sessions-mixed traces (seeds 7-9): 0.72/0.70, 0.70/0.63, 0.84/0.85.
+    runs = [
+        {"seed": seed, "real": {"sluice-affinity": {key: a}}, "simulated": {"sluice-affinity": {key: b}}}
+        for seed, a, b in ((7, 0.72, 0.70), (8, 0.70, 0.63), (9, 0.84, 0.85))
+        for key in ["ttft_p99_ms_vs_least-request"]
+    ]
+    lines = summary_lines(runs, "sluice-affinity")
+    assert lines[0].startswith("| seed | sluice-affinity P99 / least-request, real |")
+    assert "median real / median simulated 1.03 (within 25 %: yes)" in lines[-1]  # 0.72 / 0.70
+    assert summary_lines(runs)[-1].startswith("| 9 | - |")  # the plain sluice row did not run

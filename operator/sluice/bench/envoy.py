@@ -35,7 +35,8 @@ per strategy (the routers' policies against the simulation's models of them).
 Servers are restarted between strategies so each starts idle, and left idle for the signals' window first (their
 series go on in Prometheus across restarts). Everything binds to loopback and stops at the end.
 With `--seeds N` the whole run is repeated on N traces (seeds `--seed` ... `--seed + N - 1`) and the report opens
-with sluice's P99 ratio to least-request per seed, real and simulated, and their median [min–max] over the seeds:
+with sluice's P99 ratio to least-request per seed (for each sluice strategy that ran), real and simulated, and
+their median [min–max] over the seeds:
 single runs of one strategy differ by about ±20 %, so one trace cannot say whether the two agree.
 """
 
@@ -172,6 +173,8 @@ ADMISSION = "sluice-admission"
 """sluice with `admission.mode: Enforce`: each server behind its own sidecar Envoy, built as istiod builds its
 inbound side, with the EnvoyFilters sluice renders merged in as Istio merges them (`sluice.bench.sidecar`); the
 calling Envoy retries as Istio's default route policy does. Not run unless asked (no simulated twin)."""
+SLUICE_STRATEGIES = ("sluice", "sluice-affinity", ADMISSION)
+"""The strategies that are sluice (its weights, with session affinity, with admission): each gets its own verdict."""
 KNOWN = (*STRATEGIES, *HASHING, ADMISSION)
 ENVOY = Path(sys.executable).parent / "envoy"
 
@@ -766,7 +769,7 @@ def gap_lines(real: dict[str, dict[str, Any]], simulated: dict[str, dict[str, An
             f"| {sim['ttft_p99_ms'] / row['ttft_p99_ms']:.2f}x |"
         )
     lines = [*gap, "", "| ratio | real Envoy | simulation |", "|---|---|---|"]
-    for strategy in ("least-request", "sluice"):
+    for strategy in ("least-request", *SLUICE_STRATEGIES):
         for key, label in (
             ("ttft_mean_ms_vs_round-robin", "mean TTFT vs round robin"),
             ("ttft_p99_ms_vs_round-robin", "P99 TTFT vs round robin"),
@@ -808,13 +811,13 @@ AGREEMENT = 0.25
 """The issue's bound: sluice's real P99 ratio to least-request within this share of the simulated one."""
 
 
-def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
-    """Across seeds: sluice's P99 ratio to least-request, real and simulated, and how far apart they are."""
-    real = [r["real"].get("sluice", {}).get("ttft_p99_ms_vs_least-request") for r in runs]
-    sim = [r["simulated"].get("sluice", {}).get("ttft_p99_ms_vs_least-request") for r in runs]
+def summary_lines(runs: list[dict[str, Any]], strategy: str = "sluice") -> list[str]:
+    """Across seeds: a sluice strategy's P99 ratio to least-request, real and simulated, and how far apart they are."""
+    real = [r["real"].get(strategy, {}).get("ttft_p99_ms_vs_least-request") for r in runs]
+    sim = [r["simulated"].get(strategy, {}).get("ttft_p99_ms_vs_least-request") for r in runs]
     pairs = [(a, b) for a, b in zip(real, sim, strict=True) if a and b]
     lines = [
-        "| seed | sluice P99 / least-request, real | simulated | real / simulated | within 25 % |",
+        f"| seed | {strategy} P99 / least-request, real | simulated | real / simulated | within 25 % |",
         "|---|---|---|---|---|",
     ]
     for run, (a, b) in zip(runs, zip(real, sim, strict=True), strict=True):
@@ -984,9 +987,9 @@ def main(argv: list[str] | None = None) -> int:
         "through a watched EDS file.",
         "",
         "## Across seeds: the real data plane against the simulation",
-        "",
-        *summary_lines(runs),
     ]
+    for strategy in [s for s in SLUICE_STRATEGIES if any(s in run["real"] for run in runs)] or ["sluice"]:
+        lines += ["", *summary_lines(runs, strategy)]
     for run in runs:
         real, simulated = run["real"], run["simulated"]
         lines += [
