@@ -9,6 +9,8 @@ measured without a cache (`sluice.bench.capacity`), so a router that keeps a ses
 has room to spare past 1. Per strategy and load: P50 and P99 TTFT (ms), the share of prompt tokens found cached,
 the rate served within the SLO as a share of that capacity (goodput), and for the Envoy ring hashes the ring
 rebuilds per sidecar per minute (each weight change sluice publishes rebuilds them); median [min-max] over seeds.
+Each load ends with the floor no router can beat (`sluice.bench.prefixbound`): every request alone on the fastest
+class with every block seen before cached.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from sluice.bench.capacity import fleet_capacity
+from sluice.bench.prefixbound import ttft_floor
 from sluice.bench.scenario import load
 from sluice.bench.sim import Simulation, summarise
 from sluice.bench.trace import make_trace
@@ -35,6 +38,9 @@ def spread(values: list[float], digits: int = 0) -> str:
     return f"{statistics.median(finite):.{digits}f} [{min(finite):.{digits}f}-{max(finite):.{digits}f}]"
 
 
+FLOOR = "floor (no router)"
+
+
 def one(path: str, load_fraction: float, seed: int, strategies: list[str]) -> dict[str, dict[str, float]]:
     scenario = load(path).model_copy(update={"seed": seed})
     capacity = fleet_capacity(load(path))  # strategy- and seed-independent: the scenario's first seed
@@ -43,6 +49,9 @@ def one(path: str, load_fraction: float, seed: int, strategies: list[str]) -> di
     span = work.duration - work.warm_up
     slo = scenario.slo.ttft_p99_ms
     out: dict[str, dict[str, float]] = {}
+    floor = ttft_floor(scenario, trace)
+    lows = sorted(1000 * floor[a.index] for a in trace if work.warm_up <= a.at <= work.duration)
+    out[FLOOR] = {q: lows[min(len(lows) - 1, int(p * len(lows)))] for q, p in (("p50", 0.5), ("p99", 0.99))}
     for strategy in strategies:
         sim = Simulation(scenario, strategy, trace)
         result = sim.run()
@@ -88,6 +97,10 @@ def main() -> None:
                 f"| {spread([r['hit'] for r in rows], 3)} | {spread([r['goodput'] for r in rows], 2)} "
                 f"| {spread([r['rebuilds'] for r in rows], 1)} |"
             )
+        floors = [results[(f, s)][FLOOR] for s in seeds]
+        print(
+            f"| {f:g} | {FLOOR} | {spread([r['p50'] for r in floors])} | {spread([r['p99'] for r in floors])} | | | |"
+        )
 
 
 if __name__ == "__main__":
