@@ -9,16 +9,15 @@ Called by `sluice.core.reconcile`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sluice.api.v1alpha1 import EndpointState, ProtectionSpec, ScoringSpec
 from sluice.core.absorb import Hold
 from sluice.core.headroom import PodHeadroom
-from sluice.core.podload import QUEUE_EVIDENCE
 from sluice.core.policies import POLICIES, Subset
 from sluice.core.protection import floor_keep, spare_order
 from sluice.core.verdicts import PodVerdict
-from sluice.core.weights import ramp, slew, with_hysteresis
+from sluice.core.weights import ramp, with_hysteresis
 
 
 @dataclass(frozen=True)
@@ -33,9 +32,6 @@ class Allocation:
     hold: Hold | None = None
     """A pod zeroed or ramping after an incident that leaves it serving: what weighing its zeroing against the
     others' room concluded (`sluice.core.absorb`); held when its share is > 0 beyond its ramp."""
-    slewed: bool = False
-    """Under session affinity, published short of its scored weight so that the traffic moves at most
-    `MOVED_PER_MINUTE` (`_slewed`)."""
 
     @property
     def routable(self) -> bool:
@@ -59,17 +55,15 @@ def allocate(
     active_request_bias: float = 1.0,
     window: float = 60.0,
     hashing: bool = False,
-    interval: float = 5.0,
 ) -> dict[str, Allocation]:
     """Each pod's weight, per revision subset. `hashing`: the pool routes by consistent hash
-    (`routing.sessionAffinity`), so pods of a hardware class are weighed alike (`sluice.core.policies`) and the
-    weights are paced (`_slewed`, at most `MOVED_PER_MINUTE` over passes `interval` seconds apart)."""
+    (`routing.sessionAffinity`), so pods of a hardware class are weighed alike (`sluice.core.policies`)."""
     subsets: dict[str | None, list[PodVerdict]] = {}
     for verdict in verdicts:
         subsets.setdefault(verdict.revision, []).append(verdict)
     out: dict[str, Allocation] = {}
     for members in subsets.values():
-        out.update(_allocate_subset(scoring, protection, members, active_request_bias, window, hashing, interval))
+        out.update(_allocate_subset(scoring, protection, members, active_request_bias, window, hashing))
     return out
 
 
@@ -80,7 +74,6 @@ def _allocate_subset(
     active_request_bias: float,
     window: float,
     hashing: bool = False,
-    interval: float = 5.0,
 ) -> dict[str, Allocation]:
     live = [v for v in members if v.kind in ("scored", "ramping", "frozen")]
     subset = Subset(scoring, protection, members, live, active_request_bias, window, hashing)
@@ -96,50 +89,7 @@ def _allocate_subset(
         )
         for v in members
     }
-    if hashing:
-        out = _slewed(scoring, members, out, min(1.0, MOVED_PER_MINUTE * interval / 60.0))
     return _apply_floor(scoring, protection.min_routable_percent, members, out)
-
-
-MOVED_PER_MINUTE = 0.24
-"""Under session affinity, the most of the traffic sluice's weights move between the pods that stay routable in a
-minute (0.02 a pass at the default 5 s). A hash ring moves a session whenever its pod's share moves, and the
-session's prefix cache stays behind; the plan's class weights wander from pass to pass by more than the load does.
-Provenance: on chat-sessions-tuning (5 seeds) 1 (unpaced), 0.1, 0.05, 0.02 and 0.01 a pass were run; 0.02 raised
-the hit rate at half load on every seed (+0.03 to +0.05) with P99 0.91x on the median and was neutral at full load;
-0.01 raised it more (+0.08) but P99 up to 1.46x on two seeds. Held out: chat-sessions-mixed, the Mooncake trace
-(docs/benchmarks.md, "Prefix reuse")."""
-
-
-def _slewed(
-    scoring: ScoringSpec, members: list[PodVerdict], out: dict[str, Allocation], most: float
-) -> dict[str, Allocation]:
-    """Under consistent hashing, the scored pods that stay routable move toward their weights by at most `most` of
-    the traffic a pass. Not paced: pods zeroed, held, ramping, frozen or new (they move at once), and any pass where
-    one of the paced pods has a queue of `QUEUE_EVIDENCE` or more (an overload is shed at once: paced, it cost
-    goodput at 150 % on chat-sessions-tuning)."""
-    steady = {
-        v.name: v.previous.weight
-        for v in members
-        if v.kind == "scored"
-        and v.previous is not None
-        and v.previous.state == "Routable"
-        and v.previous.weight > 0
-        and out[v.name].state == "Routable"
-        and out[v.name].weight > 0
-        and out[v.name].hold is None
-    }
-    queued = (v.signals.queue_length for v in members if v.name in steady)
-    if len(steady) < 2 or any(q is not None and q >= QUEUE_EVIDENCE for q in queued):
-        return out
-    wanted = {name: out[name].weight for name in steady}
-    moved = slew(steady, wanted, most, scoring.max_weight)
-    if moved == wanted:
-        return out
-    return {
-        **out,
-        **{name: replace(out[name], weight=weight, slewed=weight != wanted[name]) for name, weight in moved.items()},
-    }
 
 
 def _weigh(

@@ -111,9 +111,7 @@ def plan_pass(
         before = remembered(previous)
     verdicts = [judge_pod(spec, p, before.get(p.name), signals, metrics.usable, now) for p in pods]
     hashing = spec.routing.session_affinity is not None
-    allocations = allocate(
-        spec.scoring, spec.protection, verdicts, _bias(spec), spec.metrics.window, hashing, spec.interval
-    )
+    allocations = allocate(spec.scoring, spec.protection, verdicts, _bias(spec), spec.metrics.window, hashing)
     canary = _step_canary(spec, previous, verdicts, allocations, metrics.usable, now, operation)
     rows = with_inbound_limits(spec, [render_row(spec, v, allocations[v.name], now) for v in verdicts], before, now)
     eligible = [v for v in verdicts if v.eligible]

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import TypedDict
 
 from sluice.api.v1alpha1 import EndpointState, EndpointStatus, InferencePoolSpec
-from sluice.core.allocation import MOVED_PER_MINUTE, Allocation
+from sluice.core.allocation import Allocation
 from sluice.core.headroom import PodHeadroom
 from sluice.core.inbound import (
     LIMIT_HOLD_SECONDS,
@@ -55,12 +55,7 @@ def reason_for(spec: InferencePoolSpec, verdict: PodVerdict, allocation: Allocat
         percent, target = verdict.ramp_percent, allocation.scored_weight
         return f"recovering from {verdict.memory.incident}: {percent:.1f}% of scored weight {target}"
     text = allocation.headroom.explain() if allocation.headroom is not None else verdict.score.explain()
-    if allocation.slewed:
-        text += (
-            f" (scored {allocation.scored_weight}; under session affinity at most {MOVED_PER_MINUTE:.0%} of the "
-            "traffic moves a minute)"
-        )
-    elif allocation.scored_weight is not None and allocation.weight != allocation.scored_weight:
+    if allocation.scored_weight is not None and allocation.weight != allocation.scored_weight:
         text += f" (scored {allocation.scored_weight}, change within hysteresis)"
     if verdict.assessment.consecutive_failures:
         text += f"; below every band {verdict.assessment.consecutive_failures}x in a row"

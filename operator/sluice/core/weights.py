@@ -33,19 +33,3 @@ def with_hysteresis(new: int, previous: int | None, percent: float) -> int:
 def ramp(scored: int, percent: float, scoring: ScoringSpec) -> int:
     """A recovering pod's weight: `percent` of what it would get, never below minWeight."""
     return max(scoring.min_weight, round(scored * percent / 100.0))
-
-
-def slew(previous: dict[str, int], wanted: dict[str, int], most: float, max_weight: int) -> dict[str, int]:
-    """`wanted`, or as far toward it from `previous` as moves at most `most` of the traffic (the shares' total
-    variation), in `wanted`'s units; none above `max_weight`, none below 1. Same keys in both."""
-    before, after = sum(previous.values()), sum(wanted.values())
-    if before <= 0 or after <= 0:
-        return wanted
-    moved = 0.5 * sum(abs(wanted[n] / after - previous[n] / before) for n in wanted)
-    if moved <= most:
-        return wanted
-    step = most / moved
-    shares = {n: previous[n] / before + step * (wanted[n] / after - previous[n] / before) for n in wanted}
-    top = max(shares.values())
-    unit = min(float(after), max_weight / top)
-    return {n: max(1, round(unit * share)) for n, share in shares.items()}
