@@ -25,7 +25,7 @@ from typing import Any
 from sluice.bench.capacity import fleet_capacity
 from sluice.bench.prefixbound import ttft_floor
 from sluice.bench.scenario import load
-from sluice.bench.sim import Simulation, summarise
+from sluice.bench.sim import Simulation, nearest_rank, summarise
 from sluice.bench.trace import make_trace
 
 
@@ -51,7 +51,8 @@ def one(path: str, load_fraction: float, seed: int, strategies: list[str]) -> di
     out: dict[str, dict[str, float]] = {}
     floor = ttft_floor(scenario, trace)
     lows = sorted(1000 * floor[a.index] for a in trace if work.warm_up <= a.at <= work.duration)
-    out[FLOOR] = {q: lows[min(len(lows) - 1, int(p * len(lows)))] for q, p in (("p50", 0.5), ("p99", 0.99))}
+    quantiles = {"p50": nearest_rank(lows, 0.5), "p99": nearest_rank(lows, 0.99)}
+    out[FLOOR] = {q: math.nan if value is None else value for q, value in quantiles.items()}
     for strategy in strategies:
         sim = Simulation(scenario, strategy, trace)
         result = sim.run()

@@ -90,6 +90,9 @@ class ScrapedServer:
 
 SESSION_HEADER = "x-session-id"
 """The header the benchmark's clients carry their session in (the vLLM router's first `consistent_hash` key)."""
+BALANCE_FACTOR = 150
+"""Bounded load (`hash_balance_factor`) for the benchmark's bounded rings and sluice's session affinity where the
+scenario's pool sets none (Envoy's documented example)."""
 
 
 def pool_spec(scenario: Scenario, cube: bool = False, affinity: bool = False) -> InferencePoolSpec:
@@ -112,7 +115,8 @@ def pool_spec(scenario: Scenario, cube: bool = False, affinity: bool = False) ->
     if cube:
         merged = _merge(merged, {"scoring": {"policy": "cube"}})
     if affinity and "sessionAffinity" not in merged.get("routing", {}):
-        merged = _merge(merged, {"routing": {"sessionAffinity": {"header": SESSION_HEADER, "hashBalanceFactor": 150}}})
+        affinity_spec = {"header": SESSION_HEADER, "hashBalanceFactor": BALANCE_FACTOR}
+        merged = _merge(merged, {"routing": {"sessionAffinity": affinity_spec}})
     return InferencePoolSpec.model_validate(merged)
 
 

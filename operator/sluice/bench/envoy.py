@@ -67,7 +67,7 @@ from sluice.api.jsontypes import members, text
 from sluice.api.snapshot import PoolSnapshot
 from sluice.api.v1alpha1 import InferencePoolSpec, InferencePoolStatus, ObjectMeta
 from sluice.bench.capacity import fleet_capacity as scenario_capacity
-from sluice.bench.control import CAPACITY_CLASSES, SESSION_HEADER
+from sluice.bench.control import BALANCE_FACTOR, CAPACITY_CLASSES, SESSION_HEADER
 from sluice.bench.scenario import EngineSpec, Scenario, ServerSpec, WorkloadSpec
 from sluice.bench.scenario import load as load_scenario
 from sluice.bench.sidecar import (
@@ -168,7 +168,6 @@ def fleet_capacity(run: Fleet, workload: WorkloadSpec) -> float:
 STRATEGIES = ("round-robin", "least-request", "sluice")
 HASHING = ("ring-hash-bounded", "sluice-affinity")
 """RING_HASH on the session header with bounded load: run only where listed (workloads with sessions)."""
-BALANCE_FACTOR = 150
 ADMISSION = "sluice-admission"
 """sluice with `admission.mode: Enforce`: each server behind its own sidecar Envoy, built as istiod builds its
 inbound side, with the EnvoyFilters sluice renders merged in as Istio merges them (`sluice.bench.sidecar`); the

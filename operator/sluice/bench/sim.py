@@ -41,7 +41,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.bench.control import CAPACITY_CLASSES, Published, ScrapedServer, SluiceControl, pool_spec
+from sluice.bench.control import BALANCE_FACTOR, CAPACITY_CLASSES, Published, ScrapedServer, SluiceControl, pool_spec
 from sluice.bench.dataplane import (
     CacheAwareRouter,
     ConsistentHashRouter,
@@ -82,9 +82,6 @@ ENVOY_PICKS = (
     "ring-hash-bounded",
     "sluice-affinity",
 )
-BALANCE_FACTOR = 150
-"""Bounded load for `ring-hash-bounded`, and `sluice-affinity` where the scenario's pool sets none (Envoy's
-documented example of `hash_balance_factor`)."""
 """Strategies where the client's Envoy picks the host: its outlier detection and retry host predicate apply."""
 HOST_SELECTIONS = 5
 """Istio's `host_selection_retry_max_attempts` with `retryIgnorePreviousHosts`: picks until one not tried."""
@@ -593,7 +590,8 @@ def _ticks(start: float, every: float, until: float) -> list[float]:
     return [start + i * every for i in range(int((until - start) / every) + 1)]
 
 
-def _quantile(values: list[float], p: float) -> float | None:
+def nearest_rank(values: list[float], p: float) -> float | None:
+    """The p-quantile of sorted `values` by nearest rank (None if empty): how every figure here is read."""
     return values[min(len(values) - 1, int(p * len(values)))] if values else None
 
 
@@ -625,11 +623,11 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "completed": len(ok),
         "weight_changes_per_min": changes / (span / 60.0) if result.weights and span > 0 else None,
         "ttft_mean_ms": ms(statistics.fmean(finite)) if finite else None,
-        "ttft_p50_ms": ms(_quantile(ttfts, 0.50)),
-        "ttft_p90_ms": ms(_quantile(ttfts, 0.90)),
-        "ttft_p99_ms": ms(_quantile(ttfts, 0.99)),
+        "ttft_p50_ms": ms(nearest_rank(ttfts, 0.50)),
+        "ttft_p90_ms": ms(nearest_rank(ttfts, 0.90)),
+        "ttft_p99_ms": ms(nearest_rank(ttfts, 0.99)),
         "tpot_mean_ms": ms(statistics.fmean(tpots)) if tpots else None,
-        "e2e_p99_ms": ms(_quantile(sorted(o.e2e for o in ok if o.e2e is not None), 0.99)),
+        "e2e_p99_ms": ms(nearest_rank(sorted(o.e2e for o in ok if o.e2e is not None), 0.99)),
         "output_tokens_per_s": sum(o.arrival.output for o in ok) / span if span > 0 else 0.0,
         "error_rate": (len(measured) - len(ok)) / len(measured) if measured else 0.0,
         "retried": sum(1 for o in measured if o.attempts > 1) / len(measured) if measured else 0.0,
@@ -647,6 +645,6 @@ def summarise(result: RunResult) -> dict[str, Any]:
     if result.incident_at is not None:
         during = [o for o in measured if result.incident_at <= o.arrival.at < result.incident_at + 60.0]
         lates = sorted(o.ttft if o.ttft is not None else math.inf for o in during if not o.failed)
-        figures["incident_ttft_p99_ms"] = ms(_quantile(lates, 0.99))
+        figures["incident_ttft_p99_ms"] = ms(nearest_rank(lates, 0.99))
         figures["incident_error_rate"] = sum(1 for o in during if o.failed) / len(during) if during else 0.0
     return figures
